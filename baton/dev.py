@@ -1,0 +1,131 @@
+"""``baton dev``: redis-server, a scheduler and an executor on this machine, in one command.
+
+Each service runs as its own process, as in production; Ctrl-C stops all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from baton.make_model import make_model
+
+log = logging.getLogger(__name__)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise ValueError("redis-server is not installed; install it or pass --redis-url")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(workdir),
+            "--appendonly",
+            "yes",
+            "--save",
+            "",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def _wait_healthy(target: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    from baton.client_commands import health
+
+    args = argparse.Namespace(target=target, service="", timeout=1.0)
+    deadline = time.monotonic() + timeout_s
+    with open(os.devnull, "w") as quiet:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"service for {target} exited with {proc.returncode}")
+            saved, sys.stdout, sys.stderr = (sys.stdout, sys.stderr), quiet, quiet
+            try:
+                ok = health(args) == 0
+            finally:
+                sys.stdout, sys.stderr = saved
+            if ok:
+                return
+            time.sleep(0.3)
+    raise RuntimeError(f"{target} did not become healthy in {timeout_s:.0f} s")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s baton dev: %(message)s")
+    workdir = Path(args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    model = args.model
+    if not model:
+        model = str(workdir / "tiny-model")
+        if not (Path(model) / "config.json").exists():
+            log.info("generating the tiny model into %s", model)
+            make_model(model, size="tiny", seed=0, progress=True)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        redis_url = args.redis_url
+        if not redis_url:
+            redis_proc, redis_url = _start_redis(workdir)
+            procs.append(redis_proc)
+        config = ["--config", args.config] if args.config else []
+        baton = [sys.executable, "-m", "baton.cli"]
+        executor_port = _free_port()
+        executor = subprocess.Popen(
+            [
+                *baton,
+                "executor",
+                "--redis-url",
+                redis_url,
+                "--model",
+                model,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(executor_port),
+                *config,
+            ]
+        )
+        procs.append(executor)
+        _wait_healthy(f"127.0.0.1:{executor_port}", executor, 300)
+        scheduler = subprocess.Popen([*baton, "scheduler", "--redis-url", redis_url, "--port", str(args.port), *config])
+        procs.append(scheduler)
+        _wait_healthy(f"127.0.0.1:{args.port}", scheduler, 60)
+        log.info(
+            'ready: baton generate "Hello" --target 127.0.0.1:%d   (Redis at %s; Ctrl-C stops)', args.port, redis_url
+        )
+        while all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        log.error("a service exited; stopping the rest")
+        return 1
+    except KeyboardInterrupt:
+        log.info("stopping")
+        return 0
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in reversed(procs):
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -1,0 +1,31 @@
+"""Domain errors. One interceptor (common.grpc_errors) maps each to a gRPC status code."""
+
+from __future__ import annotations
+
+
+class BatonError(Exception):
+    """Base of every error Baton reports to a client on purpose."""
+
+
+class InvalidRequest(BatonError, ValueError):
+    """The client's input is wrong: INVALID_ARGUMENT."""
+
+
+class NotFound(BatonError):
+    """The named request or object does not exist: NOT_FOUND."""
+
+
+class AlreadyExists(BatonError):
+    """A request with this id was already accepted: ALREADY_EXISTS."""
+
+
+class Overloaded(BatonError):
+    """Backpressure: the queue is full: RESOURCE_EXHAUSTED."""
+
+
+class NotReady(BatonError):
+    """A dependency (Redis, executors) is unavailable right now: UNAVAILABLE."""
+
+
+class DeadlineExceeded(BatonError):
+    """The request's deadline passed: DEADLINE_EXCEEDED."""

@@ -1,0 +1,83 @@
+"""One interceptor maps domain errors to gRPC status codes, for unary and streaming handlers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from common import errors
+
+log = logging.getLogger(__name__)
+
+STATUS_FOR: dict[type[BaseException], grpc.StatusCode] = {
+    errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.NotReady: grpc.StatusCode.UNAVAILABLE,
+    errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    RedisConnectionError: grpc.StatusCode.UNAVAILABLE,
+    RedisTimeoutError: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    for kind, code in STATUS_FOR.items():
+        if isinstance(exc, kind):
+            message = str(exc) if isinstance(exc, errors.BatonError) else "storage unavailable, retry"
+            return code, message
+    return grpc.StatusCode.INTERNAL, "internal error"
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
+    code, message = status_for(exc)
+    if code is grpc.StatusCode.INTERNAL:
+        log.exception("unhandled error in %s", method, exc_info=exc)
+    await context.abort(code, message)
+
+
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+        if handler.unary_unary is not None:
+            inner_uu = handler.unary_unary
+
+            async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                try:
+                    return await inner_uu(request, context)
+                except Exception as exc:
+                    if isinstance(exc, grpc.aio.AbortError):
+                        raise
+                    await _abort(context, exc, method)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary_unary, handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream is not None:
+            inner_us = handler.unary_stream
+
+            async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                try:
+                    async for item in inner_us(request, context):
+                        yield item
+                except Exception as exc:
+                    if isinstance(exc, grpc.aio.AbortError):
+                        raise
+                    await _abort(context, exc, method)
+
+            return grpc.unary_stream_rpc_method_handler(
+                unary_stream, handler.request_deserializer, handler.response_serializer
+            )
+        return handler

@@ -1,0 +1,64 @@
+"""The Redis key schema, in one place (documented for operators in the README).
+
+Keys that one Lua script touches together share the ``{prefix}`` hash tag, so every
+script also runs on Redis Cluster. Per-request token streams carry no shared tag:
+they are the hot path (one XADD per token event) and must spread over a cluster's shards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KeySchema:
+    """Builds every Redis key Baton uses from one configurable prefix."""
+
+    prefix: str = "baton"
+
+    def __post_init__(self) -> None:
+        if not self.prefix or any(c in self.prefix for c in "{} "):
+            raise ValueError(f"key prefix must be non-empty without braces or spaces: {self.prefix!r}")
+
+    @property
+    def _tagged(self) -> str:
+        return "{" + self.prefix + "}"
+
+    @property
+    def pending(self) -> str:
+        """Sorted set of queued request ids, scored by adaptive priority (lower runs sooner)."""
+        return f"{self._tagged}:queue:pending"
+
+    def request(self, request_id: str) -> str:
+        """Hash: one request's record (state, prompt ids, params JSON, tokens so far, ...)."""
+        return f"{self._tagged}:req:{request_id}"
+
+    def tokens(self, request_id: str) -> str:
+        """List of the request's generated token ids, the source of truth a resumed request re-prefills."""
+        return f"{self._tagged}:req:{request_id}:tokens"
+
+    def output(self, request_id: str) -> str:
+        """Stream of the request's token events, in order; any replica can serve or resume it."""
+        return f"{self.prefix}:req:{request_id}:out"
+
+    @property
+    def executors(self) -> str:
+        """Sorted set of executor ids scored by last heartbeat (epoch ms)."""
+        return f"{self._tagged}:executors"
+
+    def executor(self, executor_id: str) -> str:
+        """Hash: an executor's address, model, capacity and latest load."""
+        return f"{self._tagged}:executor:{executor_id}"
+
+    def running(self, executor_id: str) -> str:
+        """Set of request ids assigned to an executor, re-queued if it dies."""
+        return f"{self._tagged}:executor:{executor_id}:running"
+
+    def lease(self, executor_id: str) -> str:
+        """String with PX: the scheduler replica that drives the executor."""
+        return f"{self._tagged}:lease:executor:{executor_id}"
+
+    @property
+    def control_channel(self) -> str:
+        """Pub/sub channel on which replicas announce cancels to the replica driving the executor."""
+        return f"{self.prefix}:control"

@@ -1,0 +1,1 @@
+"""Generated protobuf code; regenerate with python -m common.protogen."""

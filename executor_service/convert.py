@@ -1,0 +1,70 @@
+"""Protobuf <-> engine transfer objects, at the executor's gRPC edge."""
+
+from __future__ import annotations
+
+from common.pb import executor_pb2 as pb
+from executor_service.engine_io import AdmitSpec, FinishOut, PlanUpdate, StepOutput
+from executor_service.load_metrics import DeviceLoad
+from executor_service.sampling import SamplingParams
+
+
+def sampling_from_pb(msg: pb.ExecSampling) -> SamplingParams:
+    return SamplingParams(
+        temperature=msg.temperature,
+        top_p=msg.top_p if msg.top_p > 0 else 1.0,
+        top_k=msg.top_k,
+        seed=msg.seed if msg.HasField("seed") else None,
+        max_tokens=max(1, msg.max_tokens),
+        stop=tuple(msg.stop),
+        stop_token_ids=tuple(msg.stop_token_ids),
+        ignore_eos=msg.ignore_eos,
+    )
+
+
+def plan_from_pb(msg: pb.Plan) -> PlanUpdate:
+    return PlanUpdate(
+        seq=msg.seq,
+        iteration=msg.iteration,
+        admit=tuple(
+            AdmitSpec(
+                request_id=a.request_id,
+                prompt_ids=tuple(a.prompt_token_ids),
+                output_ids=tuple(a.output_token_ids),
+                params=sampling_from_pb(a.sampling),
+                rank=a.rank,
+            )
+            for a in msg.admit
+        ),
+        abort=tuple(msg.abort),
+        preempt=tuple(msg.preempt),
+        grants={g.request_id: g.num_tokens for g in msg.prefill},
+        token_budget=msg.token_budget,
+    )
+
+
+def _finish_pb(out: FinishOut) -> pb.FinishedRequest:
+    return pb.FinishedRequest(request_id=out.request_id, finish_reason=int(out.reason), text=out.text, error=out.error)
+
+
+def report_to_pb(out: StepOutput, device: DeviceLoad) -> pb.StepReport:
+    return pb.StepReport(
+        iteration=out.iteration,
+        plan_seq=out.plan_seq,
+        tokens=[pb.TokenDelta(request_id=t.request_id, token_ids=t.token_ids, text=t.text) for t in out.tokens],
+        finished=[_finish_pb(f) for f in out.finished],
+        preempted=list(out.preempted),
+        rejected=[_finish_pb(f) for f in out.rejected],
+        load=pb.Load(
+            num_running=out.num_running,
+            kv_blocks_used=out.kv_blocks_used,
+            kv_blocks_total=out.kv_blocks_total,
+            step_time_ns=out.step_time_ns,
+            num_tokens=out.num_tokens,
+            source=device.source,
+            utilization_pct=device.utilization_pct,
+            memory_used_bytes=device.memory_used_bytes,
+            memory_total_bytes=device.memory_total_bytes,
+            power_watts=device.power_watts,
+            pending_prefill_tokens=out.pending_prefill_tokens,
+        ),
+    )

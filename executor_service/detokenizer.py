@@ -1,0 +1,181 @@
+"""Incremental detokenisation and stop-string matching for one request.
+
+Decoding one token at a time is wrong for most tokenizers: a byte-level BPE token can hold half of a UTF-8
+character, and SentencePiece-style decoders drop the leading space of the first token they see. So, like HF TGI
+and vLLM, we decode a small window of tokens (``prefix_offset..end``) and emit only what it adds beyond its
+already-emitted head (``prefix_offset..read_offset``), and only once it no longer ends in an incomplete character.
+
+Stop strings are matched against all text generated so far. Until one matches, the last ``max_stop_len - 1``
+characters are held back, since they might be the start of a stop string: streamed text never has to be retracted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# What decoders produce for bytes that are not (yet) a whole UTF-8 character.
+_REPLACEMENT = "\ufffd"
+# Prompt tokens decoded as context before the first generated token (TGI and vLLM use 5 as well).
+_CONTEXT_TOKENS = 5
+# A UTF-8 character spans at most 4 bytes, so an unfinished one ends at most 3 tokens before its end.
+_MAX_CHAR_BYTES = 4
+
+
+@dataclass(frozen=True)
+class DetokenizedDelta:
+    """New text that is safe to stream to the client, and whether a stop string ended the output."""
+
+    text: str
+    stopped: bool
+
+
+class IncrementalDetokenizer:
+    """Turns one request's generated token ids into streamable text. Not thread-safe: one owner, the engine."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_token_ids: Sequence[int],
+        stop: Sequence[str],
+        skip_special_tokens: bool = True,
+        output_token_ids: Sequence[int] | None = None,
+    ) -> None:
+        if any(not s for s in stop):
+            raise ValueError("stop strings must not be empty")
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special_tokens
+        self._stop = tuple(stop)
+        self._max_stop_len = max((len(s) for s in self._stop), default=0)
+        self._ids: list[int] = [*prompt_token_ids, *(output_token_ids or ())]
+        self._stopped = False
+
+        prompt_len = len(prompt_token_ids)
+        read = self._complete_end(prompt_len)
+        self._prefix_offset = self._context_start(read)
+        self._read_offset = read
+
+        # All generated text so far (self._text) and how much of it the caller has been given (self._emitted).
+        # Resumed output counts as delivered; it is kept so a stop string straddling the resume point is found.
+        if read > prompt_len:
+            context = self._context_start(prompt_len)
+            head = self._decode(context, prompt_len)
+            self._text = self._decode(context, read)[len(head) :]
+        else:
+            self._text = ""
+        self._emitted = len(self._text)
+        self._scanned = len(self._text)  # stop strings were already searched for in text[:_scanned]
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far, including resumed output (without the held-back tail)."""
+        return self._text[: self._emitted]
+
+    def push(self, token_ids: Sequence[int]) -> DetokenizedDelta:
+        """Add newly sampled tokens; returns the text that may be streamed now.
+
+        Once a stop string matched, further pushes return an empty stopped delta.
+        """
+        if self._stopped:
+            return DetokenizedDelta("", True)
+        for token_id in token_ids:
+            self._ids.append(token_id)
+            self._text += self._advance(final=False)
+        return self._release()
+
+    def flush(self) -> str:
+        """At finish: the held-back text, plus any tokens that never completed a character (decoded lossily)."""
+        if self._stopped:
+            return ""
+        self._text += self._advance(final=True)
+        delta = self._release()
+        if delta.stopped:
+            return delta.text
+        rest = self._text[self._emitted :]
+        self._emitted = len(self._text)
+        return delta.text + rest
+
+    def _advance(self, final: bool) -> str:
+        """The text the tokens after ``read_offset`` add, or "" while they end inside a character (unless final)."""
+        if self._read_offset == len(self._ids):
+            return ""
+        head = self._decode(self._prefix_offset, self._read_offset)
+        window = self._decode(self._prefix_offset, len(self._ids))
+        if len(window) <= len(head) or (window.endswith(_REPLACEMENT) and not final):
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        return window[len(head) :]
+
+    def _release(self) -> DetokenizedDelta:
+        """Search the new text for stop strings and hand out what can no longer turn into one."""
+        match = self._find_stop()
+        if match is not None:
+            self._stopped = True
+            delta = self._text[self._emitted : match]
+            self._text = self._text[:match]
+            self._emitted = match
+            return DetokenizedDelta(delta, True)
+        safe_end = len(self._text) - max(self._max_stop_len - 1, 0)
+        if safe_end <= self._emitted:
+            return DetokenizedDelta("", False)
+        delta = self._text[self._emitted : safe_end]
+        self._emitted = safe_end
+        return DetokenizedDelta(delta, False)
+
+    def _find_stop(self) -> int | None:
+        """Start of the stop string that completes first in the text not yet searched, if any.
+
+        "Completes first" (earliest end, then earliest start) is what a character-by-character stream would see,
+        so the outcome does not depend on how many tokens each push carried: with stops "abcd" and "bc", text
+        "abcd" stops at "bc" whether "d" arrived in the same push or later.
+        """
+        if not self._stop or len(self._text) == self._scanned:
+            return None
+        # Text before _scanned held no whole stop string, so any match must end after it.
+        start = max(self._scanned - self._max_stop_len + 1, 0)
+        self._scanned = len(self._text)
+        best: tuple[int, int] | None = None
+        for stop in self._stop:
+            i = self._text.find(stop, start)
+            if i >= 0 and (best is None or (i + len(stop), i) < best):
+                best = (i + len(stop), i)
+        return None if best is None else best[1]
+
+    def _complete_end(self, prompt_len: int) -> int:
+        """Where the resumed output's last whole character ends (the token count, prompt included).
+
+        A resumed output may stop inside a character the client never received: those trailing tokens are left
+        unread, so the character is emitted whole once it completes. If stepping back a few tokens does not help,
+        the text really ends in U+FFFD (or invalid bytes) that the client already got, so nothing is left unread.
+        """
+        end = len(self._ids)
+        for read in range(end, max(end - _MAX_CHAR_BYTES, prompt_len - 1), -1):
+            # Output only: a prompt ending in broken bytes never merged with the output (see _context_start).
+            if read == prompt_len or not self._decode(max(read - _CONTEXT_TOKENS, prompt_len), read).endswith(
+                _REPLACEMENT
+            ):
+                return read
+        return end
+
+    def _context_start(self, end: int) -> int:
+        """Where to start decoding for context before token ``end``: a few tokens back, or none at all.
+
+        Slicing the window's text by the length of the context's text is only sound when the context ends on a
+        whole character; a context ending in broken bytes is dropped, and the new tokens are decoded on their own.
+        """
+        start = max(end - _CONTEXT_TOKENS, 0)
+        return end if self._decode(start, end).endswith(_REPLACEMENT) else start
+
+    def _decode(self, start: int, end: int) -> str:
+        if start >= end:
+            return ""
+        return self._tokenizer.decode(self._ids[start:end], skip_special_tokens=self._skip_special)

@@ -1,0 +1,175 @@
+"""The continuous-batching engine: apply plans, then schedule -> run -> sample -> postprocess.
+
+Single-threaded by design: the engine thread owns every Sequence and the KV cache, so nothing
+here takes a lock. Plans arrive as ``PlanUpdate`` deltas and apply between iterations.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from common.lifecycle import FinishReason
+from executor_service.detokenizer import IncrementalDetokenizer
+from executor_service.engine_io import AdmitSpec, FinishOut, PlanUpdate, StepOutput, TokenOut
+from executor_service.kv_cache import BlockAllocator
+from executor_service.model_runner import ModelRunner
+from executor_service.sampling import Sampler, make_generator
+from executor_service.sequence import Sequence
+from executor_service.step_scheduler import StepScheduler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    max_model_len: int
+    max_batch_size: int
+    token_budget: int
+    eos_token_ids: frozenset[int]
+
+
+class Engine:
+    def __init__(self, runner: ModelRunner, allocator: BlockAllocator, tokenizer: object, limits: EngineLimits) -> None:
+        self.runner = runner
+        self.allocator = allocator
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.token_budget = limits.token_budget
+        self.sampler = Sampler()
+        self.step_scheduler = StepScheduler(allocator, self._drop)
+        self.running: dict[str, Sequence] = {}
+        self.iteration = 0
+        self.plan_seq = 0
+        self._grants: dict[str, int] = {}
+        self._finished: list[FinishOut] = []
+        self._preempted: list[str] = []
+        self._rejected: list[FinishOut] = []
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running)
+
+    @property
+    def has_news(self) -> bool:
+        """Something to report even without a step (aborts, rejections)."""
+        return bool(self._finished or self._preempted or self._rejected)
+
+    # ---- plans -------------------------------------------------------------------------
+    def apply(self, plan: PlanUpdate) -> None:
+        for request_id in plan.abort:
+            seq = self.running.get(request_id)
+            if seq is not None:
+                self._drop(seq)
+                self._finished.append(FinishOut(request_id, FinishReason.CANCELLED, seq.detokenizer.flush()))
+        for request_id in plan.preempt:
+            seq = self.running.get(request_id)
+            if seq is not None:
+                self._drop(seq)
+                self._preempted.append(request_id)
+        for spec in plan.admit:
+            self._admit(spec)
+        self._grants = dict(plan.grants)
+        if plan.token_budget > 0:
+            self.token_budget = plan.token_budget
+        self.plan_seq = max(self.plan_seq, plan.seq)
+
+    def _admit(self, spec: AdmitSpec) -> None:
+        if spec.request_id in self.running:
+            log.warning("request %s admitted twice; ignoring the second", spec.request_id)
+            return
+        total = len(spec.prompt_ids) + len(spec.output_ids)
+        if total >= self.limits.max_model_len or self.allocator.blocks_for(total + 1) > self.allocator.num_blocks:
+            error = f"{total} tokens do not fit (max_model_len {self.limits.max_model_len}, KV blocks)"
+            self._finished.append(FinishOut(spec.request_id, FinishReason.ERROR, error=error))
+            return
+        if len(self.running) >= self.limits.max_batch_size:
+            self._rejected.append(FinishOut(spec.request_id, FinishReason.NONE, error="batch full"))
+            return
+        detok = IncrementalDetokenizer(
+            self.tokenizer, spec.prompt_ids, spec.params.stop, output_token_ids=list(spec.output_ids)
+        )
+        self.running[spec.request_id] = Sequence(
+            request_id=spec.request_id,
+            prompt_ids=list(spec.prompt_ids),
+            output_ids=list(spec.output_ids),
+            params=spec.params,
+            rank=spec.rank,
+            generator=None if spec.params.temperature == 0 else make_generator(spec.params.seed, self.runner.device),
+            detokenizer=detok,
+        )
+        if len(spec.output_ids) >= spec.params.max_tokens:
+            self._finish(self.running[spec.request_id], FinishReason.LENGTH, "")
+
+    def _drop(self, seq: Sequence) -> None:
+        self.allocator.release(seq.block_table)
+        seq.reset_cache()
+        self.running.pop(seq.request_id, None)
+
+    # ---- one iteration -----------------------------------------------------------------
+    def step(self) -> StepOutput:
+        started = time.perf_counter_ns()
+        ordered = sorted(self.running.values(), key=lambda s: s.rank)
+        plan = self.step_scheduler.schedule(ordered, self.token_budget, self._grants)
+        self._grants = {}
+        self._preempted.extend(s.request_id for s in plan.preempted)
+        tokens: list[TokenOut] = []
+        if plan.chunks:
+            logits = self.runner.run(plan.chunks)
+            completing = [c.seq for c in plan.chunks if c.completes]
+            for chunk in plan.chunks:
+                chunk.seq.num_computed += chunk.num_tokens
+            if completing:
+                sampled = self.sampler.sample(logits, [s.params for s in completing], [s.generator for s in completing])
+                tokens = self._postprocess(completing, sampled.tolist())
+        self.iteration += 1
+        return self._output(tokens, plan.num_tokens, time.perf_counter_ns() - started)
+
+    def drain(self) -> StepOutput:
+        """Report news (aborts, rejections) without running a step."""
+        return self._output([], 0, 0)
+
+    def _postprocess(self, seqs: Seq[Sequence], token_ids: list[int]) -> list[TokenOut]:
+        out: list[TokenOut] = []
+        for seq, token in zip(seqs, token_ids, strict=True):
+            seq.output_ids.append(token)
+            delta = seq.detokenizer.push([token])
+            out.append(TokenOut(seq.request_id, (token,), delta.text))
+            reason = self._stop_reason(seq, token, delta.stopped)
+            if reason is not FinishReason.NONE:
+                self._finish(seq, reason, "" if delta.stopped else seq.detokenizer.flush())
+        return out
+
+    def _stop_reason(self, seq: Sequence, token: int, stop_string_hit: bool) -> FinishReason:
+        params = seq.params
+        if stop_string_hit or token in params.stop_token_ids:
+            return FinishReason.STOP
+        if not params.ignore_eos and token in self.limits.eos_token_ids:
+            return FinishReason.STOP
+        if len(seq.output_ids) >= params.max_tokens or seq.num_tokens >= self.limits.max_model_len:
+            return FinishReason.LENGTH
+        return FinishReason.NONE
+
+    def _finish(self, seq: Sequence, reason: FinishReason, text: str) -> None:
+        self._drop(seq)
+        self._finished.append(FinishOut(seq.request_id, reason, text))
+
+    def _output(self, tokens: list[TokenOut], num_tokens: int, elapsed_ns: int) -> StepOutput:
+        out = StepOutput(
+            iteration=self.iteration,
+            plan_seq=self.plan_seq,
+            tokens=tuple(tokens),
+            finished=tuple(self._finished),
+            preempted=tuple(self._preempted),
+            rejected=tuple(self._rejected),
+            num_tokens=num_tokens,
+            step_time_ns=elapsed_ns,
+            num_running=len(self.running),
+            kv_blocks_used=self.allocator.num_used,
+            kv_blocks_total=self.allocator.num_blocks,
+            pending_prefill_tokens=sum(s.num_uncomputed for s in self.running.values() if not s.is_decoding),
+        )
+        self._finished, self._preempted, self._rejected = [], [], []
+        return out

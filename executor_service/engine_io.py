@@ -1,0 +1,72 @@
+"""Transfer objects between the gRPC edge and the engine thread (protobuf stays at the edge)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from common.lifecycle import FinishReason
+from executor_service.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class AdmitSpec:
+    """A request joining the batch; sent once, named by id afterwards."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    # Tokens generated before a preemption or migration: re-prefilled, never re-sent to the client.
+    output_ids: tuple[int, ...]
+    params: SamplingParams
+    rank: float
+
+
+@dataclass(frozen=True)
+class PlanUpdate:
+    """One plan's deltas. The engine applies every pending update at its next iteration boundary."""
+
+    seq: int
+    iteration: int = 0
+    admit: tuple[AdmitSpec, ...] = ()
+    abort: tuple[str, ...] = ()
+    preempt: tuple[str, ...] = ()
+    # Prefill tokens per request for the first step after this update (chunked prefill).
+    grants: Mapping[str, int] = field(default_factory=dict)
+    # Standing tokens-per-step budget; 0 keeps the current one.
+    token_budget: int = 0
+
+
+@dataclass(frozen=True)
+class TokenOut:
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class FinishOut:
+    request_id: str
+    reason: FinishReason
+    # Held-back text not sent in a TokenOut yet (already trimmed at a stop string).
+    text: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one iteration (or a plan applied while idle) produced."""
+
+    iteration: int
+    plan_seq: int
+    tokens: tuple[TokenOut, ...]
+    finished: tuple[FinishOut, ...]
+    # Handed back to the scheduler (asked to, or out of KV blocks): it re-queues them.
+    preempted: tuple[str, ...]
+    # Refused at admission for now (batch full); the scheduler re-queues them.
+    rejected: tuple[FinishOut, ...]
+    num_tokens: int
+    step_time_ns: int
+    num_running: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    pending_prefill_tokens: int

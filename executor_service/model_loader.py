@@ -1,0 +1,96 @@
+"""Builds an Engine from a model directory or hub id: model, tokenizer, device, dtype, KV cache."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from common.config import ExecutorConfig
+from executor_service.engine import Engine, EngineLimits
+from executor_service.kv_cache import BlockAllocator, KVGeometry, KVPool
+from executor_service.model_runner import ModelRunner
+from executor_service.paged_attention import register
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    engine: Engine
+    tokenizer: object
+    model_name: str
+    device: torch.device
+    dtype: str
+    vocab_size: int
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name} requested but CUDA is not available")
+    return torch.device(name)
+
+
+def kv_geometry(model: torch.nn.Module, dtype: torch.dtype) -> KVGeometry:
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    return KVGeometry(
+        num_layers=cfg.num_hidden_layers,
+        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        dtype=dtype,
+    )
+
+
+def eos_ids(model: torch.nn.Module, tokenizer: object) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(int(v) for v in value)
+    token_id = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(token_id, int):
+        ids.add(token_id)
+    return frozenset(ids)
+
+
+def load_engine(config: ExecutorConfig) -> LoadedModel:
+    if not config.model:
+        raise ValueError("executor.model is not set (a model directory or hub id)")
+    device = resolve_device(config.device)
+    dtype = DTYPES[config.dtype]
+    if config.torch_threads > 0:
+        torch.set_num_threads(config.torch_threads)
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype, attn_implementation=register())
+    model.to(device).eval()
+    geometry = kv_geometry(model, dtype)
+    num_blocks = geometry.num_blocks_for(config.kv_cache_memory_mb * 1024 * 1024, config.block_size)
+    allocator = BlockAllocator(num_blocks, config.block_size)
+    pool = KVPool(geometry, num_blocks, config.block_size, device)
+    limits = EngineLimits(
+        max_model_len=int(getattr(model.config, "max_position_embeddings", 2048)),
+        max_batch_size=config.max_batch_size,
+        token_budget=config.token_budget,
+        eos_token_ids=eos_ids(model, tokenizer),
+    )
+    log.info(
+        "loaded %s on %s (%s): %d KV blocks of %d tokens, max_model_len %d",
+        config.model,
+        device,
+        config.dtype,
+        num_blocks,
+        config.block_size,
+        limits.max_model_len,
+    )
+    engine = Engine(ModelRunner(model, pool, device), allocator, tokenizer, limits)
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    return LoadedModel(engine, tokenizer, config.model, device, config.dtype, vocab)

@@ -1,0 +1,67 @@
+"""Registers the executor in Redis and heartbeats its latest load, so schedulers can find it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from common.keys import KeySchema
+
+log = logging.getLogger(__name__)
+
+
+class Registration:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: KeySchema,
+        executor_id: str,
+        fields: Mapping[str, str | int],
+        load: Callable[[], Mapping[str, object]],
+        interval_ms: int,
+        timeout_ms: int,
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._id = executor_id
+        self._fields = dict(fields)
+        self._load = load
+        self._interval = interval_ms / 1000
+        self._ttl_ms = timeout_ms * 4
+        self._task: asyncio.Task[None] | None = None
+
+    async def beat(self) -> None:
+        key = self._keys.executor(self._id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hset(key, mapping={**self._fields, "load": json.dumps(self._load())})
+            pipe.pexpire(key, self._ttl_ms)
+            pipe.zadd(self._keys.executors, {self._id: int(time.time() * 1000)})
+            await pipe.execute()
+
+    async def start(self) -> None:
+        await self.beat()
+        self._task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.beat()
+            except RedisError as exc:  # keep serving; schedulers see a stale heartbeat meanwhile
+                log.warning("heartbeat failed: %s", exc)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(RedisError):
+            await self._redis.zrem(self._keys.executors, self._id)
+            await self._redis.delete(self._keys.executor(self._id))

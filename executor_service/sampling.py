@@ -1,0 +1,173 @@
+"""Turns a step's logits into next-token ids, one row per sequence, honouring each request's sampling parameters.
+
+Greedy rows are the hot path and are handled with one batched argmax. Sampled rows share one batched
+temperature / top-k / top-p pipeline, and then draw with their own request's generator: a seeded request then
+produces the same tokens whatever else happens to be batched with it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from common.errors import InvalidRequest
+
+# torch.Generator.manual_seed accepts exactly this range (negative values wrap around).
+_SEED_MIN = -(1 << 63)
+_SEED_MAX = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request picks its tokens. Invalid values raise InvalidRequest (a ValueError)."""
+
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means off
+    seed: int | None = None
+    max_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        # Callers often build this from lists (protobuf repeated fields, JSON); keep the object hashable.
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise InvalidRequest(f"temperature must be finite and >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):  # also rejects NaN
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidRequest(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_tokens < 1:
+            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and not (_SEED_MIN <= self.seed <= _SEED_MAX):
+            raise InvalidRequest(f"seed must fit in 64 bits, got {self.seed}")
+        if any(not s for s in self.stop):
+            # An empty stop string would match before the first character and end every request at once.
+            raise InvalidRequest("stop strings must not be empty")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise InvalidRequest(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def needs_filter(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1.0
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
+    """A private generator for one request, on the device the logits live on (multinomial needs them to match).
+
+    Without a seed it is seeded from fresh OS randomness, but it is still the request's own stream: sampling
+    never touches the global RNG, so other requests' seeded streams are unaffected by it.
+    """
+    gen = torch.Generator(device=torch.device(device))
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+class Sampler:
+    """Stateless; one instance per engine is enough."""
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> torch.Tensor:
+        """Next-token ids (int64, shape [B], on ``logits.device``) for logits of shape [B, V]."""
+        if logits.dim() != 2:
+            raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
+        batch = logits.shape[0]
+        if len(params) != batch or len(generators) != batch:
+            raise ValueError(f"got {batch} logit rows, {len(params)} params and {len(generators)} generators")
+
+        sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if not sampled_rows:
+            return logits.argmax(dim=-1)
+
+        out = torch.empty(batch, dtype=torch.long, device=logits.device)
+        if len(sampled_rows) < batch:
+            sampled = set(sampled_rows)
+            greedy_rows = [i for i in range(batch) if i not in sampled]
+            greedy_idx = torch.tensor(greedy_rows, dtype=torch.long, device=logits.device)
+            out[greedy_idx] = logits.index_select(0, greedy_idx).argmax(dim=-1)
+            sampled_idx = torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)
+            sampled_logits = logits.index_select(0, sampled_idx)
+        else:
+            sampled_idx = None
+            sampled_logits = logits
+        sub_params = [params[i] for i in sampled_rows]
+        sub_gens = [generators[i] for i in sampled_rows]
+        tokens = self._sample_rows(sampled_logits, sub_params, sub_gens)
+        if sampled_idx is None:
+            return tokens
+        out[sampled_idx] = tokens
+        return out
+
+    def _sample_rows(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> torch.Tensor:
+        device = logits.device
+        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+        # float32 even for half-precision models: small temperatures would overflow, and top-p sums need precision.
+        scaled = logits.to(torch.float32) / temps.unsqueeze(1)
+        if any(p.needs_filter for p in params):
+            scaled = self._filter(scaled, params)
+        probs = torch.softmax(scaled, dim=-1)
+
+        tokens = torch.empty(len(params), dtype=torch.long, device=device)
+        # Rows without a generator draw from the global RNG together in one call; a row with its own generator
+        # must draw alone, so its stream advances exactly once per step whatever the batch looks like.
+        shared = [i for i, g in enumerate(generators) if g is None]
+        if shared:
+            idx = torch.tensor(shared, dtype=torch.long, device=device)
+            tokens[idx] = torch.multinomial(probs.index_select(0, idx), 1).squeeze(1)
+        for i, gen in enumerate(generators):
+            if gen is not None:
+                tokens[i] = torch.multinomial(probs[i], 1, generator=gen)[0]
+        return tokens
+
+    @staticmethod
+    def _filter(scaled: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """Mask (to -inf) the tokens outside each row's top-k and top-p sets; rows without filters stay unchanged.
+
+        The mask is computed in sorted order but applied in vocabulary order, so the draw itself always happens
+        over the same vocabulary-ordered distribution whether or not another row in the batch needed sorting.
+        """
+        device = scaled.device
+        vocab = scaled.shape[-1]
+        # Stable sort: ties are ordered by token id, so the kept set does not depend on the batch.
+        sorted_logits, sorted_idx = torch.sort(scaled, dim=-1, descending=True, stable=True)
+        positions = torch.arange(vocab, device=device).unsqueeze(0)
+
+        top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=device)
+        remove = positions >= top_k.unsqueeze(1)
+
+        # Rows without top-p get an unreachable threshold: rounding can push the running mass to 1.0 before the
+        # tail, and trimming those tail tokens would make such a row's distribution depend on its batch-mates.
+        top_p = torch.tensor(
+            [p.top_p if p.top_p < 1.0 else math.inf for p in params], dtype=torch.float32, device=device
+        )
+        sorted_probs = torch.softmax(sorted_logits.masked_fill(remove, -math.inf), dim=-1)
+        # Mass strictly before each token: drop a token once the tokens ahead of it already reach p. The first
+        # token has zero mass ahead of it and is always kept, so at least one token survives.
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        remove |= mass_before >= top_p.unsqueeze(1)
+        remove[:, 0] = False
+
+        mask = torch.zeros_like(remove).scatter_(-1, sorted_idx, remove)
+        return scaled.masked_fill(mask, -math.inf)

@@ -1,0 +1,53 @@
+"""One request as the executor sees it: its tokens, its KV blocks, and how far it is computed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from executor_service.detokenizer import IncrementalDetokenizer
+from executor_service.sampling import SamplingParams
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Mutable per-request state, owned by the engine thread."""
+
+    request_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    params: SamplingParams
+    # Lower rank is more important; the engine preempts the highest rank first.
+    rank: float
+    generator: torch.Generator | None
+    detokenizer: IncrementalDetokenizer
+    block_table: list[int] = field(default_factory=list)
+    # Tokens whose K/V are in the cache. The newest sampled token is not computed until the
+    # next step feeds it back, so a decoding sequence has exactly one uncomputed token.
+    num_computed: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_computed > 0 and self.num_uncomputed == 1
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Token ids ``start..end-1`` of prompt + output."""
+        prompt_len = len(self.prompt_ids)
+        if end <= prompt_len:
+            return self.prompt_ids[start:end]
+        if start >= prompt_len:
+            return self.output_ids[start - prompt_len : end - prompt_len]
+        return self.prompt_ids[start:] + self.output_ids[: end - prompt_len]
+
+    def reset_cache(self) -> None:
+        """Forget computed K/V (after its blocks were released), so a resume recomputes everything."""
+        self.num_computed = 0

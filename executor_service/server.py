@@ -1,0 +1,132 @@
+"""The executor service: load the model, serve Executor over gRPC, register in Redis, shut down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health
+
+from common import service
+from common.config import BatonConfig
+from common.health import add_health_and_reflection, set_serving
+from common.keys import KeySchema
+from common.pb import executor_pb2 as pb
+from common.pb import executor_pb2_grpc
+from common.redis_client import connect
+from executor_service.load_metrics import LoadSampler
+from executor_service.model_loader import LoadedModel, load_engine
+from executor_service.registration import Registration
+from executor_service.report_hub import ReportHub
+from executor_service.servicer import ExecutorServicer
+from executor_service.worker import EngineWorker
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Executor"].full_name
+
+
+@dataclass
+class RunningExecutor:
+    """Handles of a started executor, for tests and the entrypoint."""
+
+    executor_id: str
+    address: str
+    port: int
+    server: grpc.aio.Server
+    worker: EngineWorker
+    registration: Registration
+    health: health.aio.HealthServicer
+    loaded: LoadedModel
+
+    async def stop(self, grace: float = 2.0) -> None:
+        await set_serving(self.health, [SERVICE_NAME], serving=False)
+        await self.registration.stop()
+        await self.server.stop(grace)
+        await asyncio.to_thread(self.worker.stop)
+
+
+def _info(executor_id: str, loaded: LoadedModel, config: BatonConfig) -> pb.InfoResponse:
+    engine = loaded.engine
+    return pb.InfoResponse(
+        executor_id=executor_id,
+        model=loaded.model_name,
+        max_model_len=engine.limits.max_model_len,
+        kv_blocks_total=engine.allocator.num_blocks,
+        block_size=engine.allocator.block_size,
+        dtype=loaded.dtype,
+        device=str(loaded.device),
+        max_batch_size=engine.limits.max_batch_size,
+        token_budget=engine.limits.token_budget,
+        eos_token_ids=sorted(engine.limits.eos_token_ids),
+        vocab_size=loaded.vocab_size,
+    )
+
+
+async def start_executor(config: BatonConfig) -> RunningExecutor:
+    cfg = config.executor
+    loaded = await asyncio.to_thread(load_engine, cfg)
+    executor_id = cfg.executor_id or f"exec-{uuid.uuid4().hex[:8]}"
+    hub = ReportHub(asyncio.get_running_loop())
+    worker = EngineWorker(loaded.engine, hub.publish_threadsafe)
+    load = LoadSampler(str(loaded.device))
+    info = _info(executor_id, loaded, config)
+    server = service.make_server(config.scheduler.max_message_bytes)
+    executor_pb2_grpc.add_ExecutorServicer_to_server(ExecutorServicer(worker, hub, load, info), server)
+    health_servicer = add_health_and_reflection(server, [SERVICE_NAME])
+    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    address = service.advertise_address(cfg.host, port, cfg.advertise_address)
+    await server.start()
+    worker.start()
+
+    def load_summary() -> dict[str, object]:
+        out = hub.latest
+        if out is None:
+            return {"num_running": 0, "kv_blocks_used": 0, "kv_blocks_total": info.kv_blocks_total}
+        return {
+            "num_running": out.num_running,
+            "kv_blocks_used": out.kv_blocks_used,
+            "kv_blocks_total": out.kv_blocks_total,
+            "step_time_ms": out.step_time_ns / 1e6,
+            "iteration": out.iteration,
+        }
+
+    dist = config.distributed
+    registration = Registration(
+        connect(dist.redis_url),
+        KeySchema(dist.key_prefix),
+        executor_id,
+        {
+            "address": address,
+            "model": loaded.model_name,
+            "max_model_len": info.max_model_len,
+            "vocab_size": info.vocab_size,
+            "kv_blocks_total": info.kv_blocks_total,
+            "block_size": info.block_size,
+            "max_batch_size": info.max_batch_size,
+            "device": info.device,
+            "dtype": info.dtype,
+            "started_ms": int(time.time() * 1000),
+        },
+        load_summary,
+        dist.heartbeat_interval_ms,
+        dist.executor_timeout_ms,
+    )
+    await registration.start()
+    await set_serving(health_servicer, [SERVICE_NAME], serving=True)
+    log.info("executor %s serving at %s", executor_id, address)
+    return RunningExecutor(executor_id, address, port, server, worker, registration, health_servicer, loaded)
+
+
+async def serve(config: BatonConfig) -> None:
+    """Run until SIGINT/SIGTERM."""
+    stop = asyncio.Event()
+    service.install_signal_handlers(stop)
+    running = await start_executor(config)
+    await stop.wait()
+    log.info("executor %s shutting down", running.executor_id)
+    await running.stop()

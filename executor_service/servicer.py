@@ -1,0 +1,56 @@
+"""The Executor gRPC servicer: a thin edge over the engine worker and the report hub."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from common.pb import executor_pb2 as pb
+from common.pb import executor_pb2_grpc
+from executor_service.convert import plan_from_pb, report_to_pb
+from executor_service.engine_io import StepOutput
+from executor_service.load_metrics import LoadSampler
+from executor_service.report_hub import ReportHub
+from executor_service.worker import EngineWorker
+
+log = logging.getLogger(__name__)
+
+
+class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
+    def __init__(self, worker: EngineWorker, hub: ReportHub, load: LoadSampler, info: pb.InfoResponse) -> None:
+        self._worker = worker
+        self._hub = hub
+        self._load = load
+        self._info = info
+
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
+        return self._info
+
+    async def Run(
+        self, request_iterator: AsyncIterator[pb.Plan], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.StepReport]:
+        queue = self._hub.attach()
+        log.info("scheduler attached to Run stream %s", context.peer())
+        reader = asyncio.create_task(self._read_plans(request_iterator, queue))
+        try:
+            while True:
+                out: StepOutput | None = await queue.get()
+                if out is None:
+                    break
+                yield report_to_pb(out, self._load.sample())
+        finally:
+            reader.cancel()
+            self._hub.detach(queue)
+            log.info("Run stream %s ended", context.peer())
+
+    async def _read_plans(self, plans: AsyncIterator[pb.Plan], queue: asyncio.Queue[StepOutput | None]) -> None:
+        try:
+            async for plan in plans:
+                self._worker.submit(plan_from_pb(plan))
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        finally:
+            queue.put_nowait(None)  # the scheduler closed its side: end the report stream too

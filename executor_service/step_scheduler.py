@@ -1,0 +1,87 @@
+"""Chooses what one iteration computes: every decode, then prefill chunks, under a token budget.
+
+The scheduler service decides who runs; this only fits the running set into the step and the
+KV cache. When blocks run out for a decode it preempts the highest-ranked (least important)
+sequence, recompute-style, and the scheduler service re-queues it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from executor_service.kv_cache import BlockAllocator, OutOfBlocks
+from executor_service.model_runner import ScheduledChunk
+from executor_service.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    chunks: tuple[ScheduledChunk, ...]
+    preempted: tuple[Sequence, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+class StepScheduler:
+    def __init__(self, allocator: BlockAllocator, preempt: Callable[[Sequence], None]) -> None:
+        self.allocator = allocator
+        self._preempt = preempt  # releases a sequence's blocks and removes it from the batch
+
+    def schedule(self, running: list[Sequence], budget: int, grants: Mapping[str, int]) -> StepPlan:
+        """``running`` in rank order (most important first)."""
+        queue = list(running)
+        chunks: list[ScheduledChunk] = []
+        preempted: list[Sequence] = []
+        for seq in [s for s in queue if s.is_decoding]:
+            if budget <= 0:
+                break
+            if seq not in queue:  # preempted to make room for someone more important
+                continue
+            if not self._fit(seq, seq.num_tokens, queue, chunks, preempted):
+                continue
+            chunks.append(ScheduledChunk(seq, 1))
+            budget -= 1
+        for seq in [s for s in queue if not s.is_decoding]:
+            if budget <= 0:
+                break
+            size = min(seq.num_uncomputed, budget, grants.get(seq.request_id, budget))
+            if size <= 0:
+                continue
+            try:
+                self.allocator.grow(seq.block_table, seq.num_computed + size)
+            except OutOfBlocks:
+                continue  # prefill waits for blocks; decodes above keep going
+            chunks.append(ScheduledChunk(seq, size))
+            budget -= size
+        if not chunks and queue:
+            # Nothing fits: partially prefilled sequences hold every block. Free the least important.
+            victim = queue[-1]
+            self._preempt(victim)
+            preempted.append(victim)
+        return StepPlan(tuple(chunks), tuple(preempted))
+
+    def _fit(
+        self,
+        seq: Sequence,
+        num_tokens: int,
+        queue: list[Sequence],
+        chunks: list[ScheduledChunk],
+        preempted: list[Sequence],
+    ) -> bool:
+        """Grow ``seq`` to ``num_tokens``, preempting from the back of ``queue`` until it fits."""
+        while True:
+            try:
+                self.allocator.grow(seq.block_table, num_tokens)
+                return True
+            except OutOfBlocks:
+                scheduled = {id(c.seq) for c in chunks}
+                victims = [s for s in queue if id(s) not in scheduled]
+                victim = victims[-1] if victims else seq
+                queue.remove(victim)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    return False

@@ -1,0 +1,206 @@
+"""The scheduler replica's coordinator: discover executors, hold their leases, drive their links,
+and admit pending requests to them each iteration.
+
+Thin by design: placement is pure (``placement.place``), Redis moves are scripts
+(``RequestStore``), and each executor's stream is its own ``ExecutorLink``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from common.config import BatonConfig
+from scheduler_service import scripts
+from scheduler_service.executor_link import ExecutorLink
+from scheduler_service.placement import Candidate, place
+from scheduler_service.request_store import RequestStore
+
+log = logging.getLogger(__name__)
+
+_PLAN_TICK_S = 0.05
+
+
+class Dispatcher:
+    def __init__(self, store: RequestStore, config: BatonConfig, replica_id: str = "") -> None:
+        self.store = store
+        self.redis: aioredis.Redis = store.redis
+        self.keys = store.keys
+        self.config = config
+        self.replica_id = replica_id or f"sched-{uuid.uuid4().hex[:8]}"
+        self.links: dict[str, ExecutorLink] = {}
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._link_tasks: dict[str, asyncio.Task[None]] = {}
+        self._renew = self.redis.register_script(scripts.RENEW_LEASE)
+        self._release = self.redis.register_script(scripts.RELEASE_LEASE)
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._discovery_loop(), name="discovery"),
+            asyncio.create_task(self._planning_loop(), name="planning"),
+            asyncio.create_task(self._control_loop(), name="control"),
+        ]
+
+    async def stop(self) -> None:
+        for task in [*self._tasks, *self._link_tasks.values()]:
+            task.cancel()
+        for task in [*self._tasks, *self._link_tasks.values()]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # ---- cancels -----------------------------------------------------------------------
+    async def request_abort(self, request_id: str, executor_id: str) -> None:
+        """Abort a running request on its executor, wherever the replica driving it is."""
+        if not self._abort_local(request_id, executor_id):
+            payload = json.dumps({"abort": request_id, "executor": executor_id})
+            await self.redis.publish(self.keys.control_channel, payload)
+
+    def _abort_local(self, request_id: str, executor_id: str) -> bool:
+        link = self.links.get(executor_id)
+        if link is None:
+            return False
+        link.abort(request_id)
+        link.flush()
+        return True
+
+    async def _control_loop(self) -> None:
+        while True:
+            try:
+                async with self.redis.pubsub() as pubsub:
+                    await pubsub.subscribe(self.keys.control_channel)
+                    async for message in pubsub.listen():
+                        if message.get("type") != "message":
+                            continue
+                        data = json.loads(message["data"])
+                        if "abort" in data:
+                            self._abort_local(str(data["abort"]), str(data.get("executor", "")))
+                        self.wake()
+            except RedisError as exc:
+                log.warning("control channel lost (%s); resubscribing", exc)
+                await asyncio.sleep(0.5)
+
+    # ---- discovery and leases ----------------------------------------------------------
+    async def _discovery_loop(self) -> None:
+        interval = self.config.distributed.discovery_interval_ms / 1000
+        while True:
+            try:
+                await self.discover_once()
+            except RedisError as exc:
+                log.warning("discovery failed: %s", exc)
+            await asyncio.sleep(interval)
+
+    async def discover_once(self) -> None:
+        dist = self.config.distributed
+        now = int(time.time() * 1000)
+        alive = set(await self.redis.zrangebyscore(self.keys.executors, now - dist.executor_timeout_ms, "+inf"))
+        for executor_id in list(self.links):
+            renewed = await self._renew(keys=[self.keys.lease(executor_id)], args=[self.replica_id, dist.lease_ttl_ms])
+            if not renewed or executor_id not in alive:
+                log.warning("dropping executor %s (lease lost or heartbeat stale)", executor_id)
+                self._link_tasks[executor_id].cancel()
+        for executor_id in alive - set(self.links):
+            if await self.redis.set(self.keys.lease(executor_id), self.replica_id, nx=True, px=dist.lease_ttl_ms):
+                address = await self.redis.hget(self.keys.executor(executor_id), "address")
+                if address:
+                    self._start_link(executor_id, address)
+                else:
+                    await self._release(keys=[self.keys.lease(executor_id)], args=[self.replica_id])
+        await self._reap_dead(now - dist.executor_timeout_ms)
+
+    async def _reap_dead(self, cutoff_ms: int) -> None:
+        """Re-queue the requests of executors whose heartbeat stopped, once, under their lease."""
+        dead = await self.redis.zrangebyscore(self.keys.executors, "-inf", f"({cutoff_ms}")
+        for executor_id in dead:
+            if executor_id in self.links:
+                continue
+            lease = self.keys.lease(executor_id)
+            if not await self.redis.set(lease, self.replica_id, nx=True, px=self.config.distributed.lease_ttl_ms):
+                continue
+            for request_id in await self.store.running_ids(executor_id):
+                await self.store.hand_back(request_id, executor_id)
+            await self.redis.zrem(self.keys.executors, executor_id)
+            await self._release(keys=[lease], args=[self.replica_id])
+            log.warning("executor %s is gone; its requests were re-queued", executor_id)
+            self.wake()
+
+    def _start_link(self, executor_id: str, address: str) -> None:
+        link = ExecutorLink(executor_id, address, self.store, self.config.scheduler, self.wake)
+        self.links[executor_id] = link
+        self._link_tasks[executor_id] = asyncio.create_task(self._drive(link), name=f"link-{executor_id}")
+
+    async def _drive(self, link: ExecutorLink) -> None:
+        executor_id = link.executor_id
+        try:
+            await link.connect()
+            # Whatever Redis says runs there is stale for this new stream: abort it there, re-queue it here.
+            stale = await self.store.running_ids(executor_id)
+            for request_id in stale:
+                await link.hand_back(request_id)
+            log.info("driving executor %s at %s", executor_id, link.address)
+            self.wake()
+            await link.run(abort_first=stale)
+            log.warning("executor %s closed its stream", executor_id)
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:
+            log.warning("link to executor %s failed: %s", executor_id, exc)
+        finally:
+            self.links.pop(executor_id, None)
+            self._link_tasks.pop(executor_id, None)
+            with contextlib.suppress(Exception):
+                await link.close()
+            with contextlib.suppress(RedisError):
+                for request_id in list(link.requests):
+                    await link.hand_back(request_id)
+                await self._release(keys=[self.keys.lease(executor_id)], args=[self.replica_id])
+            self.wake()
+
+    # ---- admission -----------------------------------------------------------------------
+    async def _planning_loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), _PLAN_TICK_S)
+            self._wake.clear()
+            try:
+                await self.plan_once()
+            except RedisError as exc:
+                log.warning("planning failed: %s", exc)
+                await asyncio.sleep(0.2)
+
+    async def plan_once(self) -> int:
+        """Admit what fits now; return how many requests were admitted."""
+        links = [link for link in self.links.values() if link.ready]
+        capacities = [link.capacity() for link in links]
+        room = sum(c.free_slots for c in capacities if c.free_blocks > 0)
+        if room == 0:
+            return 0
+        pending = await self.store.peek_pending(min(room, 256))
+        if not pending:
+            return 0
+        ids = [rid for rid, _ in pending]
+        lengths = await self.store.prompt_lengths(ids)
+        candidates = [Candidate(rid, n) for rid, n in zip(ids, lengths, strict=True) if n is not None]
+        admitted = 0
+        for placement in place(candidates, capacities):
+            link = self.links.get(placement.executor_id)
+            if link is None:
+                continue
+            claimed = await self.store.claim(placement.request_id, placement.executor_id)
+            if claimed is not None:
+                link.admit(claimed)
+                admitted += 1
+        for link in links:
+            link.flush()
+        return admitted

@@ -1,0 +1,239 @@
+"""One scheduler replica's bidi ``Run`` stream to one executor: plans out, step reports in.
+
+The link keeps the replica's view of the executor (its requests and latest load), turns each
+StepReport into Redis writes (one pipeline per report) and each admission into plan deltas.
+Plans are sent as soon as they are made; the executor applies them at its next iteration
+boundary, so planning overlaps the model step instead of sitting on its critical path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import grpc
+
+from common.config import SchedulerConfig
+from common.lifecycle import FinishReason
+from common.pb import executor_pb2 as pb
+from common.pb import executor_pb2_grpc
+from scheduler_service.placement import ExecutorCapacity, blocks_for
+from scheduler_service.request_store import RequestStore, now_ms, usage_of
+from scheduler_service.requests import ClaimedRequest, RequestParams, TokenEvent
+
+log = logging.getLogger(__name__)
+
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+
+@dataclass
+class LinkedRequest:
+    """The replica's view of one request on this executor."""
+
+    request_id: str
+    prompt_len: int
+    generated: int
+    arrival_ms: int
+    assigned_ms: int
+    first_token_ms: int | None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.generated
+
+
+def sampling_to_pb(params: RequestParams) -> pb.ExecSampling:
+    msg = pb.ExecSampling(
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        stop=list(params.stop),
+        stop_token_ids=list(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+    )
+    if params.seed is not None:
+        msg.seed = params.seed
+    return msg
+
+
+class ExecutorLink:
+    def __init__(
+        self,
+        executor_id: str,
+        address: str,
+        store: RequestStore,
+        config: SchedulerConfig,
+        on_change: Callable[[], None],
+    ) -> None:
+        self.executor_id = executor_id
+        self.address = address
+        self._store = store
+        self._config = config
+        self._on_change = on_change
+        self.requests: dict[str, LinkedRequest] = {}
+        self.info: pb.InfoResponse | None = None
+        self.load: pb.Load | None = None
+        self.iteration = 0
+        self._channel: grpc.aio.Channel | None = None
+        self._outbox: asyncio.Queue[pb.Plan | None] = asyncio.Queue()
+        self._pending = pb.Plan()
+        self._seq = 0
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    async def connect(self, timeout: float = 5.0) -> None:
+        self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        stub = executor_pb2_grpc.ExecutorStub(self._channel)
+        self.info = await stub.Info(pb.InfoRequest(), timeout=timeout)
+
+    async def run(self, abort_first: set[str]) -> None:
+        """Drive the stream until it ends. ``abort_first``: stale requests to drop before anything else."""
+        if self._channel is None:
+            raise RuntimeError("connect() first")
+        if abort_first:
+            self._outbox.put_nowait(pb.Plan(seq=self._next_seq(), abort=sorted(abort_first)))
+        stub = executor_pb2_grpc.ExecutorStub(self._channel)
+        call = stub.Run(self._plans())
+        async for report in call:
+            await self._on_report(report)
+
+    async def close(self) -> None:
+        self._outbox.put_nowait(None)
+        if self._channel is not None:
+            await self._channel.close(grace=0.5)
+
+    async def _plans(self) -> AsyncIterator[pb.Plan]:
+        while True:
+            plan = await self._outbox.get()
+            if plan is None:
+                return
+            yield plan
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    # ---- planning ----------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.info is not None
+
+    def capacity(self) -> ExecutorCapacity:
+        assert self.info is not None
+        block_size = self.info.block_size
+        committed = sum(blocks_for(r.num_tokens + 1, block_size) for r in self.requests.values())
+        total = self.info.kv_blocks_total
+        watermark = max(1, total // 100)  # headroom so decodes rarely force a preemption
+        max_batch = min(self.info.max_batch_size, self._config.batch_level.max_batch_size)
+        return ExecutorCapacity(
+            executor_id=self.executor_id,
+            free_slots=max(0, max_batch - len(self.requests)),
+            free_blocks=max(0, total - committed - watermark),
+            total_blocks=total,
+            block_size=block_size,
+        )
+
+    def admit(self, claimed: ClaimedRequest) -> None:
+        self.requests[claimed.request_id] = LinkedRequest(
+            request_id=claimed.request_id,
+            prompt_len=len(claimed.prompt_ids),
+            generated=len(claimed.output_ids),
+            arrival_ms=claimed.arrival_ms,
+            assigned_ms=claimed.assigned_ms,
+            first_token_ms=claimed.first_token_ms,
+        )
+        self._pending.admit.append(
+            pb.AdmitRequest(
+                request_id=claimed.request_id,
+                prompt_token_ids=claimed.prompt_ids,
+                output_token_ids=claimed.output_ids,
+                sampling=sampling_to_pb(claimed.params),
+                rank=claimed.score,
+            )
+        )
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self.requests:
+            self._pending.abort.append(request_id)
+
+    def flush(self) -> None:
+        """Send the pending deltas, with prefill grants for the newly admitted, as one plan."""
+        plan = self._pending
+        if not (plan.admit or plan.abort or plan.preempt):
+            return
+        budget = self._config.token_level.token_budget
+        budget -= sum(1 for r in self.requests.values() if r.first_token_ms is not None)
+        for admit in plan.admit:
+            if budget <= 0:
+                break
+            grant = min(
+                budget,
+                len(admit.prompt_token_ids) + len(admit.output_token_ids),
+                self._config.token_level.max_prefill_chunk,
+            )
+            plan.prefill.append(pb.PrefillGrant(request_id=admit.request_id, num_tokens=grant))
+            budget -= grant
+        plan.seq = self._next_seq()
+        plan.iteration = self.iteration + 1
+        plan.token_budget = self._config.token_level.token_budget
+        self._outbox.put_nowait(plan)
+        self._pending = pb.Plan()
+
+    # ---- reports -----------------------------------------------------------------------
+    def _final_event(self, req: LinkedRequest, tokens: tuple[int, ...], text: str, reason: int) -> TokenEvent:
+        usage = usage_of(
+            req.prompt_len, req.generated + len(tokens), req.arrival_ms, req.assigned_ms, req.first_token_ms
+        )
+        return TokenEvent(req.generated, tokens, text, FinishReason(reason), usage)
+
+    async def _on_report(self, report: pb.StepReport) -> None:
+        self.load = report.load
+        self.iteration = report.iteration
+        finished = {f.request_id: f for f in report.finished}
+        if report.tokens or finished:
+            async with self._store.redis.pipeline(transaction=False) as pipe:
+                stamp = now_ms()
+                for delta in report.tokens:
+                    req = self.requests.get(delta.request_id)
+                    if req is None:
+                        continue  # aborted or handed back meanwhile
+                    if req.first_token_ms is None:
+                        req.first_token_ms = stamp
+                    fin = finished.pop(delta.request_id, None)
+                    tokens = tuple(delta.token_ids)
+                    if fin is None:
+                        event = TokenEvent(req.generated, tokens, delta.text)
+                    else:
+                        event = self._final_event(req, tokens, delta.text + fin.text, fin.finish_reason)
+                    await self._store.append_tokens(pipe, req.request_id, self.executor_id, event)
+                    req.generated += len(tokens)
+                    if fin is not None:
+                        await self._finish(pipe, req, fin)
+                for fin in finished.values():
+                    req = self.requests.get(fin.request_id)
+                    if req is not None:
+                        event = self._final_event(req, (), fin.text, fin.finish_reason)
+                        await self._store.append_tokens(pipe, req.request_id, self.executor_id, event)
+                        await self._finish(pipe, req, fin)
+                await pipe.execute()
+        for request_id in [*report.preempted, *(r.request_id for r in report.rejected)]:
+            if self.requests.pop(request_id, None) is not None:
+                await self.hand_back(request_id)
+        self._on_change()
+
+    async def _finish(self, pipe: object, req: LinkedRequest, fin: pb.FinishedRequest) -> None:
+        await self._store.finish(pipe, req.request_id, self.executor_id, FinishReason(fin.finish_reason), fin.error)  # type: ignore[arg-type]
+        del self.requests[req.request_id]
+        if fin.error:
+            log.warning("request %s failed on %s: %s", req.request_id, self.executor_id, fin.error)
+
+    async def hand_back(self, request_id: str) -> None:
+        await self._store.hand_back(request_id, self.executor_id)

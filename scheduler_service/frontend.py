@@ -1,0 +1,130 @@
+"""What the public API does, in plain Python: submit, follow a request's events, cancel, describe.
+
+The gRPC servicer only converts protobuf at the edge; tests can drive this class directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from common.config import BatonConfig
+from common.errors import NotFound
+from common.lifecycle import FinishReason, RequestState
+from common.pb import generate_pb2 as pb
+from scheduler_service.dispatcher import Dispatcher
+from scheduler_service.priority import queue_score
+from scheduler_service.request_store import RequestStore
+from scheduler_service.requests import NewRequest, TokenEvent
+from scheduler_service.tokenizer_source import ModelLimits, TokenizerSource
+from scheduler_service.validation import validate
+
+log = logging.getLogger(__name__)
+
+_BLOCK_MS = 2000
+_LONG_PROMPT_CHARS = 20_000
+
+
+@dataclass(frozen=True)
+class RequestStatus:
+    request_id: str
+    state: RequestState
+    executor_id: str
+    tokens_generated: int
+    queue_position: int | None
+    finish_reason: FinishReason
+    prompt_tokens: int
+
+
+class Frontend:
+    def __init__(
+        self, store: RequestStore, dispatcher: Dispatcher, tokenizers: TokenizerSource, config: BatonConfig
+    ) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.tokenizers = tokenizers
+        self.config = config
+
+    async def tokenize(self, text: str) -> list[int]:
+        tokenizer, _ = await self.tokenizers.get()
+        encode = tokenizer.encode  # type: ignore[attr-defined]
+        if len(text) > _LONG_PROMPT_CHARS:  # keep the event loop responsive for huge prompts
+            return list(await asyncio.to_thread(encode, text))
+        return list(encode(text))
+
+    async def model_limits(self) -> ModelLimits:
+        _, limits = await self.tokenizers.get()
+        return limits
+
+    async def submit(self, msg: pb.GenerateRequest) -> NewRequest:
+        limits = await self.model_limits()
+        prompt_ids = await self.tokenize(msg.prompt) if msg.prompt else []
+        req = validate(msg, lambda _text: prompt_ids, limits, self.config.scheduler.request_level)
+        request_level = self.config.scheduler.request_level
+        score = queue_score(req.arrival_ms, req.priority, request_level)
+        await self.store.enqueue(req, score, request_level.max_pending_requests)
+        log.info("request %s queued: %d prompt tokens, priority %d", req.request_id, len(req.prompt_ids), req.priority)
+        self.dispatcher.wake()
+        await self.store.redis.publish(self.store.keys.control_channel, '{"wake":1}')
+        return req
+
+    async def events(self, request_id: str, from_index: int = 0) -> AsyncIterator[TokenEvent]:
+        """The request's events from output index ``from_index`` on, ending with its finish event."""
+        next_index = from_index
+        last_id = "0"
+        while True:
+            batch = await self.store.read_events(request_id, last_id, _BLOCK_MS)
+            if not batch and await self.store.get(request_id) is None:
+                raise NotFound(f"request {request_id} does not exist or has expired")
+            for entry_id, event in batch:
+                last_id = entry_id
+                end = event.index + len(event.token_ids)
+                if end > next_index or event.finish_reason is not FinishReason.NONE:
+                    if event.index < next_index:  # a replayed or duplicated prefix: keep the new tail
+                        skip = min(next_index - event.index, len(event.token_ids))
+                        event = TokenEvent(
+                            next_index,
+                            event.token_ids[skip:],
+                            "" if skip else event.text,
+                            event.finish_reason,
+                            event.usage,
+                        )
+                    next_index = max(next_index, end)
+                    yield event
+                if event.finish_reason is not FinishReason.NONE:
+                    return
+
+    async def cancel(self, request_id: str) -> RequestState:
+        outcome = await self.store.cancel(request_id)
+        if outcome.state is None:
+            raise NotFound(f"request {request_id} does not exist or has expired")
+        if outcome.ended_here:
+            # It was queued: end its stream here, as no executor will.
+            event = TokenEvent(outcome.tokens, (), "", FinishReason.CANCELLED, {})
+            await self.store.redis.xadd(self.store.keys.output(request_id), event.to_fields())
+            await self.store.redis.expire(self.store.keys.output(request_id), self.store.ttl_s)
+        elif outcome.state in (RequestState.ASSIGNED, RequestState.RUNNING):
+            await self.dispatcher.request_abort(request_id, outcome.executor_id)
+        return outcome.state
+
+    async def status(self, request_id: str) -> RequestStatus:
+        record = await self.store.get(request_id)
+        if record is None:
+            raise NotFound(f"request {request_id} does not exist or has expired")
+        state = RequestState[record["state"]]
+        position = await self.store.queue_position(request_id) if state is RequestState.QUEUED else None
+        reason = record.get("finish_reason", "")
+        return RequestStatus(
+            request_id=request_id,
+            state=state,
+            executor_id=record.get("executor", ""),
+            tokens_generated=int(record.get("tokens_generated", 0)),
+            queue_position=position,
+            finish_reason=FinishReason[reason] if reason else FinishReason.NONE,
+            prompt_tokens=int(record.get("prompt_len", 0)),
+        )
+
+    async def alive_executors(self) -> int:
+        return len(self.dispatcher.links) or int(await self.store.redis.zcard(self.store.keys.executors))

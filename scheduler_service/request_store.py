@@ -1,0 +1,180 @@
+"""Request records, the pending queue and output streams in Redis. Every state move is a Lua script."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from common.errors import AlreadyExists, Overloaded
+from common.keys import KeySchema
+from common.lifecycle import FinishReason, RequestState, terminal_state_for
+from scheduler_service import scripts
+from scheduler_service.requests import ClaimedRequest, NewRequest, RequestParams, TokenEvent, parse_ids
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    state: RequestState | None  # None: no such request
+    executor_id: str
+    tokens: int
+    ended_here: bool  # it was queued, and this cancel ended it
+
+
+class RequestStore:
+    def __init__(self, redis: aioredis.Redis, keys: KeySchema, request_ttl_s: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.ttl_s = request_ttl_s
+        self._enqueue = redis.register_script(scripts.ENQUEUE)
+        self._claim = redis.register_script(scripts.CLAIM)
+        self._append = redis.register_script(scripts.APPEND_TOKENS)
+        self._finish = redis.register_script(scripts.FINISH)
+        self._requeue = redis.register_script(scripts.REQUEUE)
+        self._cancel = redis.register_script(scripts.CANCEL)
+
+    async def enqueue(self, req: NewRequest, score: float, max_pending: int) -> None:
+        fields = {
+            "state": RequestState.QUEUED.name,
+            "prompt_ids": ",".join(map(str, req.prompt_ids)),
+            "prompt_len": str(len(req.prompt_ids)),
+            "params": req.params.to_json(),
+            "priority": str(req.priority),
+            "tenant": req.tenant,
+            "deadline_ms": str(req.deadline_ms),
+            "arrival_ms": str(req.arrival_ms),
+            "score": repr(score),
+            "executor": "",
+        }
+        flat = [item for pair in fields.items() for item in pair]
+        keys = [self.keys.request(req.request_id), self.keys.pending]
+        result = await self._enqueue(keys=keys, args=[max_pending, repr(score), req.request_id, *flat])
+        if result == -1:
+            raise AlreadyExists(f"request_id {req.request_id!r} was already submitted")
+        if result == -2:
+            raise Overloaded(f"the queue is full ({max_pending} pending requests); retry later")
+
+    async def peek_pending(self, count: int) -> list[tuple[str, float]]:
+        """The ``count`` requests that should run soonest (lowest scores), O(log n + count)."""
+        return [(m, float(s)) for m, s in await self.redis.zrange(self.keys.pending, 0, count - 1, withscores=True)]
+
+    async def prompt_lengths(self, request_ids: Sequence[str]) -> list[int | None]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for rid in request_ids:
+                pipe.hget(self.keys.request(rid), "prompt_len")
+                pipe.llen(self.keys.tokens(rid))
+            raw = await pipe.execute()
+        return [None if p is None else int(p) + int(n) for p, n in zip(raw[::2], raw[1::2], strict=True)]
+
+    async def claim(self, request_id: str, executor_id: str) -> ClaimedRequest | None:
+        keys = [
+            self.keys.pending,
+            self.keys.request(request_id),
+            self.keys.running(executor_id),
+            self.keys.tokens(request_id),
+        ]
+        row = await self._claim(keys=keys, args=[request_id, executor_id, now_ms()])
+        if not row:
+            return None
+        prompt, params, score, arrival, assigned, first_token, _, out = row
+        return ClaimedRequest(
+            request_id=request_id,
+            prompt_ids=parse_ids(prompt),
+            output_ids=parse_ids(out),
+            params=RequestParams.from_json(params),
+            score=float(score),
+            arrival_ms=int(arrival),
+            assigned_ms=int(assigned),
+            first_token_ms=int(first_token) if first_token else None,
+        )
+
+    async def append_tokens(
+        self, pipe: aioredis.client.Pipeline, request_id: str, executor_id: str, event: TokenEvent
+    ) -> None:
+        """Queue on ``pipe``: record the tokens on the request (guarded), then publish the event."""
+        if event.token_ids:
+            keys = [self.keys.request(request_id), self.keys.tokens(request_id)]
+            args = [executor_id, event.index, now_ms(), *event.token_ids]
+            await self._append(keys=keys, args=args, client=pipe)
+        pipe.xadd(self.keys.output(request_id), event.to_fields())
+
+    async def finish(
+        self, pipe: aioredis.client.Pipeline, request_id: str, executor_id: str, reason: FinishReason, error: str = ""
+    ) -> None:
+        """Queue on ``pipe``: move to the terminal state for ``reason`` and start the records' TTL."""
+        keys = [
+            self.keys.request(request_id),
+            self.keys.running(executor_id),
+            self.keys.tokens(request_id),
+            self.keys.pending,
+        ]
+        state = terminal_state_for(reason)
+        args = [request_id, executor_id, state.name, reason.name, now_ms(), self.ttl_s, error]
+        await self._finish(keys=keys, args=args, client=pipe)
+        pipe.expire(self.keys.output(request_id), self.ttl_s)
+
+    async def finish_now(self, request_id: str, executor_id: str, event: TokenEvent, error: str = "") -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            await self.finish(pipe, request_id, executor_id, event.finish_reason, error)
+            pipe.xadd(self.keys.output(request_id), event.to_fields())
+            pipe.expire(self.keys.output(request_id), self.ttl_s)
+            await pipe.execute()
+
+    async def requeue(self, request_id: str, executor_id: str) -> int:
+        """Back to QUEUED with its tokens kept. 2 means a cancel was pending: the caller ends it."""
+        keys = [self.keys.request(request_id), self.keys.running(executor_id), self.keys.pending]
+        return int(await self._requeue(keys=keys, args=[request_id, executor_id, now_ms()]))
+
+    async def hand_back(self, request_id: str, executor_id: str) -> None:
+        """Re-queue a request its executor gave up (preempted, lost), or end it if a cancel was pending."""
+        if await self.requeue(request_id, executor_id) == 2:
+            tokens = int(await self.redis.llen(self.keys.tokens(request_id)))
+            await self.finish_now(request_id, "", TokenEvent(tokens, (), "", FinishReason.CANCELLED, {}))
+
+    async def cancel(self, request_id: str) -> CancelOutcome:
+        keys = [self.keys.request(request_id), self.keys.pending, self.keys.tokens(request_id)]
+        state, executor_id, tokens, ended = await self._cancel(keys=keys, args=[request_id, now_ms(), self.ttl_s])
+        if state == "MISSING":
+            return CancelOutcome(None, "", 0, False)
+        return CancelOutcome(RequestState[state], executor_id, int(tokens), ended == "1")
+
+    async def get(self, request_id: str) -> dict[str, str] | None:
+        record = await self.redis.hgetall(self.keys.request(request_id))
+        if not record:
+            return None
+        record["tokens_generated"] = str(await self.redis.llen(self.keys.tokens(request_id)))
+        return record
+
+    async def queue_position(self, request_id: str) -> int | None:
+        return await self.redis.zrank(self.keys.pending, request_id)
+
+    async def queue_length(self) -> int:
+        return int(await self.redis.zcard(self.keys.pending))
+
+    async def running_ids(self, executor_id: str) -> set[str]:
+        return set(await self.redis.smembers(self.keys.running(executor_id)))
+
+    async def read_events(self, request_id: str, after: str, block_ms: int) -> list[tuple[str, TokenEvent]]:
+        """Events after stream id ``after`` ("0" for all), waiting up to ``block_ms`` for the first."""
+        reply = await self.redis.xread({self.keys.output(request_id): after}, count=512, block=block_ms)
+        if not reply:
+            return []
+        _, entries = reply[0]
+        return [(entry_id, TokenEvent.from_fields(fields)) for entry_id, fields in entries]
+
+
+def usage_of(
+    prompt_tokens: int, completion_tokens: int, arrival_ms: int, assigned_ms: int, first_token_ms: int | None
+) -> dict[str, float]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "queue_time_ms": float(max(0, assigned_ms - arrival_ms)),
+        "ttft_ms": float(max(0, (first_token_ms or assigned_ms) - arrival_ms)),
+    }

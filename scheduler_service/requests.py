@@ -1,0 +1,94 @@
+"""The scheduler's request transfer objects, with JSON (never pickle) for what goes to Redis."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from common.lifecycle import FinishReason
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """Validated sampling and stopping parameters."""
+
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str) -> RequestParams:
+        data = json.loads(raw)
+        data["stop"] = tuple(data.get("stop", ()))
+        data["stop_token_ids"] = tuple(data.get("stop_token_ids", ()))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    """A validated, tokenised request ready to enqueue."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: RequestParams
+    priority: int
+    tenant: str
+    deadline_ms: int
+    arrival_ms: int
+
+
+@dataclass(frozen=True)
+class ClaimedRequest:
+    """A request just moved QUEUED -> ASSIGNED: everything an executor needs to run or resume it."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    params: RequestParams
+    score: float
+    arrival_ms: int
+    assigned_ms: int
+    first_token_ms: int | None
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One entry of a request's output stream."""
+
+    index: int
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason = FinishReason.NONE
+    usage: dict[str, float] = field(default_factory=dict)
+
+    def to_fields(self) -> dict[str, str]:
+        fields = {"i": str(self.index), "t": ",".join(map(str, self.token_ids)), "x": self.text}
+        if self.finish_reason is not FinishReason.NONE:
+            fields["f"] = str(int(self.finish_reason))
+            fields["u"] = json.dumps(self.usage, separators=(",", ":"))
+        return fields
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, str]) -> TokenEvent:
+        tokens = fields.get("t", "")
+        return cls(
+            index=int(fields["i"]),
+            token_ids=tuple(int(t) for t in tokens.split(",")) if tokens else (),
+            text=fields.get("x", ""),
+            finish_reason=FinishReason(int(fields.get("f", "0"))),
+            usage=json.loads(fields["u"]) if "u" in fields else {},
+        )
+
+
+def parse_ids(raw: str | None) -> tuple[int, ...]:
+    if not raw:
+        return ()
+    return tuple(int(t) for t in raw.split(","))

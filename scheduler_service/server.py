@@ -1,0 +1,69 @@
+"""The scheduler service: public Generation API plus the dispatcher that drives executors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health
+
+from common import service
+from common.config import BatonConfig
+from common.health import add_health_and_reflection, set_serving
+from common.keys import KeySchema
+from common.pb import generate_pb2 as pb
+from common.pb import generate_pb2_grpc
+from common.redis_client import connect
+from scheduler_service.dispatcher import Dispatcher
+from scheduler_service.frontend import Frontend
+from scheduler_service.request_store import RequestStore
+from scheduler_service.servicer import GenerationServicer
+from scheduler_service.tokenizer_source import TokenizerSource
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
+
+
+@dataclass
+class RunningScheduler:
+    port: int
+    server: grpc.aio.Server
+    dispatcher: Dispatcher
+    frontend: Frontend
+    health: health.aio.HealthServicer
+
+    async def stop(self, grace: float = 2.0) -> None:
+        await set_serving(self.health, [SERVICE_NAME], serving=False)
+        await self.server.stop(grace)
+        await self.dispatcher.stop()
+        await self.frontend.store.redis.aclose()
+
+
+async def start_scheduler(config: BatonConfig) -> RunningScheduler:
+    dist = config.distributed
+    redis = connect(dist.redis_url)
+    keys = KeySchema(dist.key_prefix)
+    store = RequestStore(redis, keys, dist.request_ttl_s)
+    dispatcher = Dispatcher(store, config)
+    frontend = Frontend(store, dispatcher, TokenizerSource(redis, keys, config.scheduler.tokenizer), config)
+    server = service.make_server(config.scheduler.max_message_bytes)
+    generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(frontend), server)
+    health_servicer = add_health_and_reflection(server, [SERVICE_NAME])
+    port = server.add_insecure_port(f"{config.scheduler.host}:{config.scheduler.port}")
+    await server.start()
+    await dispatcher.start()
+    await set_serving(health_servicer, [SERVICE_NAME], serving=True)
+    log.info("scheduler %s serving on port %d", dispatcher.replica_id, port)
+    return RunningScheduler(port, server, dispatcher, frontend, health_servicer)
+
+
+async def serve(config: BatonConfig) -> None:
+    stop = asyncio.Event()
+    service.install_signal_handlers(stop)
+    running = await start_scheduler(config)
+    await stop.wait()
+    log.info("scheduler shutting down")
+    await running.stop()

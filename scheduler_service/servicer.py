@@ -1,0 +1,105 @@
+"""The public Generation servicer: protobuf in and out, logic in Frontend."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from common.lifecycle import FinishReason
+from common.pb import generate_pb2 as pb
+from common.pb import generate_pb2_grpc
+from scheduler_service.frontend import Frontend, RequestStatus
+from scheduler_service.requests import TokenEvent
+
+log = logging.getLogger(__name__)
+
+
+def response_pb(request_id: str, event: TokenEvent) -> pb.GenerateResponse:
+    msg = pb.GenerateResponse(
+        request_id=request_id,
+        index=event.index,
+        token_ids=event.token_ids,
+        text=event.text,
+        finish_reason=int(event.finish_reason),  # type: ignore[arg-type]
+    )
+    if event.finish_reason is not FinishReason.NONE:
+        msg.usage.CopyFrom(usage_pb(event.usage))
+    return msg
+
+
+def usage_pb(usage: dict[str, float]) -> pb.Usage:
+    return pb.Usage(
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        completion_tokens=int(usage.get("completion_tokens", 0)),
+        queue_time_ms=float(usage.get("queue_time_ms", 0.0)),
+        ttft_ms=float(usage.get("ttft_ms", 0.0)),
+    )
+
+
+def status_pb(status: RequestStatus) -> pb.GetRequestResponse:
+    msg = pb.GetRequestResponse(
+        request_id=status.request_id,
+        state=int(status.state),  # type: ignore[arg-type]
+        executor_id=status.executor_id,
+        tokens_generated=status.tokens_generated,
+        finish_reason=int(status.finish_reason),  # type: ignore[arg-type]
+        prompt_tokens=status.prompt_tokens,
+    )
+    if status.queue_position is not None:
+        msg.queue_position = status.queue_position
+    return msg
+
+
+class GenerationServicer(generate_pb2_grpc.GenerationServicer):
+    def __init__(self, frontend: Frontend) -> None:
+        self._frontend = frontend
+        self._background: set[asyncio.Task[object]] = set()  # cancels outliving their handler
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        req = await self._frontend.submit(request)
+        finished = False
+        try:
+            async for event in self._frontend.events(req.request_id):
+                finished = event.finish_reason is not FinishReason.NONE
+                yield response_pb(req.request_id, event)
+        finally:
+            if not finished:  # the client went away or its deadline passed: free the executor's KV blocks
+                log.info("request %s abandoned by its client; cancelling", req.request_id)
+                task = asyncio.ensure_future(self._frontend.cancel(req.request_id))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+
+    async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
+        out = pb.CompleteResponse()
+        text: list[str] = []
+        async for chunk in self.Generate(request, context):
+            out.request_id = chunk.request_id
+            out.token_ids.extend(chunk.token_ids)
+            text.append(chunk.text)
+            if chunk.finish_reason:
+                out.finish_reason = chunk.finish_reason
+                out.usage.CopyFrom(chunk.usage)
+        out.text = "".join(text)
+        return out
+
+    async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
+        state = await self._frontend.cancel(request.request_id)
+        return pb.CancelResponse(state=int(state))  # type: ignore[arg-type]
+
+    async def GetRequest(
+        self, request: pb.GetRequestRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetRequestResponse:
+        return status_pb(await self._frontend.status(request.request_id))
+
+    async def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfoResponse:
+        limits = await self._frontend.model_limits()
+        executors = await self._frontend.alive_executors()
+        return pb.ModelInfoResponse(model=limits.model, max_model_len=limits.max_model_len, executors=executors)
+
+    async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
+        return pb.TokenizeResponse(token_ids=await self._frontend.tokenize(request.text))

@@ -1,0 +1,59 @@
+"""Finds the model's tokenizer and limits: from config, else from what executors registered in Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from transformers import AutoTokenizer
+
+from common.errors import NotReady
+from common.keys import KeySchema
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    model: str
+    max_model_len: int
+    vocab_size: int
+
+
+class TokenizerSource:
+    def __init__(self, redis: aioredis.Redis, keys: KeySchema, configured: str = "") -> None:
+        self._redis = redis
+        self._keys = keys
+        self._configured = configured
+        self._lock = asyncio.Lock()
+        self.tokenizer: object | None = None
+        self.limits: ModelLimits | None = None
+
+    async def get(self) -> tuple[object, ModelLimits]:
+        if self.tokenizer is not None and self.limits is not None:
+            return self.tokenizer, self.limits
+        async with self._lock:
+            if self.tokenizer is None or self.limits is None:
+                await self._load()
+        assert self.tokenizer is not None and self.limits is not None
+        return self.tokenizer, self.limits
+
+    async def _registered_executor(self) -> dict[str, str]:
+        for executor_id in await self._redis.zrevrange(self._keys.executors, 0, 0):
+            record = await self._redis.hgetall(self._keys.executor(executor_id))
+            if record:
+                return record
+        return {}
+
+    async def _load(self) -> None:
+        record = await self._registered_executor()
+        model = self._configured or record.get("model", "")
+        if not model or "max_model_len" not in record:
+            raise NotReady("no executor has registered yet; the model's tokenizer and limits are unknown")
+        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model)
+        vocab = int(record.get("vocab_size", 0)) or len(tokenizer)
+        self.limits = ModelLimits(record.get("model", model), int(record["max_model_len"]), vocab)
+        self.tokenizer = tokenizer
+        log.info("tokenizer loaded from %s (max_model_len %d)", model, self.limits.max_model_len)

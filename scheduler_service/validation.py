@@ -1,0 +1,97 @@
+"""Turns a GenerateRequest into a validated, tokenised NewRequest, or raises InvalidRequest."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+from common.config import RequestLevelConfig
+from common.errors import InvalidRequest
+from common.pb import generate_pb2 as pb
+from scheduler_service.requests import NewRequest, RequestParams
+from scheduler_service.tokenizer_source import ModelLimits
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+MAX_TENANT_CHARS = 128
+
+
+def _check_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
+    bad = [t for t in ids if t >= vocab_size]
+    if bad:
+        raise InvalidRequest(f"{what} has token ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
+
+
+def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config: RequestLevelConfig) -> RequestParams:
+    room = limits.max_model_len - prompt_len
+    if not (math.isfinite(msg.temperature) and msg.temperature >= 0):
+        raise InvalidRequest(f"temperature must be a finite number >= 0, got {msg.temperature}")
+    if not (math.isfinite(msg.top_p) and 0 <= msg.top_p <= 1):
+        raise InvalidRequest(f"top_p must lie in (0, 1] (0 means 1), got {msg.top_p}")
+    if msg.top_k > limits.vocab_size:
+        raise InvalidRequest(f"top_k must be at most the vocabulary size {limits.vocab_size}, got {msg.top_k}")
+    if msg.max_tokens > room:
+        raise InvalidRequest(
+            f"prompt ({prompt_len} tokens) + max_tokens ({msg.max_tokens}) exceeds max_model_len {limits.max_model_len}"
+        )
+    if len(msg.stop) > config.max_stop_strings:
+        raise InvalidRequest(f"at most {config.max_stop_strings} stop strings are allowed, got {len(msg.stop)}")
+    for stop in msg.stop:
+        if not stop or len(stop) > config.max_stop_string_chars:
+            raise InvalidRequest(f"stop strings must have 1 to {config.max_stop_string_chars} characters")
+    if len(msg.stop_token_ids) > config.max_stop_strings * 4:
+        raise InvalidRequest(f"at most {config.max_stop_strings * 4} stop token ids are allowed")
+    _check_ids(msg.stop_token_ids, limits.vocab_size, "stop_token_ids")
+    return RequestParams(
+        max_tokens=msg.max_tokens or min(config.default_max_tokens, room),
+        temperature=float(msg.temperature),
+        top_p=float(msg.top_p) or 1.0,
+        top_k=int(msg.top_k),
+        seed=int(msg.seed) if msg.HasField("seed") else None,
+        stop=tuple(msg.stop),
+        stop_token_ids=tuple(msg.stop_token_ids),
+        ignore_eos=msg.ignore_eos,
+    )
+
+
+def validate(
+    msg: pb.GenerateRequest,
+    tokenize: Callable[[str], list[int]],
+    limits: ModelLimits,
+    config: RequestLevelConfig,
+    now_ms: int | None = None,
+) -> NewRequest:
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    request_id = msg.request_id or uuid.uuid4().hex
+    if not _REQUEST_ID.match(request_id):
+        raise InvalidRequest("request_id must be 1-128 characters of letters, digits and ._:@-")
+    priority = msg.priority if msg.HasField("priority") else config.default_priority
+    if priority > config.max_priority:
+        raise InvalidRequest(f"priority must lie in [0, {config.max_priority}], got {priority}")
+    if len(msg.tenant) > MAX_TENANT_CHARS:
+        raise InvalidRequest(f"tenant must have at most {MAX_TENANT_CHARS} characters")
+    if msg.deadline_ms and msg.deadline_ms <= now:
+        raise InvalidRequest(f"deadline_ms {msg.deadline_ms} is in the past (now {now})")
+    if msg.prompt:
+        if len(msg.prompt) > config.max_prompt_chars:
+            raise InvalidRequest(f"prompt has {len(msg.prompt)} characters; at most {config.max_prompt_chars}")
+        prompt_ids = tokenize(msg.prompt)
+    else:
+        prompt_ids = list(msg.prompt_token_ids)
+        _check_ids(prompt_ids, limits.vocab_size, "prompt_token_ids")
+    if not prompt_ids:
+        raise InvalidRequest("prompt is empty: set prompt or prompt_token_ids")
+    if len(prompt_ids) >= limits.max_model_len:
+        raise InvalidRequest(f"prompt has {len(prompt_ids)} tokens; max_model_len is {limits.max_model_len}")
+    params = _params(msg.params, len(prompt_ids), limits, config)
+    return NewRequest(
+        request_id=request_id,
+        prompt_ids=tuple(prompt_ids),
+        params=params,
+        priority=priority,
+        tenant=msg.tenant or "default",
+        deadline_ms=msg.deadline_ms,
+        arrival_ms=now,
+    )

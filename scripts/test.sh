@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# One command: install everything, then lint and run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+.venv/bin/ruff check .
+.venv/bin/python -m common.protogen --check
+.venv/bin/pytest -q "$@"

@@ -1,0 +1,137 @@
+"""Engine-level tests on the generated tiny model: exact batching, chunked prefill, preemption."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from common.config import ExecutorConfig
+from common.lifecycle import FinishReason
+from executor_service.engine import Engine
+from executor_service.engine_io import AdmitSpec, PlanUpdate, StepOutput
+from executor_service.model_loader import load_engine
+from executor_service.sampling import SamplingParams
+from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
+
+
+def make_engine(model_dir: Path, **overrides: object) -> Engine:
+    settings: dict[str, object] = {"model": str(model_dir), "kv_cache_memory_mb": 16, "token_budget": 96}
+    settings.update(overrides)
+    return load_engine(ExecutorConfig(**settings)).engine  # type: ignore[arg-type]
+
+
+def prompts(count: int, seed: int = 1) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(5, 8000) for _ in range(rng.randrange(3, 180))] for _ in range(count)]
+
+
+def admit(request_id: str, prompt: list[int], max_tokens: int, rank: float = 0.0) -> AdmitSpec:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return AdmitSpec(request_id, tuple(prompt), (), params, rank)
+
+
+def run_to_end(engine: Engine, arrivals: dict[int, list[AdmitSpec]], max_steps: int = 5000) -> dict[str, list[int]]:
+    """Step the engine, admitting ``arrivals[step]`` at each step; collect tokens per request."""
+    outputs: dict[str, list[int]] = {}
+    done: set[str] = set()
+    expected = {spec.request_id for specs in arrivals.values() for spec in specs}
+    seq = 0
+    for step in range(max_steps):
+        if step in arrivals:
+            seq += 1
+            engine.apply(PlanUpdate(seq=seq, admit=tuple(arrivals[step])))
+        out: StepOutput = engine.step() if engine.has_work else engine.drain()
+        for delta in out.tokens:
+            outputs.setdefault(delta.request_id, []).extend(delta.token_ids)
+        done.update(f.request_id for f in out.finished)
+        if done == expected:
+            return outputs
+    raise AssertionError(f"unfinished after {max_steps} steps: {expected - done}")
+
+
+def test_staggered_batch_matches_generate_alone(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    reference_model = load_reference_model(tiny_model_dir)
+    rng = random.Random(7)
+    specs = [admit(f"r{i}", p, rng.randrange(4, 40)) for i, p in enumerate(prompts(16))]
+    arrivals: dict[int, list[AdmitSpec]] = {}
+    for i, spec in enumerate(specs):
+        arrivals.setdefault((i // 2) * 3, []).append(spec)  # two join every third step
+    outputs = run_to_end(engine, arrivals)
+    for spec in specs:
+        ref = reference_greedy(reference_model, list(spec.prompt_ids), spec.params.max_tokens)
+        assert_matches_reference(outputs[spec.request_id], ref, spec.request_id)
+    assert engine.allocator.num_used == 0
+
+
+def test_chunked_prefill_respects_token_budget(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, token_budget=32)
+    engine.apply(PlanUpdate(seq=1, admit=tuple(admit(f"c{i}", p, 5) for i, p in enumerate(prompts(4, seed=3)))))
+    steps = 0
+    while engine.has_work:
+        out = engine.step()
+        assert out.num_tokens <= 32
+        steps += 1
+    assert steps > 4  # the prompts could not have been prefilled in one step
+
+
+def test_plan_grants_cap_prefill_chunk(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, token_budget=256)
+    prompt = prompts(1, seed=4)[0] + [9] * 100
+    engine.apply(PlanUpdate(seq=1, admit=(admit("g", prompt, 3),), grants={"g": 10}))
+    assert engine.step().num_tokens == 10
+    assert engine.step().num_tokens == min(256, len(prompt) - 10)  # later steps use the standing budget
+
+
+def test_out_of_blocks_preempts_least_important(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, kv_cache_memory_mb=1, block_size=16, token_budget=512)
+    blocks = engine.allocator.num_blocks
+    prompt_len = (blocks // 2) * 16 - 4
+    specs = [admit("important", [1] * prompt_len, 64, rank=0), admit("victim", [2] * prompt_len, 64, rank=1)]
+    engine.apply(PlanUpdate(seq=1, admit=tuple(specs)))
+    preempted: list[str] = []
+    while engine.has_work and not preempted:
+        preempted += engine.step().preempted
+    assert preempted == ["victim"]
+    assert "important" in engine.running
+
+
+def test_abort_frees_blocks_and_reports_cancelled(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    engine.apply(PlanUpdate(seq=1, admit=(admit("a", prompts(1)[0], 50),)))
+    engine.step()
+    assert engine.allocator.num_used > 0
+    engine.apply(PlanUpdate(seq=2, abort=("a",)))
+    out = engine.drain()
+    assert [(f.request_id, f.reason) for f in out.finished] == [("a", FinishReason.CANCELLED)]
+    assert engine.allocator.num_used == 0
+
+
+def test_resumed_request_continues_where_it_stopped(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    prompt = prompts(1, seed=9)[0]
+    whole = run_to_end(engine, {0: [admit("w", prompt, 20)]})["w"]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    resumed = AdmitSpec("w2", tuple(prompt), tuple(whole[:8]), params, 0.0)
+    rest = run_to_end(engine, {0: [resumed]})["w2"]
+    assert whole[:8] + rest == whole
+
+
+@pytest.mark.parametrize("stop_after", [1, 3])
+def test_stop_token_ids_end_the_request(tiny_model_dir: Path, stop_after: int) -> None:
+    engine = make_engine(tiny_model_dir)
+    prompt = prompts(1, seed=5)[0]
+    free = run_to_end(engine, {0: [admit("f", prompt, 10)]})["f"]
+    stop_id = free[stop_after - 1]
+    params = SamplingParams(max_tokens=10, ignore_eos=True, stop_token_ids=(stop_id,))
+    engine.apply(PlanUpdate(seq=9, admit=(AdmitSpec("s", tuple(prompt), (), params, 0.0),)))
+    finished = []
+    tokens: list[int] = []
+    while engine.has_work:
+        out = engine.step()
+        tokens += [t for d in out.tokens for t in d.token_ids]
+        finished += out.finished
+    assert tokens == free[: free.index(stop_id) + 1]
+    assert finished[0].reason == FinishReason.STOP

@@ -1,0 +1,164 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from executor_service.sampling import Sampler, SamplingParams, make_generator
+
+VOCAB = 64
+
+
+def _logits(batch: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, VOCAB, generator=gen) * 3.0
+
+
+def test_greedy_is_argmax() -> None:
+    logits = _logits(5)
+    params = [SamplingParams()] * 5
+    out = Sampler().sample(logits, params, [None] * 5)
+    assert out.dtype == torch.int64
+    assert out.shape == (5,)
+    assert torch.equal(out, logits.argmax(dim=-1))
+
+
+def test_mixed_batch_greedy_rows_are_argmax() -> None:
+    logits = _logits(4)
+    params = [SamplingParams(), SamplingParams(temperature=1.0), SamplingParams(), SamplingParams(temperature=0.7)]
+    gens = [None, make_generator(1, "cpu"), None, make_generator(2, "cpu")]
+    out = Sampler().sample(logits, params, gens)
+    assert out[0] == logits[0].argmax() and out[2] == logits[2].argmax()
+    assert all(0 <= int(t) < VOCAB for t in out)
+
+
+def _run(seed: int, steps: int, batch_with: int) -> list[int]:
+    """Sample ``steps`` tokens for a seeded request placed among ``batch_with`` other requests."""
+    sampler = Sampler()
+    mine = SamplingParams(temperature=0.9, top_p=0.9, top_k=20, seed=seed)
+    gen = make_generator(seed, "cpu")
+    # Neighbours alternate greedy / seeded-sampled / unseeded-sampled, so every code path is in the batch.
+    others: list[tuple[SamplingParams, torch.Generator | None]] = []
+    for i in range(batch_with):
+        if i % 3 == 0:
+            others.append((SamplingParams(), None))
+        elif i % 3 == 1:
+            others.append((SamplingParams(temperature=1.3, seed=100 + i), make_generator(100 + i, "cpu")))
+        else:
+            others.append((SamplingParams(temperature=0.5, top_p=0.5), None))
+    position = batch_with // 2
+    tokens = []
+    for step in range(steps):
+        # My row depends only on the step; the neighbours' rows change with the batch size.
+        logits = _logits(batch_with + 1, seed=1000 + step * 7 + batch_with)
+        logits[position] = _logits(1, seed=step)[0]
+        params = [p for p, _ in others]
+        gens = [g for _, g in others]
+        params.insert(position, mine)
+        gens.insert(position, gen)
+        tokens.append(int(sampler.sample(logits, params, gens)[position]))
+    return tokens
+
+
+def test_same_seed_same_tokens_whatever_the_batch() -> None:
+    alone = _run(seed=42, steps=30, batch_with=0)
+    assert alone == _run(seed=42, steps=30, batch_with=3)
+    assert alone == _run(seed=42, steps=30, batch_with=8)
+    assert alone != _run(seed=43, steps=30, batch_with=0)  # 30 draws from ~20 tokens: a collision is negligible
+
+
+def test_unfiltered_row_is_unaffected_by_a_filtered_neighbour() -> None:
+    # The filtered neighbour forces the sort/mask path; the plain row must draw from the very same distribution.
+    plain = SamplingParams(temperature=1.0, seed=7)
+    logits = _logits(2)
+    gen_a, gen_b = make_generator(7, "cpu"), make_generator(7, "cpu")
+    seq_alone = [int(Sampler().sample(logits[:1], [plain], [gen_a])[0]) for _ in range(40)]
+    neighbour = SamplingParams(temperature=1.0, top_k=3)
+    seq_mixed = [int(Sampler().sample(logits, [plain, neighbour], [gen_b, None])[0]) for _ in range(40)]
+    assert seq_alone == seq_mixed
+
+
+def test_top_k_one_is_greedy() -> None:
+    logits = _logits(6, seed=3)
+    params = [SamplingParams(temperature=1.5, top_k=1, seed=i) for i in range(6)]
+    gens = [make_generator(i, "cpu") for i in range(6)]
+    for _ in range(10):
+        assert torch.equal(Sampler().sample(logits, params, gens), logits.argmax(dim=-1))
+
+
+def test_tiny_top_p_is_greedy() -> None:
+    logits = _logits(6, seed=4)
+    params = [SamplingParams(temperature=2.0, top_p=1e-6) for _ in range(6)]
+    for _ in range(10):
+        out = Sampler().sample(logits, params, [make_generator(None, "cpu") for _ in range(6)])
+        assert torch.equal(out, logits.argmax(dim=-1))
+
+
+def test_top_p_keeps_smallest_set_reaching_p() -> None:
+    # Probabilities 0.5, 0.3, 0.2: p=0.6 needs the first two, p=0.45 only the first.
+    logits = torch.log(torch.tensor([[0.2, 0.5, 0.3]]))
+    gen = make_generator(0, "cpu")
+
+    def seen(top_p: float, draws: int) -> set[int]:
+        params = [SamplingParams(temperature=1.0, top_p=top_p)]
+        return {int(Sampler().sample(logits, params, [gen])[0]) for _ in range(draws)}
+
+    seen_06, seen_045 = seen(0.6, 200), seen(0.45, 50)
+    assert seen_06 == {1, 2}
+    assert seen_045 == {1}
+
+
+def test_sampled_tokens_stay_in_top_k() -> None:
+    logits = _logits(3, seed=5)
+    k = 5
+    allowed = [set(logits[i].topk(k).indices.tolist()) for i in range(3)]
+    params = [SamplingParams(temperature=5.0, top_k=k, seed=i) for i in range(3)]
+    gens = [make_generator(i, "cpu") for i in range(3)]
+    seen: list[set[int]] = [set(), set(), set()]
+    for _ in range(300):
+        out = Sampler().sample(logits, params, gens)
+        for i in range(3):
+            seen[i].add(int(out[i]))
+    for i in range(3):
+        assert seen[i] <= allowed[i]
+        assert len(seen[i]) > 1  # a hot temperature really samples
+
+
+def test_unseeded_generators_are_independent() -> None:
+    a, b = make_generator(None, "cpu"), make_generator(None, "cpu")
+    assert a.initial_seed() != b.initial_seed()
+    assert make_generator(5, "cpu").initial_seed() == 5
+
+
+def test_shape_mismatch_raises() -> None:
+    with pytest.raises(ValueError):
+        Sampler().sample(_logits(2), [SamplingParams()], [None])
+    with pytest.raises(ValueError):
+        Sampler().sample(torch.zeros(VOCAB), [SamplingParams()], [None])
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"temperature": -0.1},
+        {"temperature": math.nan},
+        {"temperature": math.inf},
+        {"top_p": 0.0},
+        {"top_p": 1.01},
+        {"top_p": math.nan},
+        {"top_k": -1},
+        {"max_tokens": 0},
+        {"stop": ("",)},
+        {"seed": 1 << 64},
+    ],
+)
+def test_invalid_params_raise(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_params_are_hashable_from_lists() -> None:
+    params = SamplingParams(stop=["a", "b"], stop_token_ids=[1, 2])  # type: ignore[arg-type]
+    assert params.stop == ("a", "b") and params.stop_token_ids == (1, 2)
+    hash(params)

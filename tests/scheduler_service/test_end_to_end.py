@@ -1,0 +1,174 @@
+"""End to end through gRPC: real redis-server, real executor and scheduler servers, the tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from common.pb import generate_pb2 as pb
+from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
+from tests.stack import Stack, joined_tokens, stack_config, start_stack
+
+
+@pytest.fixture
+async def stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
+    running = await start_stack(stack_config(redis_url, tiny_model_dir))
+    yield running
+    await running.stop()
+
+
+def greedy(prompt_ids: list[int], max_tokens: int, priority: int = 5, request_id: str = "") -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        request_id=request_id,
+        prompt_token_ids=prompt_ids,
+        params=pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        priority=priority,
+    )
+
+
+def random_prompts(count: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(5, 8000) for _ in range(rng.randrange(4, 200))] for _ in range(count)]
+
+
+async def test_staggered_greedy_matches_generate_alone(stack: Stack, tiny_model_dir: Path) -> None:
+    prompts = random_prompts(16, seed=11)
+    rng = random.Random(3)
+    lengths = [rng.randrange(8, 48) for _ in prompts]
+
+    async def one(i: int) -> list[int]:
+        await asyncio.sleep(0.03 * i)  # join and leave a running batch at different moments
+        return joined_tokens(await stack.generate(greedy(prompts[i], lengths[i])))
+
+    outputs = await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    reference_model = load_reference_model(tiny_model_dir)
+    for i, got in enumerate(outputs):
+        assert_matches_reference(got, reference_greedy(reference_model, prompts[i], lengths[i]), f"prompt {i}")
+
+
+async def test_fifty_concurrent_streams_finish(stack: Stack) -> None:
+    prompts = random_prompts(50, seed=5)
+    rng = random.Random(8)
+    requests = [greedy(p, rng.randrange(1, 40), priority=rng.randrange(0, 11)) for p in prompts]
+    results = await asyncio.gather(*(stack.generate(r) for r in requests))
+    for request, chunks in zip(requests, results, strict=True):
+        assert len(joined_tokens(chunks)) == request.params.max_tokens
+        assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        assert all(c.finish_reason == pb.FINISH_REASON_NONE for c in chunks[:-1])
+        assert [c.index for c in chunks] == sorted(c.index for c in chunks)
+        assert chunks[-1].usage.completion_tokens == request.params.max_tokens
+        assert chunks[-1].usage.prompt_tokens == len(request.prompt_token_ids)
+
+
+async def test_complete_matches_joined_stream(stack: Stack) -> None:
+    request = pb.GenerateRequest(prompt="The quick brown fox", params=pb.SamplingParams(max_tokens=24))
+    chunks = await stack.generate(request)
+    whole = await stack.stub.Complete(request)
+    assert list(whole.token_ids) == joined_tokens(chunks)
+    assert whole.text == "".join(c.text for c in chunks)
+    assert whole.finish_reason == chunks[-1].finish_reason
+    status = await stack.stub.GetRequest(pb.GetRequestRequest(request_id=whole.request_id))
+    assert status.state == pb.REQUEST_STATE_FINISHED
+    assert status.tokens_generated == len(whole.token_ids)
+
+
+async def test_stop_string_trims_text(stack: Stack) -> None:
+    free = await stack.stub.Complete(greedy(random_prompts(1, seed=2)[0], 30))
+    stop = free.text[len(free.text) // 2 :][:3]
+    if not stop.strip():
+        pytest.skip("the generated text has no usable stop string")
+    request = greedy(random_prompts(1, seed=2)[0], 30)
+    request.params.stop.append(stop)
+    stopped = await stack.stub.Complete(request)
+    assert stopped.finish_reason == pb.FINISH_REASON_STOP
+    assert stopped.text == free.text[: free.text.index(stop)]
+
+
+async def _first_chunks(call: grpc.aio.UnaryStreamCall, count: int) -> list[pb.GenerateResponse]:
+    got = []
+    async for chunk in call:
+        got.append(chunk)
+        if len(got) >= count:
+            break
+    return got
+
+
+async def _wait_blocks_freed(stack: Stack, timeout: float = 10.0) -> None:
+    allocator = stack.executors[0].loaded.engine.allocator
+    deadline = asyncio.get_running_loop().time() + timeout
+    while allocator.num_used and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    assert allocator.num_used == 0
+    assert not stack.executors[0].loaded.engine.running
+
+
+async def test_cancel_mid_stream_frees_kv_blocks(stack: Stack) -> None:
+    call = stack.stub.Generate(greedy([1, 5, 6, 7], 3000, request_id="to-cancel"))
+    await _first_chunks(call, 3)
+    reply = await stack.stub.Cancel(pb.CancelRequest(request_id="to-cancel"))
+    assert reply.state in (pb.REQUEST_STATE_RUNNING, pb.REQUEST_STATE_ASSIGNED)
+    rest = [chunk async for chunk in call]
+    assert rest[-1].finish_reason == pb.FINISH_REASON_CANCELLED
+    await _wait_blocks_freed(stack)
+    status = await stack.stub.GetRequest(pb.GetRequestRequest(request_id="to-cancel"))
+    assert status.state == pb.REQUEST_STATE_CANCELLED
+
+
+async def test_client_disconnect_aborts_request(stack: Stack) -> None:
+    call = stack.stub.Generate(greedy([1, 9, 9, 9], 3000, request_id="walks-away"))
+    await _first_chunks(call, 2)
+    call.cancel()
+    await _wait_blocks_freed(stack)
+    status = await stack.stub.GetRequest(pb.GetRequestRequest(request_id="walks-away"))
+    assert status.state == pb.REQUEST_STATE_CANCELLED
+
+
+async def test_get_request_reports_queued_with_position(redis_url: str, tiny_model_dir: Path) -> None:
+    config = stack_config(redis_url, tiny_model_dir, scheduler={"batch_level": {"max_batch_size": 1}})
+    stack = await start_stack(config)
+    try:
+        blocker = stack.stub.Generate(greedy([1, 5, 5], 3000, request_id="blocker"))
+        await _first_chunks(blocker, 1)
+        waiting = stack.stub.Generate(greedy([1, 6, 6], 4, request_id="waiting"))
+        await asyncio.sleep(0.3)
+        status = await stack.stub.GetRequest(pb.GetRequestRequest(request_id="waiting"))
+        assert status.state == pb.REQUEST_STATE_QUEUED
+        assert status.queue_position == 0
+        running = await stack.stub.GetRequest(pb.GetRequestRequest(request_id="blocker"))
+        assert running.state == pb.REQUEST_STATE_RUNNING
+        assert running.executor_id == "exec-0"
+        await stack.stub.Cancel(pb.CancelRequest(request_id="blocker"))
+        assert joined_tokens([c async for c in waiting]) != []
+        blocker.cancel()
+    finally:
+        await stack.stop()
+
+
+async def test_admission_follows_priority_order(redis_url: str, tiny_model_dir: Path) -> None:
+    config = stack_config(redis_url, tiny_model_dir, scheduler={"batch_level": {"max_batch_size": 1}})
+    stack = await start_stack(config)
+    try:
+        blocker = stack.stub.Generate(greedy([1, 5, 5], 3000, request_id="blocker"))
+        await _first_chunks(blocker, 1)
+        order: list[str] = []
+
+        async def run(request_id: str, priority: int) -> None:
+            async for chunk in stack.stub.Generate(greedy([1, 7, 7], 2, priority=priority, request_id=request_id)):
+                if chunk.index == 0 and chunk.token_ids:
+                    order.append(request_id)
+
+        tasks = []
+        for request_id, priority in [("low", 1), ("mid", 5), ("high", 9), ("mid2", 5)]:
+            tasks.append(asyncio.create_task(run(request_id, priority)))
+            await asyncio.sleep(0.05)
+        await stack.stub.Cancel(pb.CancelRequest(request_id="blocker"))
+        await asyncio.gather(*tasks)
+        assert order == ["high", "mid", "mid2", "low"]
+        blocker.cancel()
+    finally:
+        await stack.stop()
