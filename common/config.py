@@ -8,6 +8,7 @@ Values are parsed as YAML scalars. An unknown key, in the file or the environmen
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -37,8 +38,8 @@ class RequestLevelConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.default_priority <= self.max_priority:
             raise ValueError("request_level.default_priority must lie in [0, max_priority]")
-        if self.priority_credit_ms < 0:
-            raise ValueError("request_level.priority_credit_ms must be >= 0")
+        if not (math.isfinite(self.priority_credit_ms) and self.priority_credit_ms >= 0):
+            raise ValueError("request_level.priority_credit_ms must be a finite number >= 0")
         if self.default_max_tokens < 1 or self.max_pending_requests < 1:
             raise ValueError("request_level.default_max_tokens and max_pending_requests must be >= 1")
 

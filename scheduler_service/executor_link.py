@@ -20,7 +20,7 @@ from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
 from scheduler_service.placement import ExecutorCapacity, blocks_for
-from scheduler_service.request_store import RequestStore, now_ms, usage_of
+from scheduler_service.request_store import RequestStore, StepWrite, now_ms, usage_of
 from scheduler_service.requests import ClaimedRequest, RequestParams, TokenEvent
 
 log = logging.getLogger(__name__)
@@ -188,52 +188,52 @@ class ExecutorLink:
         self._pending = pb.Plan()
 
     # ---- reports -----------------------------------------------------------------------
-    def _final_event(self, req: LinkedRequest, tokens: tuple[int, ...], text: str, reason: int) -> TokenEvent:
-        usage = usage_of(
-            req.prompt_len, req.generated + len(tokens), req.arrival_ms, req.assigned_ms, req.first_token_ms
-        )
-        return TokenEvent(req.generated, tokens, text, FinishReason(reason), usage)
-
     async def _on_report(self, report: pb.StepReport) -> None:
         self.load = report.load
         self.iteration = report.iteration
-        finished = {f.request_id: f for f in report.finished}
-        if report.tokens or finished:
-            async with self._store.redis.pipeline(transaction=False) as pipe:
-                stamp = now_ms()
-                for delta in report.tokens:
-                    req = self.requests.get(delta.request_id)
-                    if req is None:
-                        continue  # aborted or handed back meanwhile
-                    if req.first_token_ms is None:
-                        req.first_token_ms = stamp
-                    fin = finished.pop(delta.request_id, None)
-                    tokens = tuple(delta.token_ids)
-                    if fin is None:
-                        event = TokenEvent(req.generated, tokens, delta.text)
-                    else:
-                        event = self._final_event(req, tokens, delta.text + fin.text, fin.finish_reason)
-                    await self._store.append_tokens(pipe, req.request_id, self.executor_id, event)
-                    req.generated += len(tokens)
-                    if fin is not None:
-                        await self._finish(pipe, req, fin)
-                for fin in finished.values():
-                    req = self.requests.get(fin.request_id)
-                    if req is not None:
-                        event = self._final_event(req, (), fin.text, fin.finish_reason)
-                        await self._store.append_tokens(pipe, req.request_id, self.executor_id, event)
-                        await self._finish(pipe, req, fin)
-                await pipe.execute()
+        writes = self._step_writes(report)
+        if writes:
+            await self._store.publish_step(self.executor_id, writes)
         for request_id in [*report.preempted, *(r.request_id for r in report.rejected)]:
             if self.requests.pop(request_id, None) is not None:
                 await self.hand_back(request_id)
         self._on_change()
 
-    async def _finish(self, pipe: object, req: LinkedRequest, fin: pb.FinishedRequest) -> None:
-        await self._store.finish(pipe, req.request_id, self.executor_id, FinishReason(fin.finish_reason), fin.error)  # type: ignore[arg-type]
+    def _step_writes(self, report: pb.StepReport) -> list[StepWrite]:
+        """Turn a report into one event per request; a finishing request's last tokens ride on its final event."""
+        finished = {f.request_id: f for f in report.finished}
+        stamp = now_ms()
+        writes: list[StepWrite] = []
+        for delta in report.tokens:
+            req = self.requests.get(delta.request_id)
+            if req is None:
+                continue  # aborted or handed back meanwhile
+            if req.first_token_ms is None:
+                req.first_token_ms = stamp
+            fin = finished.pop(delta.request_id, None)
+            tokens = tuple(delta.token_ids)
+            if fin is None:
+                writes.append(StepWrite(req.request_id, TokenEvent(req.generated, tokens, delta.text)))
+            else:
+                writes.append(self._final_write(req, tokens, delta.text + fin.text, fin))
+            req.generated += len(tokens)
+        for fin in finished.values():
+            req = self.requests.get(fin.request_id)
+            if req is not None:
+                writes.append(self._final_write(req, (), fin.text, fin))
+        return writes
+
+    def _final_write(
+        self, req: LinkedRequest, tokens: tuple[int, ...], text: str, fin: pb.FinishedRequest
+    ) -> StepWrite:
         del self.requests[req.request_id]
         if fin.error:
             log.warning("request %s failed on %s: %s", req.request_id, self.executor_id, fin.error)
+        usage = usage_of(
+            req.prompt_len, req.generated + len(tokens), req.arrival_ms, req.assigned_ms, req.first_token_ms
+        )
+        event = TokenEvent(req.generated, tokens, text, FinishReason(fin.finish_reason), usage)
+        return StepWrite(req.request_id, event, fin.error)
 
     async def hand_back(self, request_id: str) -> None:
         await self._store.hand_back(request_id, self.executor_id)

@@ -46,7 +46,9 @@ def place(candidates: Sequence[Candidate], capacities: Sequence[ExecutorCapacity
         for cap in capacities:
             need = blocks_for(cand.num_tokens + 1, cap.block_size)
             if slots[cap.executor_id] > 0 and blocks[cap.executor_id] >= need:
-                fits.append((blocks[cap.executor_id] / cap.total_blocks, slots[cap.executor_id], cap.executor_id, need))
+                fits.append(
+                    (blocks[cap.executor_id] / max(1, cap.total_blocks), slots[cap.executor_id], cap.executor_id, need)
+                )
         if not fits:
             break
         _, _, executor_id, need = max(fits)

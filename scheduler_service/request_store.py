@@ -20,6 +20,15 @@ def now_ms() -> int:
 
 
 @dataclass(frozen=True)
+class StepWrite:
+    """One request's share of an executor step: its event, and an error message if it failed."""
+
+    request_id: str
+    event: TokenEvent
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class CancelOutcome:
     state: RequestState | None  # None: no such request
     executor_id: str
@@ -97,12 +106,10 @@ class RequestStore:
     async def append_tokens(
         self, pipe: aioredis.client.Pipeline, request_id: str, executor_id: str, event: TokenEvent
     ) -> None:
-        """Queue on ``pipe``: record the tokens on the request (guarded), then publish the event."""
-        if event.token_ids:
-            keys = [self.keys.request(request_id), self.keys.tokens(request_id)]
-            args = [executor_id, event.index, now_ms(), *event.token_ids]
-            await self._append(keys=keys, args=args, client=pipe)
-        pipe.xadd(self.keys.output(request_id), event.to_fields())
+        """Queue on ``pipe``: record the tokens on the request, if ``executor_id`` still owns it."""
+        keys = [self.keys.request(request_id), self.keys.tokens(request_id)]
+        args = [executor_id, event.index, now_ms(), *event.token_ids]
+        await self._append(keys=keys, args=args, client=pipe)
 
     async def finish(
         self, pipe: aioredis.client.Pipeline, request_id: str, executor_id: str, reason: FinishReason, error: str = ""
@@ -117,14 +124,52 @@ class RequestStore:
         state = terminal_state_for(reason)
         args = [request_id, executor_id, state.name, reason.name, now_ms(), self.ttl_s, error]
         await self._finish(keys=keys, args=args, client=pipe)
-        pipe.expire(self.keys.output(request_id), self.ttl_s)
 
-    async def finish_now(self, request_id: str, executor_id: str, event: TokenEvent, error: str = "") -> None:
+    async def publish_step(self, executor_id: str, writes: Sequence[StepWrite]) -> list[bool]:
+        """Record one executor step, then publish what was accepted to the clients' streams.
+
+        Two round trips on purpose: the guarded scripts decide first, so an executor that no
+        longer owns a request (it was re-queued elsewhere) can never reach that client's stream.
+        The streams live outside the hash tag, which keeps them spread over a cluster's shards.
+        """
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for write in writes:
+                if write.event.token_ids:
+                    await self.append_tokens(pipe, write.request_id, executor_id, write.event)
+                if write.event.finish_reason is not FinishReason.NONE:
+                    await self.finish(pipe, write.request_id, executor_id, write.event.finish_reason, write.error)
+            results = iter(await pipe.execute())
+        accepted = []
+        for write in writes:
+            ok = True
+            if write.event.token_ids:
+                ok = int(next(results)) > 0
+            if write.event.finish_reason is not FinishReason.NONE:
+                ok = int(next(results)) == 1 and ok
+            accepted.append(ok)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for write, ok in zip(writes, accepted, strict=True):
+                if ok:
+                    self._publish(pipe, write.request_id, write.event)
+            await pipe.execute()
+        return accepted
+
+    def _publish(self, pipe: aioredis.client.Pipeline, request_id: str, event: TokenEvent) -> None:
+        pipe.xadd(self.keys.output(request_id), event.to_fields())
+        if event.finish_reason is not FinishReason.NONE:
+            pipe.expire(self.keys.output(request_id), self.ttl_s)
+
+    async def finish_now(self, request_id: str, executor_id: str, event: TokenEvent, error: str = "") -> bool:
+        """End a request outside a step (cancelled while re-queued, lost executor); publish if it ended here."""
         async with self.redis.pipeline(transaction=False) as pipe:
             await self.finish(pipe, request_id, executor_id, event.finish_reason, error)
-            pipe.xadd(self.keys.output(request_id), event.to_fields())
-            pipe.expire(self.keys.output(request_id), self.ttl_s)
+            (result,) = await pipe.execute()
+        if int(result) != 1:
+            return False
+        async with self.redis.pipeline(transaction=False) as pipe:
+            self._publish(pipe, request_id, event)
             await pipe.execute()
+        return True
 
     async def requeue(self, request_id: str, executor_id: str) -> int:
         """Back to QUEUED with its tokens kept. 2 means a cancel was pending: the caller ends it."""

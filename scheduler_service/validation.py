@@ -14,7 +14,7 @@ from common.pb import generate_pb2 as pb
 from scheduler_service.requests import NewRequest, RequestParams
 from scheduler_service.tokenizer_source import ModelLimits
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 MAX_TENANT_CHARS = 128
 
 
@@ -65,7 +65,7 @@ def validate(
 ) -> NewRequest:
     now = int(time.time() * 1000) if now_ms is None else now_ms
     request_id = msg.request_id or uuid.uuid4().hex
-    if not _REQUEST_ID.match(request_id):
+    if not _REQUEST_ID.fullmatch(request_id):
         raise InvalidRequest("request_id must be 1-128 characters of letters, digits and ._:@-")
     priority = msg.priority if msg.HasField("priority") else config.default_priority
     if priority > config.max_priority:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,10 +71,19 @@ class Stack:
 
     async def stop(self) -> None:
         if self.channel is not None:
-            await self.channel.close()
-        await self.scheduler.stop(grace=0.5)
+            await _bounded(self.channel.close(), "channel close")
+        await _bounded(self.scheduler.stop(grace=0.5), "scheduler stop")
         for executor in self.executors:
-            await executor.stop(grace=0.5)
+            await _bounded(executor.stop(grace=0.5), "executor stop")
+
+
+async def _bounded(step: Awaitable[None], what: str, timeout: float = 15.0) -> None:
+    """Fail loudly, naming the stuck tasks, instead of hanging a test's teardown."""
+    try:
+        await asyncio.wait_for(step, timeout)
+    except TimeoutError:
+        stuck = "\n".join(f"{t.get_name()}: {t.get_stack(limit=4)}" for t in asyncio.all_tasks())
+        raise RuntimeError(f"{what} did not finish in {timeout} s; tasks:\n{stuck}") from None
 
 
 async def start_stack(config: BatonConfig, executors: int = 1) -> Stack:

@@ -1,0 +1,364 @@
+"""Output-token throughput of Baton against plain transformers, on one fixed workload.
+
+Same requests (default 64: prompts of 32-256 random ids starting with BOS, outputs of 16-128
+tokens, greedy, EOS ignored) and same generated float32 model in every phase: (a) Baton end to
+end, redis-server + executor + scheduler processes, gRPC Generate streams; (b) Baton's engine
+loop in process; (c) HF ``generate`` in static batches of 16 (left padding); (d) transformers'
+continuous batching, ``generate_batch``. tok/s = tokens the requests asked for / seconds from
+the first submit to the last finish; padding tokens that (c) and (d) compute are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+import transformers
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from baton.dev import _free_port, _start_redis, _wait_healthy
+from baton.make_model import make_model
+from common.config import ExecutorConfig
+from common.pb import generate_pb2 as pb
+from common.pb.generate_pb2_grpc import GenerationStub
+from executor_service.engine import Engine
+from executor_service.engine_io import AdmitSpec, PlanUpdate
+from executor_service.model_loader import load_engine
+from executor_service.sampling import SamplingParams
+
+BOS, MAX_BATCH, STATIC_BATCH, BLOCK = 1, 64, 16, 16
+WARM_PROMPT, WARM_TOKENS = [BOS, 5, 6, 7, 8, 9, 10, 11], 4
+TARGETS = {"a/b": 0.95, "a/c": 3.0}
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: list[list[int]]
+    max_tokens: list[int]
+
+
+@dataclass
+class Result:
+    label: str
+    tok_s: float | None = None
+    seconds: float = 0.0
+    useful_tokens: int = 0  # tokens the requests asked for (and got)
+    computed_tokens: int = 0  # tokens the phase generated, padding included
+    note: str = ""
+    outputs: list[list[int]] | None = None
+
+
+def make_workload(count: int, seed: int) -> Workload:
+    rng = random.Random(seed)
+    prompts, outs = [], []
+    for _ in range(count):
+        length = rng.randint(32, 256)
+        prompts.append([BOS] + [rng.randrange(5, 8000) for _ in range(length - 1)])
+        outs.append(rng.randint(16, 128))
+    return Workload(prompts, outs)
+
+
+def say(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def progress(total: int, desc: str) -> tqdm:
+    say(desc)
+    return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, leave=False)
+
+
+def kv_memory_mb(model_dir: Path, wl: Workload) -> int:
+    """Enough float32 KV cache for every request at full length at once, plus a quarter."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    per_token = 2 * cfg["num_hidden_layers"] * (cfg.get("num_key_value_heads") or heads) * head_dim * 4
+    tokens = sum(-(-(len(p) + n + 1) // BLOCK) * BLOCK for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
+    return max(256, 256 * math.ceil(tokens * per_token * 1.25 / 2**20 / 256))
+
+
+def finish(label: str, seconds: float, outputs: list[list[int]], wl: Workload, computed: int, note: str) -> Result:
+    useful = sum(min(len(o), n) for o, n in zip(outputs, wl.max_tokens, strict=True))
+    short = sum(len(o) < n for o, n in zip(outputs, wl.max_tokens, strict=True))
+    if short:
+        note = f"{note}; {short} requests got fewer tokens than asked".lstrip("; ")
+    return Result(label, useful / seconds, seconds, useful, computed, note, outputs)
+
+
+# ---- (a) Baton end to end ------------------------------------------------------------------
+def spawn(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in reversed(procs):
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_baton_e2e(model_dir: Path, wl: Workload, kv_mb: int, logs: Path) -> Result:
+    env = dict(os.environ, BATON_EXECUTOR__KV_CACHE_MEMORY_MB=str(kv_mb))
+    env["BATON_EXECUTOR__TORCH_THREADS"] = str(torch.get_num_threads())
+    env["BATON_SCHEDULER__BATCH_LEVEL__MAX_BATCH_SIZE"] = str(MAX_BATCH)
+    baton = [sys.executable, "-m", "baton.cli"]
+    procs: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory(prefix="redis-", dir=logs) as redis_dir:
+        try:
+            redis_proc, redis_url = _start_redis(Path(redis_dir))
+            procs.append(redis_proc)
+            ex_port, sched_port = _free_port(), _free_port()
+            say(f"(a) starting executor and scheduler (logs in {logs})")
+            ex_args = ["--model", str(model_dir), "--host", "127.0.0.1", "--port", str(ex_port)]
+            procs.append(spawn([*baton, "executor", "--redis-url", redis_url, *ex_args], logs / "executor.log", env))
+            _wait_healthy(f"127.0.0.1:{ex_port}", procs[-1], 300)
+            sched_args = ["--redis-url", redis_url, "--host", "127.0.0.1", "--port", str(sched_port)]
+            procs.append(spawn([*baton, "scheduler", *sched_args], logs / "scheduler.log", env))
+            _wait_healthy(f"127.0.0.1:{sched_port}", procs[-1], 60)
+            return asyncio.run(drive_grpc(f"127.0.0.1:{sched_port}", wl))
+        finally:
+            stop_all(procs)
+
+
+async def stream_one(stub: GenerationStub, prompt: list[int], max_tokens: int, bar: tqdm | None = None) -> list[int]:
+    params = pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    tokens: list[int] = []
+    async for chunk in stub.Generate(pb.GenerateRequest(prompt_token_ids=prompt, params=params)):
+        tokens.extend(chunk.token_ids)
+    if bar is not None:
+        bar.update()
+    return tokens
+
+
+async def drive_grpc(target: str, wl: Workload) -> Result:
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = GenerationStub(channel)
+        deadline = time.monotonic() + 60
+        while True:  # warm-up; UNAVAILABLE until the scheduler has attached the executor
+            try:
+                await stream_one(stub, WARM_PROMPT, WARM_TOKENS)
+                break
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        with progress(len(wl.prompts), "(a) Baton end to end over gRPC") as bar:
+            started = time.perf_counter()
+            jobs = (stream_one(stub, p, n, bar) for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
+            outputs = list(await asyncio.gather(*jobs))
+            seconds = time.perf_counter() - started
+    return finish("(a) Baton end to end (gRPC)", seconds, outputs, wl, sum(map(len, outputs)), "")
+
+
+# ---- (b) Baton's engine in process ---------------------------------------------------------
+def engine_round(engine: Engine, prompts: list[list[int]], max_tokens: list[int], bar: tqdm | None) -> list[list[int]]:
+    """Admit up to MAX_BATCH at a time (more as others finish); step until all finish."""
+    pending = [
+        AdmitSpec(f"r{engine.plan_seq}-{i}", tuple(p), (), SamplingParams(max_tokens=n, ignore_eos=True), float(i))
+        for i, (p, n) in enumerate(zip(prompts, max_tokens, strict=True))
+    ]
+    ids = [spec.request_id for spec in pending]
+    outputs: dict[str, list[int]] = {rid: [] for rid in ids}
+    done = 0
+    while done < len(ids):
+        room = MAX_BATCH - len(engine.running)
+        if pending and room > 0:
+            engine.apply(PlanUpdate(seq=engine.plan_seq + 1, admit=tuple(pending[:room])))
+            del pending[:room]
+        out = engine.step() if engine.has_work else engine.drain()
+        if out.preempted or out.rejected or any(f.error for f in out.finished):
+            raise RuntimeError(f"engine preempted/rejected/failed requests: {out}")
+        for delta in out.tokens:
+            outputs[delta.request_id].extend(delta.token_ids)
+        done += len(out.finished)
+        if bar is not None:
+            bar.update(len(out.finished))
+    return [outputs[rid] for rid in ids]
+
+
+def run_engine(model_dir: Path, wl: Workload, kv_mb: int) -> Result:
+    config = ExecutorConfig(model=str(model_dir), kv_cache_memory_mb=kv_mb, max_batch_size=MAX_BATCH)
+    engine = load_engine(config).engine
+    engine_round(engine, [WARM_PROMPT], [WARM_TOKENS], None)
+    with progress(len(wl.prompts), "(b) Baton engine in process") as bar:
+        started = time.perf_counter()
+        outputs = engine_round(engine, wl.prompts, wl.max_tokens, bar)
+        seconds = time.perf_counter() - started
+    return finish("(b) Baton engine in process", seconds, outputs, wl, sum(map(len, outputs)), "")
+
+
+# ---- (c) and (d): transformers -------------------------------------------------------------
+def load_hf(model_dir: Path) -> Any:
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()  # sdpa attention
+
+
+def hf_static_batch(model: Any, prompts: list[list[int]], new: int, pad: int) -> list[list[int]]:
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    # min_new_tokens: EOS cannot end a row early, so every row runs the batch's full length.
+    options = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False, "pad_token_id": pad}
+    return model.generate(input_ids=ids, attention_mask=mask, **options)[:, width:].tolist()
+
+
+def run_hf_static(model_dir: Path, wl: Workload) -> Result:
+    model = load_hf(model_dir)
+    pad = int(model.generation_config.pad_token_id)
+    hf_static_batch(model, [WARM_PROMPT, WARM_PROMPT[:5]], WARM_TOKENS, pad)
+    outputs: list[list[int]] = []
+    computed = 0
+    with progress(len(wl.prompts), f"(c) HF generate, static batches of {STATIC_BATCH}") as bar:
+        started = time.perf_counter()
+        for start in range(0, len(wl.prompts), STATIC_BATCH):
+            wanted = wl.max_tokens[start : start + STATIC_BATCH]
+            rows = hf_static_batch(model, wl.prompts[start : start + STATIC_BATCH], max(wanted), pad)
+            outputs += [row[:n] for row, n in zip(rows, wanted, strict=True)]
+            computed += len(rows) * max(wanted)
+            bar.update(len(rows))
+        seconds = time.perf_counter() - started
+    note = "each batch runs to its longest output; only each request's own tokens count"
+    return finish(f"(c) HF generate, static {STATIC_BATCH}", seconds, outputs, wl, computed, note)
+
+
+def run_hf_cb(model_dir: Path, wl: Workload) -> Result:
+    label, longest = "(d) HF generate_batch (CB)", max(wl.max_tokens)
+    try:
+        model = load_hf(model_dir)
+        pad = int(model.generation_config.pad_token_id)
+        options = {"do_sample": False, "eos_token_id": -1, "pad_token_id": pad}  # eos -1: never stop early
+        warm = GenerationConfig(max_new_tokens=WARM_TOKENS, **options)
+        model.generate_batch(inputs=[WARM_PROMPT, WARM_PROMPT[:5]], generation_config=warm)
+        say(f"(d) HF generate_batch (continuous batching), max_new_tokens={longest} for every request")
+        called = time.perf_counter()
+        results = model.generate_batch(wl.prompts, GenerationConfig(max_new_tokens=longest, **options))
+        call_seconds = time.perf_counter() - called
+        got = list(results.values())
+        if len(got) != len(wl.prompts) or any(r.error for r in got):
+            raise RuntimeError(f"{len(got)} results, errors: {[r.error for r in got if r.error][:3]}")
+        # First submit (request creation) to last finish, as in (a)-(c); the call also built its KV cache.
+        seconds = max(r.lifespan[1] for r in got) - min(r.created_time for r in got)
+        outputs = [r.generated_tokens[:n] for r, n in zip(got, wl.max_tokens, strict=True)]
+        computed = sum(len(r.generated_tokens) for r in got)
+        note = (
+            f"generate_batch takes one max_new_tokens, so every request ran {longest} tokens; only each "
+            f"request's own tokens count; whole call incl. setup {call_seconds:.1f} s"
+        )
+        return finish(label, seconds, outputs, wl, computed, note)
+    except Exception as exc:
+        say(f"(d) failed: {exc!r}")
+        return Result(label, note=f"n/a: {type(exc).__name__}: {exc}")
+
+
+# ---- report --------------------------------------------------------------------------------
+def ratios(results: dict[str, Result]) -> dict[str, float | None]:
+    a = results["a"].tok_s
+    return {f"a/{k}": a / r.tok_s if a and r.tok_s else None for k, r in results.items() if k != "a"}
+
+
+def same_as_engine(results: dict[str, Result], key: str) -> str:
+    ref, got = results["b"].outputs, results[key].outputs
+    return "-" if ref is None or got is None else f"{sum(r == g for r, g in zip(ref, got, strict=True))}/{len(ref)}"
+
+
+def print_report(size: str, results: dict[str, Result], wl: Workload, threads: int) -> None:
+    prompt_tokens = sum(map(len, wl.prompts))
+    print(f"\n== {size} model: {len(wl.prompts)} requests, {prompt_tokens} prompt tokens, torch threads {threads} ==")
+    print(f"{'phase':<30}{'tok/s':>9}{'seconds':>9}{'useful tok':>12}{'computed tok':>14}  same tokens as (b)")
+    for key, res in results.items():
+        tok_s = f"{res.tok_s:9.1f}" if res.tok_s else f"{'n/a':>9}"
+        cells = f"{tok_s}{res.seconds:9.2f}{res.useful_tokens:12d}{res.computed_tokens:14d}"
+        print(f"{res.label:<30}{cells}  {same_as_engine(results, key)}")
+    for name, value in ratios(results).items():
+        target = TARGETS.get(name)
+        met = "met" if (value or 0) >= (target or 0) else "NOT met"
+        verdict = "" if target is None else f"  (target >= {target:g}: {met})"
+        print(f"{name} = {'n/a' if value is None else f'{value:.3f}'}{verdict}")
+    for key, res in results.items():
+        if res.note:
+            print(f"note {key}: {res.note}")
+
+
+def run_size(size: str, wl: Workload, workdir: Path) -> dict[str, Result]:
+    model_dir, logs = workdir / f"model-{size}", workdir / f"logs-{size}"
+    if not (model_dir / "model.safetensors").exists():
+        say(f"generating the {size} model into {model_dir}")
+        make_model(model_dir, size=size, seed=0)
+    logs.mkdir(exist_ok=True)
+    kv_mb = kv_memory_mb(model_dir, wl)
+    say(f"== {size}: {model_dir}, KV cache {kv_mb} MiB, {len(wl.prompts)} requests ==")
+    results = {"a": run_baton_e2e(model_dir, wl, kv_mb, logs)}
+    results["b"] = run_engine(model_dir, wl, kv_mb)
+    gc.collect()
+    results["c"] = run_hf_static(model_dir, wl)
+    gc.collect()
+    results["d"] = run_hf_cb(model_dir, wl)
+    gc.collect()
+    return results
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (the models always use seed 0)")
+    parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "baton-bench"))
+    parser.add_argument("--json", help="also write the results here as JSON")
+    return parser.parse_args(argv)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM takes the same cleanup path as Ctrl-C
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    transformers.utils.logging.disable_progress_bar()
+    workdir = Path(args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    wl = make_workload(args.num_requests, args.seed)
+    threads = torch.get_num_threads()
+    report: dict[str, Any] = {"requests": len(wl.prompts), "seed": args.seed, "wanted_tokens": sum(wl.max_tokens)}
+    report |= {"torch": torch.__version__, "transformers": transformers.__version__, "torch_threads": threads}
+    report |= {"cpus": os.cpu_count(), "sizes": {}}
+    try:
+        for size in args.sizes:
+            results = run_size(size, wl, workdir)
+            print_report(size, results, wl, threads)
+            rows = {k: {f: v for f, v in asdict(r).items() if f != "outputs"} for k, r in results.items()}
+            report["sizes"][size] = {"results": rows, "ratios": ratios(results)}
+    except KeyboardInterrupt:
+        say("interrupted; services stopped")
+        return 130
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

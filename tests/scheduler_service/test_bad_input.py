@@ -1,0 +1,94 @@
+"""Bad input gets INVALID_ARGUMENT with a clear message, and leaves nothing behind in Redis."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+import redis.asyncio as aioredis
+
+from common.pb import generate_pb2 as pb
+from tests.stack import Stack, stack_config, start_stack
+
+
+@pytest.fixture
+async def stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
+    running = await start_stack(stack_config(redis_url, tiny_model_dir))
+    yield running
+    await running.stop()
+
+
+def request(**fields: object) -> pb.GenerateRequest:
+    params = fields.pop("params", {})
+    msg = pb.GenerateRequest(**({"prompt": "hello"} | fields))  # type: ignore[arg-type]
+    for key, value in dict(params).items():  # type: ignore[call-overload]
+        if isinstance(value, list):
+            getattr(msg.params, key).extend(value)
+        else:
+            setattr(msg.params, key, value)
+    return msg
+
+
+BAD_REQUESTS = {
+    "empty prompt": request(prompt=""),
+    "token id out of vocabulary": request(prompt="", prompt_token_ids=[1, 10**6]),
+    "prompt longer than the model": request(prompt="", prompt_token_ids=[5] * 5000),
+    "prompt plus max_tokens too long": request(params={"max_tokens": 4096}),
+    "negative temperature": request(params={"temperature": -0.5}),
+    "NaN temperature": request(params={"temperature": math.nan}),
+    "infinite temperature": request(params={"temperature": math.inf}),
+    "top_p above one": request(params={"top_p": 1.5}),
+    "negative top_p": request(params={"top_p": -0.1}),
+    "NaN top_p": request(params={"top_p": math.nan}),
+    "top_k above the vocabulary": request(params={"top_k": 10**6}),
+    "too many stop strings": request(params={"stop": ["x"] * 17}),
+    "empty stop string": request(params={"stop": [""]}),
+    "overlong stop string": request(params={"stop": ["y" * 257]}),
+    "stop token id out of vocabulary": request(params={"stop_token_ids": [10**6]}),
+    "priority above ten": request(priority=11),
+    "deadline in the past": request(deadline_ms=1000),
+    "bad request id": request(request_id="has spaces/and slashes"),
+    "overlong tenant": request(tenant="t" * 200),
+}
+
+
+async def _request_keys(stack: Stack) -> list[str]:
+    client = aioredis.Redis.from_url(stack.config.distributed.redis_url, decode_responses=True)
+    try:
+        return [k async for k in client.scan_iter(match="*req*")] + [k async for k in client.scan_iter(match="*queue*")]
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
+async def test_bad_input_is_rejected_and_leaves_nothing(stack: Stack, case: str) -> None:
+    for call in (stack.stub.Complete, lambda r: _drain(stack, r)):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call(BAD_REQUESTS[case])
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+        assert info.value.details()
+    assert await _request_keys(stack) == []
+
+
+async def _drain(stack: Stack, msg: pb.GenerateRequest) -> None:
+    async for _ in stack.stub.Generate(msg):
+        pass
+
+
+async def test_duplicate_request_id_is_already_exists(stack: Stack) -> None:
+    first = request(request_id="dup-1", params={"max_tokens": 2})
+    await stack.stub.Complete(first)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stack.stub.Complete(first)
+    assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+@pytest.mark.parametrize("rpc", ["Cancel", "GetRequest"])
+async def test_unknown_request_id_is_not_found(stack: Stack, rpc: str) -> None:
+    message = pb.CancelRequest(request_id="nope") if rpc == "Cancel" else pb.GetRequestRequest(request_id="nope")
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await getattr(stack.stub, rpc)(message)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND

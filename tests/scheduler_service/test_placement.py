@@ -1,0 +1,156 @@
+"""scheduler_service.placement: queue order, most free KV, slots and blocks, head-of-line stop."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler_service.placement import Candidate, ExecutorCapacity, Placement, blocks_for, place
+
+
+def cap(executor_id: str, free_blocks: int, free_slots: int = 8, total_blocks: int = 100) -> ExecutorCapacity:
+    return ExecutorCapacity(executor_id, free_slots, free_blocks, total_blocks, block_size=16)
+
+
+def test_blocks_for_rounds_up() -> None:
+    assert blocks_for(1, 16) == 1
+    assert blocks_for(16, 16) == 1
+    assert blocks_for(17, 16) == 2
+    assert blocks_for(0, 16) == 0
+
+
+def test_no_candidates_places_nothing() -> None:
+    assert place([], [cap("a", 50)]) == []
+
+
+def test_no_executors_places_nothing() -> None:
+    assert place([Candidate("r1", 10)], []) == []
+
+
+def test_placements_keep_queue_order() -> None:
+    candidates = [Candidate(f"r{i}", 10) for i in range(5)]
+    placements = place(candidates, [cap("a", 50), cap("b", 50)])
+    assert [p.request_id for p in placements] == ["r0", "r1", "r2", "r3", "r4"]
+
+
+def test_request_goes_to_the_executor_with_most_free_kv() -> None:
+    placements = place([Candidate("r1", 10)], [cap("a", 20), cap("b", 80), cap("c", 50)])
+    assert placements == [Placement("r1", "b", 1)]
+
+
+def test_successive_requests_spread_as_free_kv_changes() -> None:
+    # Each 100-token request needs ceil(101 / 16) = 7 blocks.
+    candidates = [Candidate(f"r{i}", 100) for i in range(3)]
+    placements = place(candidates, [cap("a", 40), cap("b", 45)])
+    # b (45) -> b has 38 < a's 40 -> a (40 -> 33) -> b (38).
+    assert [p.executor_id for p in placements] == ["b", "a", "b"]
+    assert all(p.blocks == 7 for p in placements)
+
+
+def test_blocks_reserve_room_for_the_next_token() -> None:
+    # 16 tokens fill one 16-token block exactly, so the next token needs a second block.
+    assert place([Candidate("r1", 15)], [cap("a", 10)])[0].blocks == 1
+    assert place([Candidate("r1", 16)], [cap("a", 10)])[0].blocks == 2
+
+
+def test_executor_without_free_slots_is_skipped_even_with_most_kv() -> None:
+    placements = place([Candidate("r1", 10)], [cap("big", 90, free_slots=0), cap("small", 10, free_slots=1)])
+    assert placements == [Placement("r1", "small", 1)]
+
+
+def test_slots_are_consumed_by_placements() -> None:
+    candidates = [Candidate(f"r{i}", 10) for i in range(5)]
+    placements = place(candidates, [cap("a", 100, free_slots=2), cap("b", 100, free_slots=1)])
+    assert len(placements) == 3
+    per_executor = {e: sum(p.executor_id == e for p in placements) for e in ("a", "b")}
+    assert per_executor == {"a": 2, "b": 1}
+
+
+def test_blocks_are_consumed_by_placements() -> None:
+    # 47 tokens need 3 blocks; 10 free blocks hold three such requests, not four.
+    candidates = [Candidate(f"r{i}", 47) for i in range(4)]
+    placements = place(candidates, [cap("a", 10)])
+    assert [p.request_id for p in placements] == ["r0", "r1", "r2"]
+    assert sum(p.blocks for p in placements) == 9
+
+
+def test_request_needing_exactly_the_free_blocks_fits() -> None:
+    # 63 tokens + 1 = 64 = 4 blocks of 16.
+    assert place([Candidate("r1", 63)], [cap("a", 4)]) == [Placement("r1", "a", 4)]
+    assert place([Candidate("r1", 64)], [cap("a", 4)]) == []
+
+
+def test_first_request_that_fits_nowhere_stops_admission() -> None:
+    candidates = [Candidate("small1", 10), Candidate("huge", 10_000), Candidate("small2", 10)]
+    placements = place(candidates, [cap("a", 50), cap("b", 50)])
+    # small2 would fit, but it must not overtake the more urgent huge request.
+    assert [p.request_id for p in placements] == ["small1"]
+
+
+def test_head_of_line_request_that_fits_nowhere_places_nothing() -> None:
+    assert place([Candidate("huge", 10_000), Candidate("small", 1)], [cap("a", 50)]) == []
+
+
+def test_block_size_of_each_executor_is_used() -> None:
+    caps = [
+        ExecutorCapacity("a", 4, 3, 100, block_size=16),
+        ExecutorCapacity("b", 4, 3, 100, block_size=64),
+    ]
+    # 100 tokens: 7 blocks of 16 (too many for a), 2 blocks of 64 (fits b).
+    assert place([Candidate("r1", 100)], caps) == [Placement("r1", "b", 2)]
+
+
+def test_inputs_are_not_mutated() -> None:
+    caps = [cap("a", 10, free_slots=1)]
+    cands = [Candidate("r1", 10)]
+    place(cands, caps)
+    assert caps == [cap("a", 10, free_slots=1)]
+    assert cands == [Candidate("r1", 10)]
+
+
+capacities = st.lists(
+    st.builds(
+        ExecutorCapacity,
+        executor_id=st.just(""),
+        free_slots=st.integers(0, 6),
+        free_blocks=st.integers(0, 60),
+        total_blocks=st.just(60),
+        block_size=st.sampled_from([1, 4, 16]),
+    ),
+    max_size=4,
+).map(
+    lambda cs: [
+        ExecutorCapacity(f"e{i}", c.free_slots, c.free_blocks, c.total_blocks, c.block_size) for i, c in enumerate(cs)
+    ]
+)
+candidates = st.lists(st.integers(0, 200), max_size=12).map(
+    lambda sizes: [Candidate(f"r{i}", n) for i, n in enumerate(sizes)]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cands=candidates, caps=capacities)
+def test_placement_invariants(cands: list[Candidate], caps: list[ExecutorCapacity]) -> None:
+    placements = place(cands, caps)
+    by_id = {c.executor_id: c for c in caps}
+    # A prefix of the queue, in order.
+    assert [p.request_id for p in placements] == [c.request_id for c in cands[: len(placements)]]
+    slots = {c.executor_id: c.free_slots for c in caps}
+    blocks = {c.executor_id: c.free_blocks for c in caps}
+    for cand, p in zip(cands, placements, strict=False):
+        need = {e: blocks_for(cand.num_tokens + 1, c.block_size) for e, c in by_id.items()}
+        fitting = [e for e in by_id if slots[e] > 0 and blocks[e] >= need[e]]
+        assert p.executor_id in fitting
+        assert p.blocks == need[p.executor_id]
+        # No fitting executor had a larger share of its KV free.
+        best = max(blocks[e] / by_id[e].total_blocks for e in fitting)
+        assert blocks[p.executor_id] / by_id[p.executor_id].total_blocks == best
+        slots[p.executor_id] -= 1
+        blocks[p.executor_id] -= p.blocks
+    assert all(v >= 0 for v in slots.values()) and all(v >= 0 for v in blocks.values())
+    # Admission stopped only because the next request fits nowhere.
+    if len(placements) < len(cands):
+        nxt = cands[len(placements)]
+        assert not any(
+            slots[e] > 0 and blocks[e] >= blocks_for(nxt.num_tokens + 1, c.block_size) for e, c in by_id.items()
+        )

@@ -1,0 +1,429 @@
+"""scheduler_service.request_store and its Lua scripts, against a real redis-server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from common.errors import AlreadyExists, Overloaded
+from common.keys import KeySchema
+from common.lifecycle import FinishReason, RequestState
+from common.redis_client import connect
+from scheduler_service.request_store import RequestStore, StepWrite
+from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
+
+KEYS = KeySchema("baton")
+TTL_S = 60
+ARRIVAL = 1_700_000_000_000
+PROMPT = (11, 12, 13)
+
+
+@pytest.fixture
+async def store(redis_url: str) -> AsyncIterator[RequestStore]:
+    client = connect(redis_url)
+    yield RequestStore(client, KEYS, request_ttl_s=TTL_S)
+    await client.aclose()
+
+
+def new_request(request_id: str, prompt: tuple[int, ...] = PROMPT, priority: int = 5) -> NewRequest:
+    return NewRequest(
+        request_id=request_id,
+        prompt_ids=prompt,
+        params=RequestParams(max_tokens=16, temperature=0.7, top_p=0.9, top_k=5, seed=3, stop=("END",)),
+        priority=priority,
+        tenant="acme",
+        deadline_ms=0,
+        arrival_ms=ARRIVAL,
+    )
+
+
+async def enqueue(store: RequestStore, request_id: str, score: float = 100.0, max_pending: int = 100) -> None:
+    await store.enqueue(new_request(request_id), score, max_pending)
+
+
+async def append(
+    store: RequestStore, request_id: str, executor_id: str, index: int, tokens: tuple[int, ...], text: str = ""
+) -> int:
+    """Append one token event through a pipeline, as ExecutorLink does; returns the script's result."""
+    async with store.redis.pipeline(transaction=False) as pipe:
+        await store.append_tokens(pipe, request_id, executor_id, TokenEvent(index, tokens, text))
+        results = await pipe.execute()
+    return int(results[0])
+
+
+async def finish(store: RequestStore, request_id: str, executor_id: str, reason: FinishReason, error: str = "") -> int:
+    async with store.redis.pipeline(transaction=False) as pipe:
+        await store.finish(pipe, request_id, executor_id, reason, error)
+        results = await pipe.execute()
+    return int(results[0])
+
+
+async def tokens_of(redis: aioredis.Redis, request_id: str) -> list[str]:
+    return [str(t) for t in await redis.lrange(KEYS.tokens(request_id), 0, -1)]
+
+
+async def test_enqueue_writes_the_record_and_queues_it(store: RequestStore) -> None:
+    await enqueue(store, "r1", score=42.5)
+    record = await store.get("r1")
+    assert record is not None
+    assert record["state"] == "QUEUED"
+    assert record["prompt_ids"] == "11,12,13"
+    assert record["prompt_len"] == "3"
+    assert RequestParams.from_json(record["params"]) == new_request("r1").params
+    assert record["priority"] == "5"
+    assert record["tenant"] == "acme"
+    assert record["arrival_ms"] == str(ARRIVAL)
+    assert record["executor"] == ""
+    assert record["tokens_generated"] == "0"
+    assert await store.peek_pending(10) == [("r1", 42.5)]
+    assert await store.queue_length() == 1
+    assert await store.queue_position("r1") == 0
+    assert await store.prompt_lengths(["r1", "missing"]) == [3, None]
+    # Queued, not yet expiring.
+    assert await store.redis.ttl(KEYS.request("r1")) == -1
+
+
+async def test_enqueue_of_a_duplicate_id_raises_already_exists_and_changes_nothing(store: RequestStore) -> None:
+    await enqueue(store, "dup", score=1.0)
+    with pytest.raises(AlreadyExists, match="dup"):
+        await store.enqueue(new_request("dup", prompt=(1,), priority=9), 0.0, 100)
+    assert await store.peek_pending(10) == [("dup", 1.0)]
+    record = await store.get("dup")
+    assert record is not None and record["prompt_ids"] == "11,12,13"
+
+
+async def test_enqueue_into_a_full_queue_raises_overloaded_and_writes_nothing(store: RequestStore) -> None:
+    await enqueue(store, "a", max_pending=2)
+    await enqueue(store, "b", max_pending=2)
+    with pytest.raises(Overloaded, match="2 pending"):
+        await enqueue(store, "c", max_pending=2)
+    assert await store.get("c") is None
+    assert await store.queue_length() == 2
+
+
+async def test_peek_pending_returns_lowest_scores_first(store: RequestStore) -> None:
+    for rid, score in [("late", 30.0), ("first", -5.0), ("middle", 10.0), ("second", 0.0)]:
+        await enqueue(store, rid, score=score)
+    assert await store.peek_pending(10) == [("first", -5.0), ("second", 0.0), ("middle", 10.0), ("late", 30.0)]
+    assert await store.peek_pending(2) == [("first", -5.0), ("second", 0.0)]
+    assert await store.queue_position("late") == 3
+
+
+async def test_peek_pending_of_an_empty_queue_is_empty(store: RequestStore) -> None:
+    assert await store.peek_pending(5) == []
+
+
+async def test_claim_moves_queued_to_assigned_on_the_executor(store: RequestStore) -> None:
+    await enqueue(store, "r1", score=7.0)
+    claimed = await store.claim("r1", "e1")
+    assert claimed is not None
+    assert claimed.request_id == "r1"
+    assert claimed.prompt_ids == PROMPT
+    assert claimed.output_ids == ()
+    assert claimed.params == new_request("r1").params
+    assert claimed.score == 7.0
+    assert claimed.arrival_ms == ARRIVAL
+    assert claimed.assigned_ms > 0
+    assert claimed.first_token_ms is None
+    record = await store.get("r1")
+    assert record is not None
+    assert record["state"] == "ASSIGNED"
+    assert record["executor"] == "e1"
+    assert record["assigned_ms"] == str(claimed.assigned_ms)
+    assert await store.running_ids("e1") == {"r1"}
+    assert await store.peek_pending(10) == []
+    assert await store.queue_position("r1") is None
+
+
+async def test_second_claim_returns_none(store: RequestStore) -> None:
+    await enqueue(store, "r1")
+    assert await store.claim("r1", "e1") is not None
+    assert await store.claim("r1", "e2") is None
+    assert await store.running_ids("e2") == set()
+    record = await store.get("r1")
+    assert record is not None and record["executor"] == "e1"
+
+
+async def test_claim_of_an_unknown_request_returns_none(store: RequestStore) -> None:
+    assert await store.claim("nope", "e1") is None
+    assert await store.running_ids("e1") == set()
+
+
+async def test_append_tokens_records_them_and_moves_to_running(store: RequestStore) -> None:
+    await enqueue(store, "r1")
+    await store.claim("r1", "e1")
+    assert await append(store, "r1", "e1", 0, (5, 6), "ab") == 2
+    record = await store.get("r1")
+    assert record is not None
+    assert record["state"] == "RUNNING"
+    first_token_ms = record["first_token_ms"]
+    assert int(first_token_ms) > 0
+    assert await append(store, "r1", "e1", 2, (7,), "c") == 3
+    record = await store.get("r1")
+    assert record is not None
+    assert record["state"] == "RUNNING"
+    assert record["first_token_ms"] == first_token_ms  # set once
+    assert record["tokens_generated"] == "3"
+    assert await tokens_of(store.redis, "r1") == ["5", "6", "7"]
+    assert await store.read_events("r1", "0", 10) == []  # recording publishes nothing: publish_step does
+
+
+async def test_append_tokens_from_a_wrong_executor_is_rejected_without_changes(store: RequestStore) -> None:
+    await enqueue(store, "r1")
+    await store.claim("r1", "e1")
+    assert await append(store, "r1", "e1", 0, (5,)) == 1
+    before = await store.redis.hgetall(KEYS.request("r1"))
+    assert await append(store, "r1", "intruder", 1, (6,)) == -1
+    assert await store.redis.hgetall(KEYS.request("r1")) == before
+    assert await tokens_of(store.redis, "r1") == ["5"]
+
+
+async def test_append_tokens_to_a_queued_request_is_rejected(store: RequestStore) -> None:
+    await enqueue(store, "r1")
+    assert await append(store, "r1", "", 0, (5,)) == -1
+    assert await tokens_of(store.redis, "r1") == []
+    record = await store.get("r1")
+    assert record is not None and record["state"] == "QUEUED"
+
+
+@pytest.mark.parametrize("index", [0, 2, 5], ids=["replayed", "gap-of-one", "far-ahead"])
+async def test_append_tokens_with_an_index_gap_is_rejected_without_changes(store: RequestStore, index: int) -> None:
+    await enqueue(store, "r1")
+    await store.claim("r1", "e1")
+    assert await append(store, "r1", "e1", 0, (5,)) == 1
+    before = await store.redis.hgetall(KEYS.request("r1"))
+    assert await append(store, "r1", "e1", index, (6,)) == -2
+    assert await store.redis.hgetall(KEYS.request("r1")) == before
+    assert await tokens_of(store.redis, "r1") == ["5"]
+
+
+@pytest.mark.parametrize(("executor_id", "index"), [("intruder", 1), ("e1", 5)], ids=["wrong-executor", "gap"])
+async def test_rejected_append_publishes_no_event(store: RequestStore, executor_id: str, index: int) -> None:
+    await enqueue(store, "r1")
+    await store.claim("r1", "e1")
+    assert await store.publish_step("e1", [StepWrite("r1", TokenEvent(0, (5,), ""))]) == [True]
+    assert await store.publish_step(executor_id, [StepWrite("r1", TokenEvent(index, (6,), ""))]) == [False]
+    events = [e for _, e in await store.read_events("r1", "0", 10)]
+    assert events == [TokenEvent(0, (5,), "")]
+
+
+async def test_finish_sets_the_terminal_state_and_ttls(store: RequestStore) -> None:
+    await enqueue(store, "r1")
+    await store.claim("r1", "e1")
+    await append(store, "r1", "e1", 0, (5, 6))
+    assert await finish(store, "r1", "e1", FinishReason.STOP) == 1
+    record = await store.get("r1")
+    assert record is not None
+    assert record["state"] == "FINISHED"
+    assert record["finish_reason"] == "STOP"
+    assert int(record["finished_ms"]) > 0
+    assert record["error"] == ""
+    assert await store.running_ids("e1") == set()
+    for key in (KEYS.request("r1"), KEYS.tokens("r1")):
+        assert 0 < await store.redis.ttl(key) <= TTL_S, key
+    # Tokens survive the finish until the TTL.
+    assert await tokens_of(store.redis, "r1") == ["5", "6"]
+
+
+@pytest.mark.parametrize(
+    ("reason", "state"),
+    [
+        (FinishReason.LENGTH, "FINISHED"),
+        (FinishReason.CANCELLED, "CANCELLED"),
+        (FinishReason.ERROR, "FAILED"),
+    ],
+)
+async def test_finish_state_follows_the_reason(store: RequestStore, reason: FinishReason, state: str) -> None:
+    await enqueue(store, "r1")
+    await store.claim("r1", "e1")
+    assert await finish(store, "r1", "e1", reason, error="boom" if reason is FinishReason.ERROR else "") == 1
+    record = await store.get("r1")
+    assert record is not None
+    assert record["state"] == state
+    assert record["finish_reason"] == reason.name
+
+
+async def test_finish_by_a_wrong_executor_or_twice_changes_nothing(store: RequestStore) -> None:
+    await enqueue(store, "r1")
+    await store.claim("r1", "e1")
+    assert await finish(store, "r1", "intruder", FinishReason.STOP) == -1
+    record = await store.get("r1")
+    assert record is not None and record["state"] == "ASSIGNED"
+    assert await store.running_ids("e1") == {"r1"}
+    assert await finish(store, "r1", "e1", FinishReason.LENGTH) == 1
+    assert await finish(store, "r1", "e1", FinishReason.ERROR) == 0
+    record = await store.get("r1")
+    assert record is not None
+    assert (record["state"], record["finish_reason"]) == ("FINISHED", "LENGTH")
+
+
+async def test_finish_of_a_missing_request_returns_minus_one(store: RequestStore) -> None:
+    assert await finish(store, "ghost", "e1", FinishReason.STOP) == -1
+    assert await store.get("ghost") is None
+
+
+async def test_finish_now_appends_the_final_event(store: RequestStore) -> None:
+    await enqueue(store, "r1")
+    await store.claim("r1", "e1")
+    usage = {"prompt_tokens": 3.0, "completion_tokens": 0.0}
+    await store.finish_now("r1", "e1", TokenEvent(0, (), "", FinishReason.ERROR, usage), error="oom")
+    record = await store.get("r1")
+    assert record is not None
+    assert (record["state"], record["error"]) == ("FAILED", "oom")
+    events = [e for _, e in await store.read_events("r1", "0", 10)]
+    assert events == [TokenEvent(0, (), "", FinishReason.ERROR, usage)]
+    assert 0 < await store.redis.ttl(KEYS.output("r1")) <= TTL_S
+
+
+async def test_requeue_keeps_tokens_and_original_score_and_the_next_claim_resumes(store: RequestStore) -> None:
+    await enqueue(store, "r1", score=5.0)
+    await enqueue(store, "r2", score=9.0)
+    first = await store.claim("r1", "e1")
+    assert first is not None
+    await append(store, "r1", "e1", 0, (7, 8))
+    assert await store.requeue("r1", "e1") == 1
+    record = await store.get("r1")
+    assert record is not None
+    assert record["state"] == "QUEUED"
+    assert record["executor"] == ""
+    assert record["requeues"] == "1"
+    assert await store.running_ids("e1") == set()
+    # Back ahead of r2, with the score it was first given.
+    assert await store.peek_pending(10) == [("r1", 5.0), ("r2", 9.0)]
+    assert await tokens_of(store.redis, "r1") == ["7", "8"]
+    assert await store.prompt_lengths(["r1"]) == [5]
+    resumed = await store.claim("r1", "e2")
+    assert resumed is not None
+    assert resumed.prompt_ids == PROMPT
+    assert resumed.output_ids == (7, 8)
+    assert resumed.score == 5.0
+    assert resumed.assigned_ms == first.assigned_ms  # the first assignment time is kept for usage
+    assert resumed.first_token_ms is not None
+    assert await store.running_ids("e2") == {"r1"}
+    # The new executor continues from index 2.
+    assert await append(store, "r1", "e2", 2, (9,)) == 3
+
+
+async def test_requeue_by_a_wrong_executor_or_of_a_queued_request_does_nothing(store: RequestStore) -> None:
+    await enqueue(store, "r1")
+    assert await store.requeue("r1", "e1") == 0
+    await store.claim("r1", "e1")
+    assert await store.requeue("r1", "intruder") == -1
+    record = await store.get("r1")
+    assert record is not None and record["state"] == "ASSIGNED"
+    assert await store.running_ids("e1") == {"r1"}
+
+
+async def test_cancel_of_a_queued_request_ends_it_here(store: RequestStore) -> None:
+    await enqueue(store, "r1")
+    outcome = await store.cancel("r1")
+    assert outcome.state is RequestState.CANCELLED
+    assert outcome.ended_here is True
+    assert outcome.executor_id == ""
+    assert outcome.tokens == 0
+    record = await store.get("r1")
+    assert record is not None
+    assert (record["state"], record["finish_reason"]) == ("CANCELLED", "CANCELLED")
+    assert await store.peek_pending(10) == []
+    assert 0 < await store.redis.ttl(KEYS.request("r1")) <= TTL_S
+    # A cancelled request cannot be claimed.
+    assert await store.claim("r1", "e1") is None
+
+
+async def test_cancel_of_a_running_request_flags_it_and_names_its_executor(store: RequestStore) -> None:
+    await enqueue(store, "r1")
+    await store.claim("r1", "e1")
+    await append(store, "r1", "e1", 0, (1, 2, 3))
+    outcome = await store.cancel("r1")
+    assert outcome.state is RequestState.RUNNING
+    assert outcome.executor_id == "e1"
+    assert outcome.tokens == 3
+    assert outcome.ended_here is False
+    record = await store.get("r1")
+    assert record is not None
+    assert record["state"] == "RUNNING"
+    assert record["cancel"] == "1"
+    assert await store.running_ids("e1") == {"r1"}
+
+
+async def test_cancel_of_an_assigned_request_names_its_executor(store: RequestStore) -> None:
+    await enqueue(store, "r1")
+    await store.claim("r1", "e1")
+    outcome = await store.cancel("r1")
+    assert (outcome.state, outcome.executor_id, outcome.ended_here) == (RequestState.ASSIGNED, "e1", False)
+
+
+async def test_cancel_of_a_missing_or_finished_request(store: RequestStore) -> None:
+    missing = await store.cancel("ghost")
+    assert missing.state is None and missing.ended_here is False
+    await enqueue(store, "r1")
+    await store.claim("r1", "e1")
+    await finish(store, "r1", "e1", FinishReason.STOP)
+    done = await store.cancel("r1")
+    assert (done.state, done.ended_here) == (RequestState.FINISHED, False)
+
+
+async def test_requeue_after_a_cancel_returns_two_and_hand_back_ends_it_cancelled(store: RequestStore) -> None:
+    await enqueue(store, "r1")
+    await store.claim("r1", "e1")
+    await append(store, "r1", "e1", 0, (4, 5))
+    await store.cancel("r1")
+    assert await store.requeue("r1", "e1") == 2
+    # Not re-queued: the cancel wins.
+    assert await store.peek_pending(10) == []
+    assert await store.running_ids("e1") == set()
+
+    # hand_back is what callers use; run it on a fresh cancelled request.
+    await enqueue(store, "r2")
+    await store.claim("r2", "e1")
+    await append(store, "r2", "e1", 0, (4, 5))
+    await store.cancel("r2")
+    await store.hand_back("r2", "e1")
+    record = await store.get("r2")
+    assert record is not None
+    assert (record["state"], record["finish_reason"]) == ("CANCELLED", "CANCELLED")
+    assert await store.peek_pending(10) == []
+    assert await store.running_ids("e1") == set()
+    events = [e for _, e in await store.read_events("r2", "0", 10)]
+    assert events == [TokenEvent(2, (), "", FinishReason.CANCELLED, {})]
+    for key in (KEYS.request("r2"), KEYS.tokens("r2"), KEYS.output("r2")):
+        assert 0 < await store.redis.ttl(key) <= TTL_S, key
+
+
+async def test_hand_back_without_a_cancel_requeues(store: RequestStore) -> None:
+    await enqueue(store, "r1", score=3.0)
+    await store.claim("r1", "e1")
+    await store.hand_back("r1", "e1")
+    record = await store.get("r1")
+    assert record is not None and record["state"] == "QUEUED"
+    assert await store.peek_pending(10) == [("r1", 3.0)]
+    assert await store.read_events("r1", "0", 10) == []
+
+
+async def test_read_events_returns_token_events_in_order_and_resumes_after_an_id(store: RequestStore) -> None:
+    await enqueue(store, "r1")
+    await store.claim("r1", "e1")
+    usage = {"prompt_tokens": 3.0, "completion_tokens": 4.0}
+    writes = [
+        StepWrite("r1", TokenEvent(0, (1,), "a")),
+        StepWrite("r1", TokenEvent(1, (2, 3), "bc")),
+        StepWrite("r1", TokenEvent(3, (4,), "d", FinishReason.LENGTH, usage)),
+    ]
+    assert await store.publish_step("e1", writes) == [True, True, True]
+    batch = await store.read_events("r1", "0", 10)
+    assert [e for _, e in batch] == [
+        TokenEvent(0, (1,), "a"),
+        TokenEvent(1, (2, 3), "bc"),
+        TokenEvent(3, (4,), "d", FinishReason.LENGTH, usage),
+    ]
+    ids = [entry_id for entry_id, _ in batch]
+    assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
+    rest = await store.read_events("r1", ids[0], 10)
+    assert [e.index for _, e in rest] == [1, 3]
+    assert await store.read_events("r1", ids[-1], 10) == []
+
+
+async def test_read_events_of_an_unknown_request_is_empty(store: RequestStore) -> None:
+    assert await store.read_events("ghost", "0", 10) == []

@@ -1,0 +1,207 @@
+"""scheduler_service.validation: each bad GenerateRequest raises InvalidRequest saying what is wrong;
+good ones get the documented defaults. The tokenizer is a pure fake: one token per character."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from common.config import RequestLevelConfig
+from common.errors import InvalidRequest
+from common.pb import generate_pb2 as pb
+from scheduler_service.requests import NewRequest
+from scheduler_service.tokenizer_source import ModelLimits
+from scheduler_service.validation import MAX_TENANT_CHARS, validate
+
+LIMITS = ModelLimits(model="m", max_model_len=128, vocab_size=1000)
+CONFIG = RequestLevelConfig()
+NOW = 1_700_000_000_000
+
+
+def fake_tokenize(text: str) -> list[int]:
+    """One id per character, always inside the vocabulary."""
+    return [ord(c) % LIMITS.vocab_size for c in text]
+
+
+def make(params: dict[str, Any] | None = None, **fields: Any) -> pb.GenerateRequest:
+    msg = pb.GenerateRequest(**({"prompt": "hello"} | fields))
+    for key, value in (params or {}).items():
+        if isinstance(value, list):
+            getattr(msg.params, key).extend(value)
+        else:
+            setattr(msg.params, key, value)
+    return msg
+
+
+def run(msg: pb.GenerateRequest, config: RequestLevelConfig = CONFIG, limits: ModelLimits = LIMITS) -> NewRequest:
+    return validate(msg, fake_tokenize, limits, config, now_ms=NOW)
+
+
+BAD: dict[str, tuple[pb.GenerateRequest, str]] = {
+    "empty prompt and no ids": (make(prompt=""), "prompt is empty"),
+    "empty prompt and empty ids": (make(prompt="", prompt_token_ids=[]), "prompt is empty"),
+    "token id equal to vocab size": (make(prompt="", prompt_token_ids=[1, 1000]), r"outside the vocabulary.*1000"),
+    "token id far outside vocab": (make(prompt="", prompt_token_ids=[10**6]), "prompt_token_ids has token ids outside"),
+    "prompt ids as long as the model": (make(prompt="", prompt_token_ids=[5] * 128), "max_model_len is 128"),
+    "prompt text as long as the model": (make(prompt="x" * 128), "prompt has 128 tokens"),
+    "prompt plus max_tokens too long": (make(prompt="x" * 100, params={"max_tokens": 29}), r"\+ max_tokens \(29\)"),
+    "max_tokens alone too long": (make(params={"max_tokens": 10_000}), "exceeds max_model_len 128"),
+    "negative temperature": (make(params={"temperature": -0.5}), "temperature"),
+    "nan temperature": (make(params={"temperature": math.nan}), "temperature"),
+    "infinite temperature": (make(params={"temperature": math.inf}), "temperature"),
+    "top_p above one": (make(params={"top_p": 1.5}), "top_p"),
+    "nan top_p": (make(params={"top_p": math.nan}), "top_p"),
+    "negative top_p": (make(params={"top_p": -0.1}), "top_p"),
+    "top_k above vocab": (make(params={"top_k": 1001}), "top_k must be at most the vocabulary size 1000"),
+    "too many stop strings": (make(params={"stop": [f"s{i}" for i in range(17)]}), "at most 16 stop strings"),
+    "empty stop string": (make(params={"stop": ["ok", ""]}), "stop strings must have 1 to 256"),
+    "too long stop string": (make(params={"stop": ["x" * 257]}), "stop strings must have 1 to 256"),
+    "stop token id out of vocab": (make(params={"stop_token_ids": [3, 1000]}), "stop_token_ids has token ids outside"),
+    "too many stop token ids": (make(params={"stop_token_ids": [1] * 65}), "at most 64 stop token ids"),
+    "priority 11": (make(priority=11), r"priority must lie in \[0, 10\], got 11"),
+    "deadline in the past": (make(deadline_ms=NOW - 1), "is in the past"),
+    "deadline right now": (make(deadline_ms=NOW), "is in the past"),
+    "request id with a space": (make(request_id="has space"), "request_id must be 1-128 characters"),
+    "request id with a slash": (make(request_id="a/b"), "request_id"),
+    "request id with a brace": (make(request_id="{baton}"), "request_id"),
+    "request id too long": (make(request_id="r" * 129), "request_id"),
+    "tenant too long": (make(tenant="t" * (MAX_TENANT_CHARS + 1)), f"at most {MAX_TENANT_CHARS} characters"),
+}
+
+
+@pytest.mark.parametrize(("msg", "message"), list(BAD.values()), ids=list(BAD))
+def test_bad_request_raises_invalid_request_with_a_helpful_message(msg: pb.GenerateRequest, message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        run(msg)
+
+
+def test_invalid_request_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        run(make(prompt=""))
+
+
+def test_too_long_prompt_text_raises_before_tokenizing() -> None:
+    calls: list[str] = []
+
+    def spy(text: str) -> list[int]:
+        calls.append(text)
+        return fake_tokenize(text)
+
+    config = RequestLevelConfig(max_prompt_chars=50)
+    with pytest.raises(InvalidRequest, match="prompt has 51 characters; at most 50"):
+        validate(make(prompt="x" * 51), spy, LIMITS, config, now_ms=NOW)
+    assert calls == []
+
+
+def test_prompt_that_tokenizes_to_nothing_is_empty() -> None:
+    with pytest.raises(InvalidRequest, match="prompt is empty"):
+        validate(make(prompt="   "), lambda _text: [], LIMITS, CONFIG, now_ms=NOW)
+
+
+def test_too_many_stop_strings_follows_config() -> None:
+    config = RequestLevelConfig(max_stop_strings=2, max_stop_string_chars=4)
+    with pytest.raises(InvalidRequest, match="at most 2 stop strings"):
+        run(make(params={"stop": ["a", "b", "c"]}), config)
+    with pytest.raises(InvalidRequest, match="1 to 4 characters"):
+        run(make(params={"stop": ["abcde"]}), config)
+    assert run(make(params={"stop": ["a", "abcd"]}), config).params.stop == ("a", "abcd")
+
+
+def test_request_id_with_trailing_newline_is_rejected() -> None:
+    with pytest.raises(InvalidRequest, match="request_id"):
+        run(make(request_id="abc\n"))
+
+
+def test_defaults_for_a_minimal_request() -> None:
+    req = run(make(prompt="hello"))
+    assert req.prompt_ids == tuple(fake_tokenize("hello"))
+    assert req.priority == 5
+    assert req.tenant == "default"
+    assert req.deadline_ms == 0
+    assert req.arrival_ms == NOW
+    params = req.params
+    assert params.max_tokens == min(CONFIG.default_max_tokens, 128 - 5)
+    assert params.temperature == 0.0
+    assert params.top_p == 1.0
+    assert params.top_k == 0
+    assert params.seed is None
+    assert params.stop == () and params.stop_token_ids == ()
+    assert params.ignore_eos is False
+
+
+def test_default_max_tokens_is_capped_by_the_room_left() -> None:
+    assert run(make(prompt="x" * 100)).params.max_tokens == 28
+    assert run(make(prompt="x" * 127)).params.max_tokens == 1
+
+
+def test_default_max_tokens_uses_config_when_room_is_ample() -> None:
+    limits = ModelLimits(model="m", max_model_len=4096, vocab_size=1000)
+    assert run(make(prompt="hi"), limits=limits).params.max_tokens == 256
+    config = RequestLevelConfig(default_max_tokens=7)
+    assert run(make(prompt="hi"), config=config, limits=limits).params.max_tokens == 7
+
+
+def test_prompt_plus_max_tokens_equal_to_max_model_len_is_accepted() -> None:
+    assert run(make(prompt="x" * 100, params={"max_tokens": 28})).params.max_tokens == 28
+
+
+def test_server_assigns_a_request_id_when_empty() -> None:
+    first, second = run(make()), run(make())
+    assert first.request_id and second.request_id
+    assert first.request_id != second.request_id
+    assert len(first.request_id) <= 128
+
+
+def test_client_request_id_is_kept() -> None:
+    assert run(make(request_id="Client-1.2:x@y_z")).request_id == "Client-1.2:x@y_z"
+    assert run(make(request_id="r" * 128)).request_id == "r" * 128
+
+
+def test_explicit_priorities_are_kept_including_zero() -> None:
+    assert run(make(priority=0)).priority == 0
+    assert run(make(priority=10)).priority == 10
+
+
+def test_default_priority_comes_from_config() -> None:
+    assert run(make(), RequestLevelConfig(default_priority=2)).priority == 2
+
+
+def test_tenant_and_future_deadline_are_kept() -> None:
+    req = run(make(tenant="t" * MAX_TENANT_CHARS, deadline_ms=NOW + 1))
+    assert req.tenant == "t" * MAX_TENANT_CHARS
+    assert req.deadline_ms == NOW + 1
+
+
+def test_prompt_token_ids_are_used_when_prompt_is_empty() -> None:
+    req = run(make(prompt="", prompt_token_ids=[0, 5, 999]))
+    assert req.prompt_ids == (0, 5, 999)
+
+
+def test_sampling_params_are_carried_over() -> None:
+    req = run(
+        make(
+            params={
+                "max_tokens": 10,
+                "temperature": 0.5,
+                "top_p": 0.25,
+                "top_k": 1000,
+                "seed": 42,
+                "stop": ["\n", "END"],
+                "stop_token_ids": [0, 999],
+                "ignore_eos": True,
+            }
+        )
+    )
+    p = req.params
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed) == (10, 0.5, 0.25, 1000, 42)
+    assert p.stop == ("\n", "END")
+    assert p.stop_token_ids == (0, 999)
+    assert p.ignore_eos is True
+
+
+def test_zero_top_p_means_one_and_seed_zero_is_kept() -> None:
+    p = run(make(params={"top_p": 0.0, "seed": 0})).params
+    assert p.top_p == 1.0
+    assert p.seed == 0
