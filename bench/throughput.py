@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 import torch
 import transformers
 from tqdm import tqdm
@@ -61,6 +62,7 @@ class Result:
     useful_tokens: int = 0  # tokens the requests asked for (and got)
     computed_tokens: int = 0  # tokens the phase generated, padding included
     note: str = ""
+    load: float = 0.0  # 1-minute load average as the phase ended: other work on the machine skews results
     outputs: list[list[int]] | None = None
 
 
@@ -98,7 +100,7 @@ def finish(label: str, seconds: float, outputs: list[list[int]], wl: Workload, c
     short = sum(len(o) < n for o, n in zip(outputs, wl.max_tokens, strict=True))
     if short:
         note = f"{note}; {short} requests got fewer tokens than asked".lstrip("; ")
-    return Result(label, useful / seconds, seconds, useful, computed, note, outputs)
+    return Result(label, useful / seconds, seconds, useful, computed, note, os.getloadavg()[0], outputs)
 
 
 # ---- (a) Baton end to end ------------------------------------------------------------------
@@ -137,7 +139,8 @@ def run_baton_e2e(model_dir: Path, wl: Workload, kv_mb: int, logs: Path) -> Resu
             sched_args = ["--redis-url", redis_url, "--host", "127.0.0.1", "--port", str(sched_port)]
             procs.append(spawn([*baton, "scheduler", *sched_args], logs / "scheduler.log", env))
             _wait_healthy(f"127.0.0.1:{sched_port}", procs[-1], 60)
-            return asyncio.run(drive_grpc(f"127.0.0.1:{sched_port}", wl))
+            pids = dict(zip(("redis", "executor", "scheduler"), (p.pid for p in procs), strict=True))
+            return asyncio.run(drive_grpc(f"127.0.0.1:{sched_port}", wl, pids | {"client": os.getpid()}))
         finally:
             stop_all(procs)
 
@@ -152,7 +155,11 @@ async def stream_one(stub: GenerationStub, prompt: list[int], max_tokens: int, b
     return tokens
 
 
-async def drive_grpc(target: str, wl: Workload) -> Result:
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    return {name: sum(psutil.Process(pid).cpu_times()[:2]) for name, pid in pids.items()}
+
+
+async def drive_grpc(target: str, wl: Workload, pids: dict[str, int]) -> Result:
     async with grpc.aio.insecure_channel(target) as channel:
         stub = GenerationStub(channel)
         deadline = time.monotonic() + 60
@@ -165,11 +172,13 @@ async def drive_grpc(target: str, wl: Workload) -> Result:
                     raise
                 await asyncio.sleep(0.2)
         with progress(len(wl.prompts), "(a) Baton end to end over gRPC") as bar:
-            started = time.perf_counter()
+            cpu_before, started = cpu_seconds(pids), time.perf_counter()
             jobs = (stream_one(stub, p, n, bar) for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
             outputs = list(await asyncio.gather(*jobs))
-            seconds = time.perf_counter() - started
-    return finish("(a) Baton end to end (gRPC)", seconds, outputs, wl, sum(map(len, outputs)), "")
+            seconds, cpu_after = time.perf_counter() - started, cpu_seconds(pids)
+    used = ", ".join(f"{name} {cpu_after[name] - cpu_before[name]:.1f}" for name in pids)
+    note = f"CPU seconds used in the {seconds:.1f} s window ({os.cpu_count()} cores): {used}"
+    return finish("(a) Baton end to end (gRPC)", seconds, outputs, wl, sum(map(len, outputs)), note)
 
 
 # ---- (b) Baton's engine in process ---------------------------------------------------------
@@ -288,10 +297,10 @@ def same_as_engine(results: dict[str, Result], key: str) -> str:
 def print_report(size: str, results: dict[str, Result], wl: Workload, threads: int) -> None:
     prompt_tokens = sum(map(len, wl.prompts))
     print(f"\n== {size} model: {len(wl.prompts)} requests, {prompt_tokens} prompt tokens, torch threads {threads} ==")
-    print(f"{'phase':<30}{'tok/s':>9}{'seconds':>9}{'useful tok':>12}{'computed tok':>14}  same tokens as (b)")
+    print(f"{'phase':<30}{'tok/s':>9}{'seconds':>9}{'useful tok':>12}{'computed tok':>14}{'load':>6}  same as (b)")
     for key, res in results.items():
         tok_s = f"{res.tok_s:9.1f}" if res.tok_s else f"{'n/a':>9}"
-        cells = f"{tok_s}{res.seconds:9.2f}{res.useful_tokens:12d}{res.computed_tokens:14d}"
+        cells = f"{tok_s}{res.seconds:9.2f}{res.useful_tokens:12d}{res.computed_tokens:14d}{res.load:6.1f}"
         print(f"{res.label:<30}{cells}  {same_as_engine(results, key)}")
     for name, value in ratios(results).items():
         target = TARGETS.get(name)

@@ -125,6 +125,11 @@ class SchedulerConfig:
     token_level: TokenLevelConfig = field(default_factory=TokenLevelConfig)
     load_aware: LoadAwareConfig = field(default_factory=LoadAwareConfig)
 
+    def __post_init__(self) -> None:
+        # Every running request decodes one token per step; the budget must leave room for prefill.
+        if self.token_level.token_budget <= self.batch_level.max_batch_size:
+            raise ValueError("scheduler.token_level.token_budget must exceed batch_level.max_batch_size")
+
 
 @dataclass(frozen=True)
 class ExecutorConfig:

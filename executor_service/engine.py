@@ -11,6 +11,8 @@ import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+import torch
+
 from common.lifecycle import FinishReason
 from executor_service.detokenizer import IncrementalDetokenizer
 from executor_service.engine_io import AdmitSpec, FinishOut, PlanUpdate, StepOutput, TokenOut
@@ -85,7 +87,8 @@ class Engine:
             error = f"{total} tokens do not fit (max_model_len {self.limits.max_model_len}, KV blocks)"
             self._finished.append(FinishOut(spec.request_id, FinishReason.ERROR, error=error))
             return
-        if len(self.running) >= self.limits.max_batch_size:
+        # Keep decodes below the token budget, so prefill always has room to make progress.
+        if len(self.running) >= min(self.limits.max_batch_size, self.token_budget - 1):
             self._rejected.append(FinishOut(spec.request_id, FinishReason.NONE, error="batch full"))
             return
         detok = IncrementalDetokenizer(
@@ -122,10 +125,19 @@ class Engine:
             for chunk in plan.chunks:
                 chunk.seq.num_computed += chunk.num_tokens
             if completing:
-                sampled = self.sampler.sample(logits, [s.params for s in completing], [s.generator for s in completing])
+                generators = [self._generator_for(s) for s in completing]
+                sampled = self.sampler.sample(logits, [s.params for s in completing], generators)
                 tokens = self._postprocess(completing, sampled.tolist())
         self.iteration += 1
         return self._output(tokens, plan.num_tokens, time.perf_counter_ns() - started)
+
+    @staticmethod
+    def _generator_for(seq: Sequence) -> torch.Generator | None:
+        """Seeded requests reseed per position, so a resumed request samples what it would have."""
+        generator, seed = seq.generator, seq.params.seed
+        if generator is not None and seed is not None:
+            generator.manual_seed((seed * 0x9E3779B97F4A7C15 + len(seq.output_ids)) & 0x7FFF_FFFF_FFFF_FFFF)
+        return generator
 
     def drain(self) -> StepOutput:
         """Report news (aborts, rejections) without running a step."""

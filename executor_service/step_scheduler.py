@@ -1,5 +1,8 @@
 """Chooses what one iteration computes: every decode, then prefill chunks, under a token budget.
 
+Every running decode advances every iteration (the budget never starves a running sequence);
+the budget bounds the step's total, so prefill gets what the decodes leave.
+
 The scheduler service decides who runs; this only fits the running set into the step and the
 KV cache. When blocks run out for a decode it preempts the highest-ranked (least important)
 sequence, recompute-style, and the scheduler service re-queues it.
@@ -36,8 +39,6 @@ class StepScheduler:
         chunks: list[ScheduledChunk] = []
         preempted: list[Sequence] = []
         for seq in [s for s in queue if s.is_decoding]:
-            if budget <= 0:
-                break
             if seq not in queue:  # preempted to make room for someone more important
                 continue
             if not self._fit(seq, seq.num_tokens, queue, chunks, preempted):

@@ -18,10 +18,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from common.config import BatonConfig
+from common.lifecycle import FinishReason
 from scheduler_service import scripts
 from scheduler_service.executor_link import ExecutorLink
-from scheduler_service.placement import Candidate, place
+from scheduler_service.placement import Candidate, place, unplaceable
 from scheduler_service.request_store import RequestStore
+from scheduler_service.requests import TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +194,10 @@ class Dispatcher:
         ids = [rid for rid, _ in pending]
         lengths = await self.store.prompt_lengths(ids)
         candidates = [Candidate(rid, n) for rid, n in zip(ids, lengths, strict=True) if n is not None]
+        too_large = set(unplaceable(candidates, capacities))
+        for request_id in too_large:
+            await self._fail_unplaceable(request_id)
+        candidates = [c for c in candidates if c.request_id not in too_large]
         admitted = 0
         for placement in place(candidates, capacities):
             link = self.links.get(placement.executor_id)
@@ -204,3 +210,10 @@ class Dispatcher:
         for link in links:
             link.flush()
         return admitted
+
+    async def _fail_unplaceable(self, request_id: str) -> None:
+        tokens = int(await self.redis.llen(self.keys.tokens(request_id)))
+        event = TokenEvent(tokens, (), "", FinishReason.ERROR, {})
+        error = "the request needs more KV cache than any executor has"
+        if await self.store.finish_now(request_id, "", event, error):
+            log.warning("request %s failed: %s", request_id, error)

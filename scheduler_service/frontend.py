@@ -36,6 +36,7 @@ class RequestStatus:
     queue_position: int | None
     finish_reason: FinishReason
     prompt_tokens: int
+    error: str
 
 
 class Frontend:
@@ -124,6 +125,7 @@ class Frontend:
             queue_position=position,
             finish_reason=FinishReason[reason] if reason else FinishReason.NONE,
             prompt_tokens=int(record.get("prompt_len", 0)),
+            error=record.get("error", ""),
         )
 
     async def alive_executors(self) -> int:

@@ -56,3 +56,14 @@ def place(candidates: Sequence[Candidate], capacities: Sequence[ExecutorCapacity
         blocks[executor_id] -= need
         placements.append(Placement(cand.request_id, executor_id, need))
     return placements
+
+
+def unplaceable(candidates: Sequence[Candidate], capacities: Sequence[ExecutorCapacity]) -> list[str]:
+    """Requests too large for the whole KV cache of every executor: they could only block the queue."""
+    if not capacities:
+        return []
+    return [
+        cand.request_id
+        for cand in candidates
+        if all(blocks_for(cand.num_tokens + 1, cap.block_size) > cap.total_blocks for cap in capacities)
+    ]

@@ -47,6 +47,7 @@ def status_pb(status: RequestStatus) -> pb.GetRequestResponse:
         tokens_generated=status.tokens_generated,
         finish_reason=int(status.finish_reason),  # type: ignore[arg-type]
         prompt_tokens=status.prompt_tokens,
+        error=status.error,
     )
     if status.queue_position is not None:
         msg.queue_position = status.queue_position

@@ -136,7 +136,7 @@ class GetRequestRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class GetRequestResponse(_message.Message):
-    __slots__ = ("request_id", "state", "executor_id", "tokens_generated", "queue_position", "finish_reason", "prompt_tokens")
+    __slots__ = ("request_id", "state", "executor_id", "tokens_generated", "queue_position", "finish_reason", "prompt_tokens", "error")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +144,7 @@ class GetRequestResponse(_message.Message):
     QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     state: RequestState
     executor_id: str
@@ -151,7 +152,8 @@ class GetRequestResponse(_message.Message):
     queue_position: int
     finish_reason: FinishReason
     prompt_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[RequestState, str]] = ..., executor_id: _Optional[str] = ..., tokens_generated: _Optional[int] = ..., queue_position: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    error: str
+    def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[RequestState, str]] = ..., executor_id: _Optional[str] = ..., tokens_generated: _Optional[int] = ..., queue_position: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class ModelInfoRequest(_message.Message):
     __slots__ = ()

@@ -135,3 +135,32 @@ def test_stop_token_ids_end_the_request(tiny_model_dir: Path, stop_after: int) -
         finished += out.finished
     assert tokens == free[: free.index(stop_id) + 1]
     assert finished[0].reason == FinishReason.STOP
+
+
+def test_seeded_sampling_is_the_same_after_a_resume(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    prompt = prompts(1, seed=12)[0]
+    params = SamplingParams(max_tokens=20, ignore_eos=True, temperature=1.0, seed=7)
+    whole = run_to_end(engine, {0: [AdmitSpec("s1", tuple(prompt), (), params, 0.0)]})["s1"]
+    again = run_to_end(engine, {0: [AdmitSpec("s2", tuple(prompt), (), params, 0.0)]})["s2"]
+    resumed = run_to_end(engine, {0: [AdmitSpec("s3", tuple(prompt), tuple(whole[:8]), params, 0.0)]})["s3"]
+    assert again == whole
+    assert whole[:8] + resumed == whole
+
+
+def test_every_running_decode_advances_each_step(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, token_budget=12)
+    engine.apply(PlanUpdate(seq=1, admit=tuple(admit(f"d{i}", [1, 5 + i, 6], 30) for i in range(8))))
+    while any(not s.is_decoding for s in engine.running.values()):
+        engine.step()
+    out = engine.step()
+    assert sorted(t.request_id for t in out.tokens) == sorted(f"d{i}" for i in range(8))
+    assert out.num_tokens == 8
+
+
+def test_admission_beyond_the_token_budget_is_handed_back(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, token_budget=4)
+    engine.apply(PlanUpdate(seq=1, admit=tuple(admit(f"b{i}", [1, 5, 6], 30) for i in range(5))))
+    out = engine.drain()
+    assert sorted(r.request_id for r in out.rejected) == ["b3", "b4"]
+    assert len(engine.running) == 3

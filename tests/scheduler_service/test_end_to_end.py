@@ -172,3 +172,20 @@ async def test_admission_follows_priority_order(redis_url: str, tiny_model_dir: 
         blocker.cancel()
     finally:
         await stack.stop()
+
+
+async def test_request_larger_than_any_kv_cache_fails_without_blocking_the_queue(
+    redis_url: str, tiny_model_dir: Path
+) -> None:
+    config = stack_config(redis_url, tiny_model_dir, executor={"kv_cache_memory_mb": 1})
+    stack = await start_stack(config)
+    try:
+        huge = await stack.stub.Complete(greedy([1] + [7] * 400, 4, request_id="huge"))
+        assert huge.finish_reason == pb.FINISH_REASON_ERROR
+        status = await stack.stub.GetRequest(pb.GetRequestRequest(request_id="huge"))
+        assert status.state == pb.REQUEST_STATE_FAILED
+        assert "KV cache" in status.error
+        small = await stack.stub.Complete(greedy([1, 7, 7], 4))
+        assert small.finish_reason == pb.FINISH_REASON_LENGTH
+    finally:
+        await stack.stop()

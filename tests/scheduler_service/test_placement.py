@@ -154,3 +154,15 @@ def test_placement_invariants(cands: list[Candidate], caps: list[ExecutorCapacit
         assert not any(
             slots[e] > 0 and blocks[e] >= blocks_for(nxt.num_tokens + 1, c.block_size) for e, c in by_id.items()
         )
+
+
+def test_unplaceable_names_requests_larger_than_every_executor() -> None:
+    from scheduler_service.placement import unplaceable
+
+    caps = [
+        ExecutorCapacity("small", free_slots=4, free_blocks=2, total_blocks=10, block_size=16),
+        ExecutorCapacity("big", free_slots=4, free_blocks=0, total_blocks=20, block_size=16),
+    ]
+    candidates = [Candidate("fits-big", 300), Candidate("too-big", 400), Candidate("tiny", 3)]
+    assert unplaceable(candidates, caps) == ["too-big"]
+    assert unplaceable(candidates, []) == []
