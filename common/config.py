@@ -91,12 +91,18 @@ class DistributedConfig:
     executor_timeout_ms: int = 3000
     discovery_interval_ms: int = 250
     request_ttl_s: int = 3600
+    # How long readers and writers ride out a Redis outage (retrying with backoff) before giving up.
+    redis_retry_s: float = 30.0
+    # A request whose executor died is re-queued at most this many times, then fails.
+    max_migrations: int = 3
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_ms <= 0 or self.lease_ttl_ms <= self.heartbeat_interval_ms:
             raise ValueError("distributed needs 0 < heartbeat_interval_ms < lease_ttl_ms")
         if self.request_ttl_s < 1:
             raise ValueError("distributed.request_ttl_s must be >= 1")
+        if self.redis_retry_s < 0 or self.max_migrations < 0:
+            raise ValueError("distributed.redis_retry_s and max_migrations must be >= 0")
 
 
 @dataclass(frozen=True)

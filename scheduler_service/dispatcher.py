@@ -131,14 +131,16 @@ class Dispatcher:
             if not await self.redis.set(lease, self.replica_id, nx=True, px=self.config.distributed.lease_ttl_ms):
                 continue
             for request_id in await self.store.running_ids(executor_id):
-                await self.store.hand_back(request_id, executor_id)
+                await self.store.hand_back(request_id, executor_id, "migrate")
             await self.redis.zrem(self.keys.executors, executor_id)
             await self._release(keys=[lease], args=[self.replica_id])
             log.warning("executor %s is gone; its requests were re-queued", executor_id)
             self.wake()
 
     def _start_link(self, executor_id: str, address: str) -> None:
-        link = ExecutorLink(executor_id, address, self.store, self.config.scheduler, self.wake)
+        link = ExecutorLink(
+            executor_id, address, self.store, self.config.scheduler, self.wake, self.config.distributed.redis_retry_s
+        )
         self.links[executor_id] = link
         self._link_tasks[executor_id] = asyncio.create_task(self._drive(link), name=f"link-{executor_id}")
 
@@ -149,7 +151,7 @@ class Dispatcher:
             # Whatever Redis says runs there is stale for this new stream: abort it there, re-queue it here.
             stale = await self.store.running_ids(executor_id)
             for request_id in stale:
-                await link.hand_back(request_id)
+                await link.hand_back(request_id, "migrate")
             log.info("driving executor %s at %s", executor_id, link.address)
             self.wake()
             await link.run(abort_first=stale)
@@ -165,7 +167,7 @@ class Dispatcher:
                 await link.close()
             with contextlib.suppress(RedisError):
                 for request_id in list(link.requests):
-                    await link.hand_back(request_id)
+                    await link.hand_back(request_id, "migrate")
                 await self._release(keys=[self.keys.lease(executor_id)], args=[self.replica_id])
             self.wake()
 

@@ -19,6 +19,7 @@ from common.config import SchedulerConfig
 from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
+from common.redis_client import with_redis_retry
 from scheduler_service.placement import ExecutorCapacity, blocks_for
 from scheduler_service.request_store import RequestStore, StepWrite, now_ms, usage_of
 from scheduler_service.requests import ClaimedRequest, RequestParams, TokenEvent
@@ -73,6 +74,7 @@ class ExecutorLink:
         store: RequestStore,
         config: SchedulerConfig,
         on_change: Callable[[], None],
+        redis_retry_s: float = 30.0,
     ) -> None:
         self.executor_id = executor_id
         self.address = address
@@ -87,6 +89,7 @@ class ExecutorLink:
         self._outbox: asyncio.Queue[pb.Plan | None] = asyncio.Queue()
         self._pending = pb.Plan()
         self._seq = 0
+        self._redis_retry_s = redis_retry_s
 
     # ---- lifecycle ---------------------------------------------------------------------
     async def connect(self, timeout: float = 5.0) -> None:
@@ -193,7 +196,11 @@ class ExecutorLink:
         self.iteration = report.iteration
         writes = self._step_writes(report)
         if writes:
-            await self._store.publish_step(self.executor_id, writes)
+            await with_redis_retry(
+                lambda: self._store.publish_step(self.executor_id, writes),
+                self._redis_retry_s,
+                f"recording a step of {self.executor_id}",
+            )
         for request_id in [*report.preempted, *(r.request_id for r in report.rejected)]:
             if self.requests.pop(request_id, None) is not None:
                 await self.hand_back(request_id)
@@ -235,5 +242,5 @@ class ExecutorLink:
         event = TokenEvent(req.generated, tokens, text, FinishReason(fin.finish_reason), usage)
         return StepWrite(req.request_id, event, fin.error)
 
-    async def hand_back(self, request_id: str) -> None:
-        await self._store.hand_back(request_id, self.executor_id)
+    async def hand_back(self, request_id: str, kind: str = "preempt") -> None:
+        await self._store.hand_back(request_id, self.executor_id, kind)

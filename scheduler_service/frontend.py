@@ -14,6 +14,7 @@ from common.config import BatonConfig
 from common.errors import NotFound
 from common.lifecycle import FinishReason, RequestState
 from common.pb import generate_pb2 as pb
+from common.redis_client import with_redis_retry
 from scheduler_service.dispatcher import Dispatcher
 from scheduler_service.priority import queue_score
 from scheduler_service.request_store import RequestStore
@@ -72,18 +73,22 @@ class Frontend:
         return req
 
     async def events(self, request_id: str, from_index: int = 0) -> AsyncIterator[TokenEvent]:
-        """The request's events from output index ``from_index`` on, ending with its finish event."""
+        """The request's events from output index ``from_index`` on, ending with its finish event.
+
+        Events carry their output index, so a replayed or duplicated entry (a retried write, a
+        migration) is trimmed here and the client never sees a token twice or a gap.
+        """
         next_index = from_index
         last_id = "0"
         while True:
-            batch = await self.store.read_events(request_id, last_id, _BLOCK_MS)
+            batch = await self._read_with_retry(request_id, last_id)
             if not batch and await self.store.get(request_id) is None:
                 raise NotFound(f"request {request_id} does not exist or has expired")
             for entry_id, event in batch:
                 last_id = entry_id
                 end = event.index + len(event.token_ids)
                 if end > next_index or event.finish_reason is not FinishReason.NONE:
-                    if event.index < next_index:  # a replayed or duplicated prefix: keep the new tail
+                    if event.index < next_index:  # a replayed prefix: keep the new tail
                         skip = min(next_index - event.index, len(event.token_ids))
                         event = TokenEvent(
                             next_index,
@@ -96,6 +101,13 @@ class Frontend:
                     yield event
                 if event.finish_reason is not FinishReason.NONE:
                     return
+
+    async def _read_with_retry(self, request_id: str, last_id: str) -> list[tuple[str, TokenEvent]]:
+        return await with_redis_retry(
+            lambda: self.store.read_events(request_id, last_id, _BLOCK_MS),
+            self.config.distributed.redis_retry_s,
+            f"reading {request_id}",
+        )
 
     async def cancel(self, request_id: str) -> RequestState:
         outcome = await self.store.cancel(request_id)

@@ -37,10 +37,11 @@ class CancelOutcome:
 
 
 class RequestStore:
-    def __init__(self, redis: aioredis.Redis, keys: KeySchema, request_ttl_s: int) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: KeySchema, request_ttl_s: int, max_migrations: int = 3) -> None:
         self.redis = redis
         self.keys = keys
         self.ttl_s = request_ttl_s
+        self.max_migrations = max_migrations
         self._enqueue = redis.register_script(scripts.ENQUEUE)
         self._claim = redis.register_script(scripts.CLAIM)
         self._append = redis.register_script(scripts.APPEND_TOKENS)
@@ -171,16 +172,27 @@ class RequestStore:
             await pipe.execute()
         return True
 
-    async def requeue(self, request_id: str, executor_id: str) -> int:
-        """Back to QUEUED with its tokens kept. 2 means a cancel was pending: the caller ends it."""
+    async def requeue(self, request_id: str, executor_id: str, kind: str = "preempt") -> int:
+        """Back to QUEUED with its tokens kept; see scripts.REQUEUE for the result codes."""
         keys = [self.keys.request(request_id), self.keys.running(executor_id), self.keys.pending]
-        return int(await self._requeue(keys=keys, args=[request_id, executor_id, now_ms()]))
+        args = [request_id, executor_id, now_ms(), kind, self.max_migrations]
+        return int(await self._requeue(keys=keys, args=args))
 
-    async def hand_back(self, request_id: str, executor_id: str) -> None:
-        """Re-queue a request its executor gave up (preempted, lost), or end it if a cancel was pending."""
-        if await self.requeue(request_id, executor_id) == 2:
-            tokens = int(await self.redis.llen(self.keys.tokens(request_id)))
+    async def hand_back(self, request_id: str, executor_id: str, kind: str = "preempt") -> None:
+        """Re-queue a request its executor gave up (``preempt``) or lost (``migrate``).
+
+        A pending cancel ends it as CANCELLED instead, and a request past the migration limit
+        ends as FAILED: a request that keeps killing executors must not take the fleet down.
+        """
+        result = await self.requeue(request_id, executor_id, kind)
+        if result not in (2, 3):
+            return
+        tokens = int(await self.redis.llen(self.keys.tokens(request_id)))
+        if result == 2:
             await self.finish_now(request_id, "", TokenEvent(tokens, (), "", FinishReason.CANCELLED, {}))
+        else:
+            error = f"its executor was lost more than {self.max_migrations} times"
+            await self.finish_now(request_id, "", TokenEvent(tokens, (), "", FinishReason.ERROR, {}), error)
 
     async def cancel(self, request_id: str) -> CancelOutcome:
         keys = [self.keys.request(request_id), self.keys.pending, self.keys.tokens(request_id)]

@@ -55,16 +55,21 @@ return 1
 """
 
 # ASSIGNED/RUNNING -> QUEUED, keeping the tokens. KEYS: req, running, queue.
-# ARGV: id, executor ('' = any), now_ms. Returns 1 re-queued, 2 cancel was pending (caller finishes it),
-# 0 not active, -1 owned by another executor.
+# ARGV: id, executor ('' = any), now_ms, kind ('preempt' or 'migrate'), max_migrations.
+# Returns 1 re-queued, 2 a cancel was pending, 3 past the migration limit (the caller ends
+# either), 0 not active, -1 owned by another executor.
 REQUEUE = """
 local st = redis.call('HMGET', KEYS[1], 'state', 'executor', 'score', 'cancel')
 if st[1] ~= 'ASSIGNED' and st[1] ~= 'RUNNING' then redis.call('SREM', KEYS[2], ARGV[1]) return 0 end
 if ARGV[2] ~= '' and st[2] ~= ARGV[2] then return -1 end
 redis.call('SREM', KEYS[2], ARGV[1])
 if st[4] == '1' then return 2 end
+if ARGV[4] == 'migrate' then
+  if redis.call('HINCRBY', KEYS[1], 'migrations', 1) > tonumber(ARGV[5]) then return 3 end
+else
+  redis.call('HINCRBY', KEYS[1], 'preemptions', 1)
+end
 redis.call('HSET', KEYS[1], 'state', 'QUEUED', 'executor', '', 'requeued_ms', ARGV[3])
-redis.call('HINCRBY', KEYS[1], 'requeues', 1)
 redis.call('ZADD', KEYS[3], st[3], ARGV[1])
 return 1
 """

@@ -46,7 +46,7 @@ async def start_scheduler(config: BatonConfig) -> RunningScheduler:
     dist = config.distributed
     redis = connect(dist.redis_url)
     keys = KeySchema(dist.key_prefix)
-    store = RequestStore(redis, keys, dist.request_ttl_s)
+    store = RequestStore(redis, keys, dist.request_ttl_s, dist.max_migrations)
     dispatcher = Dispatcher(store, config)
     frontend = Frontend(store, dispatcher, TokenizerSource(redis, keys, config.scheduler.tokenizer), config)
     server = service.make_server(config.scheduler.max_message_bytes)

@@ -75,6 +75,13 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
 
+    async def Resume(
+        self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        await self._frontend.status(request.request_id)  # NOT_FOUND before the stream starts
+        async for event in self._frontend.events(request.request_id, request.from_index):
+            yield response_pb(request.request_id, event)
+
     async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
         out = pb.CompleteResponse()
         text: list[str] = []

@@ -32,6 +32,8 @@ def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config
         raise InvalidRequest(f"top_p must lie in (0, 1] (0 means 1), got {msg.top_p}")
     if msg.top_k > limits.vocab_size:
         raise InvalidRequest(f"top_k must be at most the vocabulary size {limits.vocab_size}, got {msg.top_k}")
+    if msg.HasField("max_tokens") and msg.max_tokens == 0:
+        raise InvalidRequest("max_tokens must be at least 1 (leave it unset for the server default)")
     if msg.max_tokens > room:
         raise InvalidRequest(
             f"prompt ({prompt_len} tokens) + max_tokens ({msg.max_tokens}) exceeds max_model_len {limits.max_model_len}"
@@ -45,7 +47,7 @@ def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config
         raise InvalidRequest(f"at most {config.max_stop_strings * 4} stop token ids are allowed")
     _check_ids(msg.stop_token_ids, limits.vocab_size, "stop_token_ids")
     return RequestParams(
-        max_tokens=msg.max_tokens or min(config.default_max_tokens, room),
+        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else min(config.default_max_tokens, room),
         temperature=float(msg.temperature),
         top_p=float(msg.top_p) or 1.0,
         top_k=int(msg.top_k),

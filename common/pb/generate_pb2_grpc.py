@@ -55,6 +55,11 @@ class GenerationStub:
                 request_serializer=baton_dot_v1_dot_generate__pb2.GetRequestRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_generate__pb2.GetRequestResponse.FromString,
                 _registered_method=True)
+        self.Resume = channel.unary_stream(
+                '/baton.v1.Generation/Resume',
+                request_serializer=baton_dot_v1_dot_generate__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_generate__pb2.GenerateResponse.FromString,
+                _registered_method=True)
         self.ModelInfo = channel.unary_unary(
                 '/baton.v1.Generation/ModelInfo',
                 request_serializer=baton_dot_v1_dot_generate__pb2.ModelInfoRequest.SerializeToString,
@@ -99,6 +104,14 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Resume(self, request, context):
+        """/ Re-attaches to a running or recently finished request's stream from an output index,
+        / on any scheduler replica, so a client that lost its connection loses nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ModelInfo(self, request, context):
         """/ Describes the served model.
         """
@@ -135,6 +148,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.GetRequest,
                     request_deserializer=baton_dot_v1_dot_generate__pb2.GetRequestRequest.FromString,
                     response_serializer=baton_dot_v1_dot_generate__pb2.GetRequestResponse.SerializeToString,
+            ),
+            'Resume': grpc.unary_stream_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=baton_dot_v1_dot_generate__pb2.ResumeRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_generate__pb2.GenerateResponse.SerializeToString,
             ),
             'ModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelInfo,
@@ -256,6 +274,33 @@ class Generation:
             '/baton.v1.Generation/GetRequest',
             baton_dot_v1_dot_generate__pb2.GetRequestRequest.SerializeToString,
             baton_dot_v1_dot_generate__pb2.GetRequestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/baton.v1.Generation/Resume',
+            baton_dot_v1_dot_generate__pb2.ResumeRequest.SerializeToString,
+            baton_dot_v1_dot_generate__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -288,7 +288,7 @@ async def test_requeue_keeps_tokens_and_original_score_and_the_next_claim_resume
     assert record is not None
     assert record["state"] == "QUEUED"
     assert record["executor"] == ""
-    assert record["requeues"] == "1"
+    assert record["preemptions"] == "1"
     assert await store.running_ids("e1") == set()
     # Back ahead of r2, with the score it was first given.
     assert await store.peek_pending(10) == [("r1", 5.0), ("r2", 9.0)]
@@ -427,3 +427,23 @@ async def test_read_events_returns_token_events_in_order_and_resumes_after_an_id
 
 async def test_read_events_of_an_unknown_request_is_empty(store: RequestStore) -> None:
     assert await store.read_events("ghost", "0", 10) == []
+
+
+async def test_migrations_past_the_limit_fail_the_request(redis_url: str) -> None:
+    client = connect(redis_url)
+    store = RequestStore(client, KEYS, request_ttl_s=TTL_S, max_migrations=1)
+    try:
+        await enqueue(store, "m1")
+        await store.claim("m1", "e1")
+        await store.hand_back("m1", "e1", "migrate")
+        assert (await store.get("m1") or {})["state"] == "QUEUED"
+        await store.claim("m1", "e2")
+        await store.hand_back("m1", "e2", "migrate")
+        record = await store.get("m1")
+        assert record is not None
+        assert (record["state"], record["finish_reason"]) == ("FAILED", "ERROR")
+        assert "lost more than 1 times" in record["error"]
+        events = [e for _, e in await store.read_events("m1", "0", 10)]
+        assert [e.finish_reason for e in events] == [FinishReason.ERROR]
+    finally:
+        await client.aclose()
