@@ -50,7 +50,10 @@ def report_to_pb(out: StepOutput, device: DeviceLoad) -> pb.StepReport:
     return pb.StepReport(
         iteration=out.iteration,
         plan_seq=out.plan_seq,
-        tokens=[pb.TokenDelta(request_id=t.request_id, token_ids=t.token_ids, text=t.text) for t in out.tokens],
+        tokens=[
+            pb.TokenDelta(request_id=t.request_id, token_ids=t.token_ids, text=t.text, index=t.index)
+            for t in out.tokens
+        ],
         finished=[_finish_pb(f) for f in out.finished],
         preempted=list(out.preempted),
         rejected=[_finish_pb(f) for f in out.rejected],

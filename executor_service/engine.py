@@ -49,6 +49,7 @@ class Engine:
         self._finished: list[FinishOut] = []
         self._preempted: list[str] = []
         self._rejected: list[FinishOut] = []
+        self._reported_seq = 0
 
     @property
     def has_work(self) -> bool:
@@ -56,11 +57,15 @@ class Engine:
 
     @property
     def has_news(self) -> bool:
-        """Something to report even without a step (aborts, rejections)."""
-        return bool(self._finished or self._preempted or self._rejected)
+        """Something to report even without a step: aborts, rejections, or a plan not yet acknowledged."""
+        return bool(self._finished or self._preempted or self._rejected) or self.plan_seq != self._reported_seq
 
     # ---- plans -------------------------------------------------------------------------
     def apply(self, plan: PlanUpdate) -> None:
+        if plan.abort_all:
+            for seq in list(self.running.values()):
+                self._drop(seq)
+            return
         for request_id in plan.abort:
             seq = self.running.get(request_id)
             if seq is not None:
@@ -76,12 +81,15 @@ class Engine:
         self._grants = dict(plan.grants)
         if plan.token_budget > 0:
             self.token_budget = plan.token_budget
-        self.plan_seq = max(self.plan_seq, plan.seq)
+        self.plan_seq = plan.seq  # the newest applied; each stream numbers its own plans
 
     def _admit(self, spec: AdmitSpec) -> None:
-        if spec.request_id in self.running:
-            log.warning("request %s admitted twice; ignoring the second", spec.request_id)
-            return
+        previous = self.running.get(spec.request_id)
+        if previous is not None:
+            # The scheduler re-admitted it (with the tokens Redis recorded): its word wins over
+            # whatever this executor computed since, which no client has seen.
+            log.info("request %s re-admitted; restarting it from %d tokens", spec.request_id, len(spec.output_ids))
+            self._drop(previous)
         total = len(spec.prompt_ids) + len(spec.output_ids)
         if total >= self.limits.max_model_len or self.allocator.blocks_for(total + 1) > self.allocator.num_blocks:
             error = f"{total} tokens do not fit (max_model_len {self.limits.max_model_len}, KV blocks)"
@@ -148,7 +156,7 @@ class Engine:
         for seq, token in zip(seqs, token_ids, strict=True):
             seq.output_ids.append(token)
             delta = seq.detokenizer.push([token])
-            out.append(TokenOut(seq.request_id, (token,), delta.text))
+            out.append(TokenOut(seq.request_id, (token,), delta.text, len(seq.output_ids) - 1))
             reason = self._stop_reason(seq, token, delta.stopped)
             if reason is not FinishReason.NONE:
                 self._finish(seq, reason, "" if delta.stopped else seq.detokenizer.flush())
@@ -184,4 +192,5 @@ class Engine:
             pending_prefill_tokens=sum(s.num_uncomputed for s in self.running.values() if not s.is_decoding),
         )
         self._finished, self._preempted, self._rejected = [], [], []
+        self._reported_seq = self.plan_seq
         return out

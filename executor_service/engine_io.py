@@ -34,6 +34,8 @@ class PlanUpdate:
     grants: Mapping[str, int] = field(default_factory=dict)
     # Standing tokens-per-step budget; 0 keeps the current one.
     token_budget: int = 0
+    # Drop every running request (the stream that drove them ended); not a plan from a scheduler.
+    abort_all: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class TokenOut:
     request_id: str
     token_ids: tuple[int, ...]
     text: str
+    index: int  # position in the output of the first token
 
 
 @dataclass(frozen=True)

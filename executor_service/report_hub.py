@@ -1,8 +1,10 @@
 """Carries step outputs from the engine thread to whichever Run stream is attached.
 
 Exactly one scheduler replica drives an executor at a time. When a new Run stream attaches
-(the lease moved to another replica), the old stream is told to end and the new one receives
-everything not yet delivered, so no token is lost in the hand-over.
+(the lease moved), the old stream is told to end. Outputs produced while no stream is attached
+are dropped on purpose: they belong to requests the next driver re-queues from Redis (Redis,
+not this process, is the record of what a client has received), and delivering them late could
+mislabel the tokens of a re-admitted request.
 """
 
 from __future__ import annotations
@@ -13,11 +15,9 @@ from executor_service.engine_io import StepOutput
 
 
 class ReportHub:
-    def __init__(self, loop: asyncio.AbstractEventLoop, backlog_limit: int = 10_000) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._subscriber: asyncio.Queue[StepOutput | None] | None = None
-        self._backlog: list[StepOutput] = []
-        self._backlog_limit = backlog_limit
         self.latest: StepOutput | None = None
 
     def publish_threadsafe(self, out: StepOutput) -> None:
@@ -28,25 +28,20 @@ class ReportHub:
         self.latest = out
         if self._subscriber is not None:
             self._subscriber.put_nowait(out)
-        elif out.tokens or out.finished or out.preempted or out.rejected:
-            self._backlog.append(out)
-            del self._backlog[: -self._backlog_limit]
+
+    @property
+    def attached(self) -> bool:
+        return self._subscriber is not None
 
     def attach(self) -> asyncio.Queue[StepOutput | None]:
         if self._subscriber is not None:
             self._subscriber.put_nowait(None)  # supersede the old stream
         queue: asyncio.Queue[StepOutput | None] = asyncio.Queue()
-        for out in self._backlog:
-            queue.put_nowait(out)
-        self._backlog.clear()
         self._subscriber = queue
         return queue
 
-    def detach(self, queue: asyncio.Queue[StepOutput | None]) -> None:
-        if self._subscriber is not queue:
-            return
-        self._subscriber = None
-        while not queue.empty():
-            item = queue.get_nowait()
-            if item is not None:
-                self._backlog.append(item)
+    def detach(self, queue: asyncio.Queue[StepOutput | None]) -> bool:
+        """Detach ``queue``; True when no stream is attached any more."""
+        if self._subscriber is queue:
+            self._subscriber = None
+        return self._subscriber is None

@@ -11,7 +11,7 @@ import grpc
 from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
 from executor_service.convert import plan_from_pb, report_to_pb
-from executor_service.engine_io import StepOutput
+from executor_service.engine_io import PlanUpdate, StepOutput
 from executor_service.load_metrics import LoadSampler
 from executor_service.report_hub import ReportHub
 from executor_service.worker import EngineWorker
@@ -43,7 +43,10 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 yield report_to_pb(out, self._load.sample())
         finally:
             reader.cancel()
-            self._hub.detach(queue)
+            if self._hub.detach(queue):
+                # Nobody drives this executor now: its requests are re-queued by the next driver,
+                # so stop computing them and free their KV blocks.
+                self._worker.submit(PlanUpdate(seq=0, abort_all=True))
             log.info("Run stream %s ended", context.peer())
 
     async def _read_plans(self, plans: AsyncIterator[pb.Plan], queue: asyncio.Queue[StepOutput | None]) -> None:

@@ -131,7 +131,7 @@ class Dispatcher:
             if not await self.redis.set(lease, self.replica_id, nx=True, px=self.config.distributed.lease_ttl_ms):
                 continue
             for request_id in await self.store.running_ids(executor_id):
-                await self.store.hand_back(request_id, executor_id, "migrate")
+                await self.store.hand_back(request_id, executor_id, "migrate", owner="")
             await self.redis.zrem(self.keys.executors, executor_id)
             await self._release(keys=[lease], args=[self.replica_id])
             log.warning("executor %s is gone; its requests were re-queued", executor_id)
@@ -151,7 +151,7 @@ class Dispatcher:
             # Whatever Redis says runs there is stale for this new stream: abort it there, re-queue it here.
             stale = await self.store.running_ids(executor_id)
             for request_id in stale:
-                await link.hand_back(request_id, "migrate")
+                await self.store.hand_back(request_id, executor_id, "migrate", owner="")
             log.info("driving executor %s at %s", executor_id, link.address)
             self.wake()
             await link.run(abort_first=stale)
@@ -205,7 +205,7 @@ class Dispatcher:
             link = self.links.get(placement.executor_id)
             if link is None:
                 continue
-            claimed = await self.store.claim(placement.request_id, placement.executor_id)
+            claimed = await self.store.claim(placement.request_id, placement.executor_id, link.owner)
             if claimed is not None:
                 link.admit(claimed)
                 admitted += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -88,7 +89,14 @@ class ExecutorLink:
         self._channel: grpc.aio.Channel | None = None
         self._outbox: asyncio.Queue[pb.Plan | None] = asyncio.Queue()
         self._pending = pb.Plan()
-        self._seq = 0
+        # Plan numbers start at a random base, so acknowledgements of an earlier stream's plans
+        # (still in flight when this link attached) can never pass for this link's.
+        self._base_seq = secrets.randbits(62) + 1
+        self._seq = self._base_seq - 1
+        # Names this link's assignments in Redis: writes from an older link to the same executor fail.
+        self.owner = f"{executor_id}#{self._base_seq:x}"
+        self._fence_seq = 0  # the stale-abort plan that must be acknowledged before admitting
+        self._acked_seq = 0  # newest plan the executor reported applied
         self._redis_retry_s = redis_retry_s
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -102,7 +110,10 @@ class ExecutorLink:
         if self._channel is None:
             raise RuntimeError("connect() first")
         if abort_first:
-            self._outbox.put_nowait(pb.Plan(seq=self._next_seq(), abort=sorted(abort_first)))
+            # Admit nothing until the executor confirms these aborts: a re-admitted id must never
+            # be confused with the abort's own CANCELLED report.
+            self._fence_seq = self._next_seq()
+            self._outbox.put_nowait(pb.Plan(seq=self._fence_seq, abort=sorted(abort_first)))
         stub = executor_pb2_grpc.ExecutorStub(self._channel)
         call = stub.Run(self._plans())
         async for report in call:
@@ -127,7 +138,7 @@ class ExecutorLink:
     # ---- planning ----------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return self.info is not None
+        return self.info is not None and self._acked_seq >= self._fence_seq
 
     def capacity(self) -> ExecutorCapacity:
         assert self.info is not None
@@ -194,10 +205,12 @@ class ExecutorLink:
     async def _on_report(self, report: pb.StepReport) -> None:
         self.load = report.load
         self.iteration = report.iteration
+        if self._base_seq <= report.plan_seq <= self._seq:
+            self._acked_seq = max(self._acked_seq, report.plan_seq)
         writes = self._step_writes(report)
         if writes:
             await with_redis_retry(
-                lambda: self._store.publish_step(self.executor_id, writes),
+                lambda: self._store.publish_step(self.executor_id, writes, self.owner),
                 self._redis_retry_s,
                 f"recording a step of {self.executor_id}",
             )
@@ -219,11 +232,14 @@ class ExecutorLink:
                 req.first_token_ms = stamp
             fin = finished.pop(delta.request_id, None)
             tokens = tuple(delta.token_ids)
+            # The executor says where these tokens sit in the output; Redis refuses them unless
+            # that is exactly the next position, so a stale computation can never slip in.
+            req.generated = delta.index
             if fin is None:
-                writes.append(StepWrite(req.request_id, TokenEvent(req.generated, tokens, delta.text)))
+                writes.append(StepWrite(req.request_id, TokenEvent(delta.index, tokens, delta.text)))
             else:
                 writes.append(self._final_write(req, tokens, delta.text + fin.text, fin))
-            req.generated += len(tokens)
+            req.generated = delta.index + len(tokens)
         for fin in finished.values():
             req = self.requests.get(fin.request_id)
             if req is not None:
@@ -243,4 +259,4 @@ class ExecutorLink:
         return StepWrite(req.request_id, event, fin.error)
 
     async def hand_back(self, request_id: str, kind: str = "preempt") -> None:
-        await self._store.hand_back(request_id, self.executor_id, kind)
+        await self._store.hand_back(request_id, self.executor_id, kind, self.owner)

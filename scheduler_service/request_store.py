@@ -82,14 +82,15 @@ class RequestStore:
             raw = await pipe.execute()
         return [None if p is None else int(p) + int(n) for p, n in zip(raw[::2], raw[1::2], strict=True)]
 
-    async def claim(self, request_id: str, executor_id: str) -> ClaimedRequest | None:
+    async def claim(self, request_id: str, executor_id: str, owner: str | None = None) -> ClaimedRequest | None:
+        """QUEUED -> ASSIGNED on ``executor_id``; ``owner`` (default: the executor id) fences later writes."""
         keys = [
             self.keys.pending,
             self.keys.request(request_id),
             self.keys.running(executor_id),
             self.keys.tokens(request_id),
         ]
-        row = await self._claim(keys=keys, args=[request_id, executor_id, now_ms()])
+        row = await self._claim(keys=keys, args=[request_id, executor_id, now_ms(), owner or executor_id])
         if not row:
             return None
         prompt, params, score, arrival, assigned, first_token, _, out = row
@@ -105,17 +106,26 @@ class RequestStore:
         )
 
     async def append_tokens(
-        self, pipe: aioredis.client.Pipeline, request_id: str, executor_id: str, event: TokenEvent
+        self, pipe: aioredis.client.Pipeline, request_id: str, owner: str, event: TokenEvent
     ) -> None:
-        """Queue on ``pipe``: record the tokens on the request, if ``executor_id`` still owns it."""
+        """Queue on ``pipe``: record the tokens on the request, if ``owner`` still holds it."""
         keys = [self.keys.request(request_id), self.keys.tokens(request_id)]
-        args = [executor_id, event.index, now_ms(), *event.token_ids]
+        args = [owner, event.index, now_ms(), *event.token_ids]
         await self._append(keys=keys, args=args, client=pipe)
 
     async def finish(
-        self, pipe: aioredis.client.Pipeline, request_id: str, executor_id: str, reason: FinishReason, error: str = ""
+        self,
+        pipe: aioredis.client.Pipeline,
+        request_id: str,
+        executor_id: str,
+        reason: FinishReason,
+        error: str = "",
+        owner: str | None = None,
     ) -> None:
-        """Queue on ``pipe``: move to the terminal state for ``reason`` and start the records' TTL."""
+        """Queue on ``pipe``: move to the terminal state for ``reason`` and start the records' TTL.
+
+        ``owner`` (default: the executor id; "" for anyone) must hold the request.
+        """
         keys = [
             self.keys.request(request_id),
             self.keys.running(executor_id),
@@ -123,10 +133,11 @@ class RequestStore:
             self.keys.pending,
         ]
         state = terminal_state_for(reason)
-        args = [request_id, executor_id, state.name, reason.name, now_ms(), self.ttl_s, error]
+        holder = executor_id if owner is None else owner
+        args = [request_id, holder, state.name, reason.name, now_ms(), self.ttl_s, error]
         await self._finish(keys=keys, args=args, client=pipe)
 
-    async def publish_step(self, executor_id: str, writes: Sequence[StepWrite]) -> list[bool]:
+    async def publish_step(self, executor_id: str, writes: Sequence[StepWrite], owner: str | None = None) -> list[bool]:
         """Record one executor step, then publish what was accepted to the clients' streams.
 
         Two round trips on purpose: the guarded scripts decide first, so an executor that no
@@ -136,9 +147,10 @@ class RequestStore:
         async with self.redis.pipeline(transaction=False) as pipe:
             for write in writes:
                 if write.event.token_ids:
-                    await self.append_tokens(pipe, write.request_id, executor_id, write.event)
+                    await self.append_tokens(pipe, write.request_id, owner or executor_id, write.event)
                 if write.event.finish_reason is not FinishReason.NONE:
-                    await self.finish(pipe, write.request_id, executor_id, write.event.finish_reason, write.error)
+                    reason = write.event.finish_reason
+                    await self.finish(pipe, write.request_id, executor_id, reason, write.error, owner)
             results = iter(await pipe.execute())
         accepted = []
         for write in writes:
@@ -172,19 +184,22 @@ class RequestStore:
             await pipe.execute()
         return True
 
-    async def requeue(self, request_id: str, executor_id: str, kind: str = "preempt") -> int:
+    async def requeue(self, request_id: str, executor_id: str, kind: str = "preempt", owner: str | None = None) -> int:
         """Back to QUEUED with its tokens kept; see scripts.REQUEUE for the result codes."""
         keys = [self.keys.request(request_id), self.keys.running(executor_id), self.keys.pending]
-        args = [request_id, executor_id, now_ms(), kind, self.max_migrations]
+        holder = executor_id if owner is None else owner
+        args = [request_id, holder, now_ms(), kind, self.max_migrations]
         return int(await self._requeue(keys=keys, args=args))
 
-    async def hand_back(self, request_id: str, executor_id: str, kind: str = "preempt") -> None:
+    async def hand_back(
+        self, request_id: str, executor_id: str, kind: str = "preempt", owner: str | None = None
+    ) -> None:
         """Re-queue a request its executor gave up (``preempt``) or lost (``migrate``).
 
         A pending cancel ends it as CANCELLED instead, and a request past the migration limit
         ends as FAILED: a request that keeps killing executors must not take the fleet down.
         """
-        result = await self.requeue(request_id, executor_id, kind)
+        result = await self.requeue(request_id, executor_id, kind, owner)
         if result not in (2, 3):
             return
         tokens = int(await self.redis.llen(self.keys.tokens(request_id)))

@@ -14,10 +14,12 @@ redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 return 1
 """
 
-# QUEUED -> ASSIGNED. KEYS: queue, req, running, tokens. ARGV: id, executor, now_ms.
+# QUEUED -> ASSIGNED. KEYS: queue, req, running, tokens. ARGV: id, executor, now_ms, owner.
+# The owner names this one assignment (executor and the link driving it): every later write
+# must present it, so a stale driver of the same executor is fenced off.
 CLAIM = """
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return false end
-redis.call('HSET', KEYS[2], 'state', 'ASSIGNED', 'executor', ARGV[2])
+redis.call('HSET', KEYS[2], 'state', 'ASSIGNED', 'executor', ARGV[2], 'owner', ARGV[4])
 redis.call('HSETNX', KEYS[2], 'assigned_ms', ARGV[3])
 redis.call('SADD', KEYS[3], ARGV[1])
 local f = redis.call('HMGET', KEYS[2], 'prompt_ids', 'params', 'score', 'arrival_ms', 'assigned_ms',
@@ -26,10 +28,11 @@ local out = redis.call('LRANGE', KEYS[4], 0, -1)
 return {f[1], f[2], f[3], f[4], f[5], f[6] or '', f[7], table.concat(out, ',')}
 """
 
-# Record tokens; ASSIGNED -> RUNNING on the first. KEYS: req, tokens. ARGV: executor, index, now_ms, id...
-# Returns the new token count, -1 if the executor no longer owns the request, -2 on an index gap.
+# Record tokens; ASSIGNED -> RUNNING on the first. KEYS: req, tokens. ARGV: owner, index, now_ms, id...
+# Returns the new token count, -1 if the owner no longer holds the request, -2 if the index is not
+# the next output position (a replay or a stale computation).
 APPEND_TOKENS = """
-local st = redis.call('HMGET', KEYS[1], 'state', 'executor')
+local st = redis.call('HMGET', KEYS[1], 'state', 'owner')
 if (st[1] ~= 'ASSIGNED' and st[1] ~= 'RUNNING') or st[2] ~= ARGV[1] then return -1 end
 local have = redis.call('LLEN', KEYS[2])
 local index = tonumber(ARGV[2])
@@ -40,26 +43,26 @@ return redis.call('RPUSH', KEYS[2], unpack(ARGV, 4))
 """
 
 # Any live state -> FINISHED/CANCELLED/FAILED. KEYS: req, running, tokens, queue.
-# ARGV: id, executor ('' = any), state, finish_reason, now_ms, ttl_s, error.
+# ARGV: id, owner ('' = any), state, finish_reason, now_ms, ttl_s, error.
 FINISH = """
-local st = redis.call('HMGET', KEYS[1], 'state', 'executor')
+local st = redis.call('HMGET', KEYS[1], 'state', 'owner', 'executor')
 if not st[1] then return -1 end
 if st[1] == 'FINISHED' or st[1] == 'CANCELLED' or st[1] == 'FAILED' then return 0 end
 if ARGV[2] ~= '' and st[2] ~= ARGV[2] then return -1 end
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 'finish_reason', ARGV[4], 'finished_ms', ARGV[5], 'error', ARGV[7])
 redis.call('ZREM', KEYS[4], ARGV[1])
-if st[2] and st[2] ~= '' then redis.call('SREM', KEYS[2], ARGV[1]) end
+redis.call('SREM', KEYS[2], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('EXPIRE', KEYS[3], ARGV[6])
 return 1
 """
 
 # ASSIGNED/RUNNING -> QUEUED, keeping the tokens. KEYS: req, running, queue.
-# ARGV: id, executor ('' = any), now_ms, kind ('preempt' or 'migrate'), max_migrations.
+# ARGV: id, owner ('' = any), now_ms, kind ('preempt' or 'migrate'), max_migrations.
 # Returns 1 re-queued, 2 a cancel was pending, 3 past the migration limit (the caller ends
 # either), 0 not active, -1 owned by another executor.
 REQUEUE = """
-local st = redis.call('HMGET', KEYS[1], 'state', 'executor', 'score', 'cancel')
+local st = redis.call('HMGET', KEYS[1], 'state', 'owner', 'score', 'cancel')
 if st[1] ~= 'ASSIGNED' and st[1] ~= 'RUNNING' then redis.call('SREM', KEYS[2], ARGV[1]) return 0 end
 if ARGV[2] ~= '' and st[2] ~= ARGV[2] then return -1 end
 redis.call('SREM', KEYS[2], ARGV[1])
@@ -69,7 +72,7 @@ if ARGV[4] == 'migrate' then
 else
   redis.call('HINCRBY', KEYS[1], 'preemptions', 1)
 end
-redis.call('HSET', KEYS[1], 'state', 'QUEUED', 'executor', '', 'requeued_ms', ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'QUEUED', 'executor', '', 'owner', '', 'requeued_ms', ARGV[3])
 redis.call('ZADD', KEYS[3], st[3], ARGV[1])
 return 1
 """

@@ -67,14 +67,16 @@ class Plan(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., iteration: _Optional[int] = ..., admit: _Optional[_Iterable[_Union[AdmitRequest, _Mapping]]] = ..., abort: _Optional[_Iterable[str]] = ..., preempt: _Optional[_Iterable[str]] = ..., prefill: _Optional[_Iterable[_Union[PrefillGrant, _Mapping]]] = ..., token_budget: _Optional[int] = ...) -> None: ...
 
 class TokenDelta(_message.Message):
-    __slots__ = ("request_id", "token_ids", "text")
+    __slots__ = ("request_id", "token_ids", "text", "index")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ...) -> None: ...
+    index: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class FinishedRequest(_message.Message):
     __slots__ = ("request_id", "finish_reason", "text", "error")

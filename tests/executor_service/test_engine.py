@@ -164,3 +164,25 @@ def test_admission_beyond_the_token_budget_is_handed_back(tiny_model_dir: Path) 
     out = engine.drain()
     assert sorted(r.request_id for r in out.rejected) == ["b3", "b4"]
     assert len(engine.running) == 3
+
+
+def test_readmission_restarts_from_the_recorded_tokens(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    prompt = prompts(1, seed=13)[0]
+    whole = run_to_end(engine, {0: [admit("ref", prompt, 12)]})["ref"]
+    engine.apply(PlanUpdate(seq=1, admit=(admit("x", prompt, 12),)))
+    for _ in range(6):
+        engine.step()  # "x" runs ahead of what the scheduler recorded
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    again = AdmitSpec("x", tuple(prompt), tuple(whole[:2]), params, 0.0)
+    rest = run_to_end(engine, {0: [again]})["x"]
+    assert rest[-10:] == whole[2:]
+
+
+def test_abort_all_frees_everything_silently(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    engine.apply(PlanUpdate(seq=1, admit=tuple(admit(f"a{i}", p, 30) for i, p in enumerate(prompts(3)))))
+    engine.step()
+    engine.apply(PlanUpdate(seq=0, abort_all=True))
+    assert not engine.running and engine.allocator.num_used == 0
+    assert engine.plan_seq == 1

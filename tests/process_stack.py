@@ -1,0 +1,141 @@
+"""Baton as separate processes (redis-server, executors, schedulers), for tests that kill them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.conftest import free_port
+
+
+def _healthy(target: str) -> bool:
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@dataclass
+class ProcessStack:
+    workdir: Path
+    model_dir: Path
+    redis_port: int = field(default_factory=free_port)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def write_config(self) -> Path:
+        config = {
+            "distributed": {
+                "redis_url": self.redis_url,
+                "heartbeat_interval_ms": 200,
+                "lease_ttl_ms": 1000,
+                "executor_timeout_ms": 1000,
+                "discovery_interval_ms": 100,
+                "redis_retry_s": 60,
+            },
+            "executor": {"model": str(self.model_dir), "host": "127.0.0.1", "kv_cache_memory_mb": 64},
+            "scheduler": {"host": "127.0.0.1"},
+            "monitoring": {"log_level": "INFO"},
+        }
+        path = self.workdir / "baton.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - the process owns it
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.procs[name] = proc
+        return proc
+
+    def start_redis(self) -> None:
+        self._spawn(
+            "redis",
+            [
+                "redis-server",
+                "--port",
+                str(self.redis_port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.workdir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--save",
+                "",
+            ],
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if (
+                subprocess.run(["redis-cli", "-p", str(self.redis_port), "PING"], capture_output=True).stdout.strip()
+                == b"PONG"
+            ):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def start_executor(self, executor_id: str) -> str:
+        port = free_port()
+        baton = [sys.executable, "-m", "baton.cli"]
+        config = str(self.write_config())
+        self._spawn(
+            executor_id, [*baton, "executor", "--config", config, "--port", str(port), "--executor-id", executor_id]
+        )
+        target = f"127.0.0.1:{port}"
+        self.wait_healthy(executor_id, target, 120)
+        return target
+
+    def start_scheduler(self, name: str) -> str:
+        port = free_port()
+        config = str(self.write_config())
+        self._spawn(name, [sys.executable, "-m", "baton.cli", "scheduler", "--config", config, "--port", str(port)])
+        target = f"127.0.0.1:{port}"
+        self.wait_healthy(name, target, 60)
+        return target
+
+    def wait_healthy(self, name: str, target: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.procs[name].poll() is not None:
+                raise RuntimeError(f"{name} exited: {(self.workdir / f'{name}.log').read_text()[-2000:]}")
+            if _healthy(target):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{name} did not become healthy")
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def stop(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        proc.terminate()
+        proc.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            try:
+                self.stop(name)
+            except subprocess.TimeoutExpired:
+                self.kill(name)
+
+    def log(self, name: str) -> str:
+        return (self.workdir / f"{name}.log").read_text(errors="replace")
