@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -41,7 +42,35 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: 
     await context.abort(code, message)
 
 
+class _Undecodable:
+    """Stands in for a request protobuf could not parse (e.g. a string field with invalid UTF-8)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    # A deserializer that raises makes grpc answer INTERNAL; bad bytes are the client's error.
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError as exc:
+            return _Undecodable(exc)
+
+    return deserialize
+
+
+def _check_decoded(request: Any) -> None:
+    if isinstance(request, _Undecodable):
+        raise errors.InvalidRequest(f"the request could not be decoded: {request.error}")
+
+
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    """Maps domain errors to status codes and undecodable requests to INVALID_ARGUMENT."""
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -56,6 +85,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
 
             async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 try:
+                    _check_decoded(request)
                     return await inner_uu(request, context)
                 except Exception as exc:
                     if isinstance(exc, grpc.aio.AbortError):
@@ -63,13 +93,14 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
                     await _abort(context, exc, method)
 
             return grpc.unary_unary_rpc_method_handler(
-                unary_unary, handler.request_deserializer, handler.response_serializer
+                unary_unary, _lenient(handler.request_deserializer), handler.response_serializer
             )
         if handler.unary_stream is not None:
             inner_us = handler.unary_stream
 
             async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 try:
+                    _check_decoded(request)
                     async for item in inner_us(request, context):
                         yield item
                 except Exception as exc:
@@ -78,6 +109,6 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
                     await _abort(context, exc, method)
 
             return grpc.unary_stream_rpc_method_handler(
-                unary_stream, handler.request_deserializer, handler.response_serializer
+                unary_stream, _lenient(handler.request_deserializer), handler.response_serializer
             )
         return handler

@@ -52,6 +52,12 @@ BAD_REQUESTS = {
     "deadline in the past": request(deadline_ms=1000),
     "bad request id": request(request_id="has spaces/and slashes"),
     "overlong tenant": request(tenant="t" * 200),
+    "overlong request id": request(request_id="r" * 129),
+    "max_tokens of zero": request(params={"max_tokens": 0}),
+    "huge max_tokens": request(params={"max_tokens": 10**9}),
+    "too many stop token ids": request(params={"stop_token_ids": [5] * 65}),
+    "prompt text over the character limit": request(prompt="x" * 1_000_001),
+    "empty token id list and no text": request(prompt="", prompt_token_ids=[]),
 }
 
 
@@ -92,3 +98,40 @@ async def test_unknown_request_id_is_not_found(stack: Stack, rpc: str) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await getattr(stack.stub, rpc)(message)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def _raw_call(stack: Stack, method: str, payload: bytes) -> grpc.StatusCode:
+    call = stack.channel.unary_unary(f"/baton.v1.Generation/{method}")  # type: ignore[union-attr]
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call(payload)
+    return info.value.code()
+
+
+async def test_invalid_utf8_prompt_is_invalid_argument(stack: Stack) -> None:
+    # Field 2 (prompt), length-delimited, 2 bytes that are not UTF-8.
+    payload = bytes([0x12, 0x02, 0xC3, 0x28])
+    assert await _raw_call(stack, "Complete", payload) == grpc.StatusCode.INVALID_ARGUMENT
+    assert await _request_keys(stack) == []
+
+
+async def test_garbage_bytes_are_invalid_argument(stack: Stack) -> None:
+    assert await _raw_call(stack, "GetRequest", b"\xff\xff\xff\xff") == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_unknown_request_id_for_resume_is_not_found(stack: Stack) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in stack.stub.Resume(pb.ResumeRequest(request_id="nope")):
+            pass
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_oversized_message_is_resource_exhausted(redis_url: str, tiny_model_dir: Path) -> None:
+    config = stack_config(redis_url, tiny_model_dir, scheduler={"max_message_bytes": 64 * 1024})
+    small = await start_stack(config)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await small.stub.Complete(request(prompt="y" * 100_000))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert await _request_keys(small) == []
+    finally:
+        await small.stop()
