@@ -14,6 +14,7 @@ def _common_service_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config file (see docs/configuration.md); BATON_* env vars override it")
     parser.add_argument("--redis-url", help="Redis URL, e.g. redis://127.0.0.1:6379/0 (overrides the config)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (overrides the config)")
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: off)")
 
 
 def _add_scheduler(sub: argparse._SubParsersAction) -> None:
@@ -60,12 +61,14 @@ def _add_clients(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
     p.add_argument("--tenant", default="", help="tenant to account the request to")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+    client_commands.add_connection_flags(p)
     p.set_defaults(func=client_commands.generate)
 
     p = sub.add_parser("health", help="exit 0 when a service's gRPC health check reports SERVING")
     p.add_argument("--target", default="127.0.0.1:50051", help="service HOST:PORT (default 127.0.0.1:50051)")
     p.add_argument("--service", default="", help="service name to check (default: the whole server)")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for an answer (default 3)")
+    client_commands.add_connection_flags(p)
     p.set_defaults(func=client_commands.health)
 
     p = sub.add_parser("inspect", help="show queues, executors with their load, and requests by state")
@@ -73,7 +76,18 @@ def _add_clients(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefix", default="baton", help="Redis key prefix (default baton)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--top", type=int, default=10, help="how many queued requests to list (default 10)")
+    p.add_argument("--watch", action="store_true", help="keep refreshing a live view with throughput; Ctrl-C stops")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between --watch refreshes (default 1.0)")
+    p.add_argument("--iterations", type=int, default=0, help="stop --watch after N refreshes (default 0: forever)")
     p.set_defaults(func=client_commands.inspect)
+
+
+def _add_gateway(sub: argparse._SubParsersAction) -> None:
+    from gateway import server as gateway_server
+
+    p = sub.add_parser("gateway", help="serve an OpenAI-compatible HTTP API in front of a scheduler")
+    gateway_server.add_arguments(p)
+    p.set_defaults(func=gateway_server.run)
 
 
 def _service_config(args: argparse.Namespace, section: str, keys: dict[str, str]) -> object:
@@ -81,11 +95,12 @@ def _service_config(args: argparse.Namespace, section: str, keys: dict[str, str]
 
     config = load_config(args.config)
     overrides = {field: getattr(args, flag) for flag, field in keys.items()}
+    metrics_key = "metrics_port" if section == "scheduler" else "executor_metrics_port"
     return with_overrides(
         config,
         **{section: overrides},
         distributed={"redis_url": args.redis_url},
-        monitoring={"log_level": args.log_level},
+        monitoring={"log_level": args.log_level, metrics_key: args.metrics_port},
     )
 
 
@@ -120,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_executor(sub)
     _add_dev(sub)
     _add_clients(sub)
+    _add_gateway(sub)
     return parser
 
 

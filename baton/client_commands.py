@@ -4,12 +4,39 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
-from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import grpc
+
+
+def open_channel(args: argparse.Namespace) -> grpc.Channel:
+    """Plaintext, or TLS when --tls-ca is given (with --tls-cert/--tls-key for mTLS)."""
+    ca = getattr(args, "tls_ca", None)
+    if not ca:
+        return grpc.insecure_channel(args.target)
+    cert, key = getattr(args, "tls_cert", None), getattr(args, "tls_key", None)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=Path(ca).read_bytes(),
+        private_key=Path(key).read_bytes() if key else None,
+        certificate_chain=Path(cert).read_bytes() if cert else None,
+    )
+    return grpc.secure_channel(args.target, credentials)
+
+
+def _metadata(args: argparse.Namespace) -> list[tuple[str, str]]:
+    token = getattr(args, "token", None) or os.environ.get("BATON_TOKEN", "")
+    return [("authorization", f"Bearer {token}")] if token else []
+
+
+def add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls-ca", help="CA certificate (PEM) to verify the server; enables TLS")
+    parser.add_argument("--tls-cert", help="client certificate (PEM) for mTLS")
+    parser.add_argument("--tls-key", help="client private key (PEM) for mTLS")
+    parser.add_argument("--token", help="bearer token for the API (default: $BATON_TOKEN)")
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -22,10 +49,10 @@ def generate(args: argparse.Namespace) -> int:
         priority=args.priority,
         tenant=args.tenant,
     )
-    with grpc.insecure_channel(args.target) as channel:
+    with open_channel(args) as channel:
         stub = generate_pb2_grpc.GenerationStub(channel)
         try:
-            for chunk in stub.Generate(request):
+            for chunk in stub.Generate(request, metadata=_metadata(args)):
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
                 if chunk.finish_reason:
@@ -43,7 +70,7 @@ def generate(args: argparse.Namespace) -> int:
 def health(args: argparse.Namespace) -> int:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(args.target) as channel:
+    with open_channel(args) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
@@ -56,10 +83,15 @@ def health(args: argparse.Namespace) -> int:
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
-def collect_inspection(redis_url: str, prefix: str, top: int = 10, scan_limit: int = 100_000) -> dict[str, Any]:
-    """A snapshot of Baton's Redis state: queue, executors with load, requests by state."""
+def collect_inspection(
+    redis_url: str, prefix: str, top: int = 10, scan_limit: int = 100_000, queue_sample: int = 1000
+) -> dict[str, Any]:
+    """A snapshot of Baton's Redis state as plain data: queue (head, depth by priority and tenant over
+    the first ``queue_sample`` ids, oldest waiting), executors with load, requests by state, and the
+    ``tokens_total``/``finished_total`` counts (over at most ``scan_limit`` keys) that rates derive from."""
     import redis
 
+    from baton.inspect_view import kv_percent, sample_queue, scan_requests
     from common.keys import KeySchema
 
     keys = KeySchema(prefix)
@@ -70,6 +102,7 @@ def collect_inspection(redis_url: str, prefix: str, top: int = 10, scan_limit: i
         executors = []
         for executor_id, beat in client.zrange(keys.executors, 0, -1, withscores=True):
             record = client.hgetall(keys.executor(executor_id))
+            load = json.loads(record.get("load", "{}"))
             executors.append(
                 {
                     "id": executor_id,
@@ -78,44 +111,62 @@ def collect_inspection(redis_url: str, prefix: str, top: int = 10, scan_limit: i
                     "heartbeat_age_ms": round(now - beat),
                     "running": client.scard(keys.running(executor_id)),
                     "lease": client.get(keys.lease(executor_id)) or "",
-                    "load": json.loads(record.get("load", "{}")),
+                    "load": load,
+                    "max_batch_size": int(record.get("max_batch_size") or 0),
+                    "kv_used_pct": kv_percent(load, record),
                 }
             )
-        states: Counter[str] = Counter()
-        pattern = keys.request("*")
-        for scanned, key in enumerate(client.scan_iter(match=pattern, count=1000)):
-            if scanned >= scan_limit:
-                break
-            if key.count(":") == pattern.count(":"):  # a request hash, not its tokens list
-                states[client.hget(key, "state") or "?"] += 1
         return {
+            "collected_ms": round(now),
             "queue_length": client.zcard(keys.pending),
             "queue_head": [{"id": rid, "score": score} for rid, score in queued],
+            **sample_queue(client, keys.pending, keys.request, now, queue_sample),
             "executors": executors,
-            "requests_by_state": dict(states),
+            **scan_requests(client, keys.request("*"), scan_limit),
         }
     finally:
         client.close()
 
 
 def inspect(args: argparse.Namespace) -> int:
+    if getattr(args, "watch", False):
+        from baton.inspect_view import watch
+
+        def collect() -> dict[str, Any]:
+            return collect_inspection(args.redis_url, args.prefix, args.top)
+
+        return watch(collect, interval=args.interval, iterations=args.iterations)
+    from baton.inspect_view import format_age, sample_note, tenant_label
+
     snapshot = collect_inspection(args.redis_url, args.prefix, args.top)
     if args.json:
         print(json.dumps(snapshot, indent=2))
         return 0
+    note = sample_note(snapshot)
     print(f"pending queue: {snapshot['queue_length']} requests")
     for item in snapshot["queue_head"]:
         print(f"  {item['id']}  score {item['score']:.0f}")
+    by_priority = ", ".join(f"{p}: {n}" for p, n in snapshot["depth_by_priority"].items()) or "none"
+    by_tenant = ", ".join(f"{tenant_label(t)}: {n}" for t, n in snapshot["depth_by_tenant"].items()) or "none"
+    print(f"  by priority{note}: {by_priority}")
+    print(f"  by tenant{note}: {by_tenant}")
+    if oldest := snapshot["oldest_waiting"]:
+        print(f"  oldest waiting: {oldest['id']} for {format_age(oldest['age_ms'])}")
     print(f"executors: {len(snapshot['executors'])}")
-    print(f"  {'id':<20} {'address':<24} {'running':>7} {'kv used/total':>14} {'step ms':>8} {'beat ms':>8}  lease")
+    print(
+        f"  {'id':<20} {'address':<24} {'running':>7} {'kv used/total':>14} {'kv %':>6} {'step ms':>8} {'beat ms':>8}"
+        "  lease"
+    )
     for ex in snapshot["executors"]:
         load = ex["load"]
         kv = f"{load.get('kv_blocks_used', 0)}/{load.get('kv_blocks_total', 0)}"
+        pct = "-" if ex["kv_used_pct"] is None else f"{ex['kv_used_pct']:.1f}"
         step = f"{load.get('step_time_ms', 0.0):.1f}"
         print(
-            f"  {ex['id']:<20} {ex['address']:<24} {ex['running']:>7} {kv:>14} {step:>8} "
+            f"  {ex['id']:<20} {ex['address']:<24} {ex['running']:>7} {kv:>14} {pct:>6} {step:>8} "
             f"{ex['heartbeat_age_ms']:>8}  {ex['lease']}"
         )
     states = ", ".join(f"{k} {v}" for k, v in sorted(snapshot["requests_by_state"].items())) or "none"
     print(f"requests by state: {states}")
+    print(f"tokens total: {snapshot['tokens_total']}, finished total: {snapshot['finished_total']}")
     return 0

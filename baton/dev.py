@@ -71,7 +71,12 @@ def _wait_healthy(target: str, proc: subprocess.Popen[bytes], timeout_s: float) 
     raise RuntimeError(f"{target} did not become healthy in {timeout_s:.0f} s")
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the whole stack, like Ctrl-C
+
+
 def run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s baton dev: %(message)s")
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)

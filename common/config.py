@@ -110,7 +110,8 @@ class MonitoringConfig:
     """Logging and Prometheus."""
 
     log_level: str = "INFO"
-    metrics_port: int = 0  # 0 disables the /metrics endpoint
+    metrics_port: int = 0  # the scheduler's Prometheus /metrics port; 0 disables it
+    executor_metrics_port: int = 0  # the executor's; separate so both can share one config file
 
     def __post_init__(self) -> None:
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -166,6 +167,31 @@ class ExecutorConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    """TLS on gRPC ports (public and scheduler <-> executor) and bearer-token auth on the public API.
+
+    Redis credentials and TLS go in ``distributed.redis_url`` (``redis://user:password@host``,
+    ``rediss://`` for TLS, with ``?ssl_ca_certs=...``).
+    """
+
+    tls_cert: str = ""  # PEM certificate of this service's gRPC port; empty serves plaintext
+    tls_key: str = ""  # its private key
+    tls_ca: str = ""  # CA that signs peers: verifies executors' certs, and clients' when required
+    require_client_cert: bool = False  # mTLS: callers must present a cert signed by tls_ca
+    client_cert: str = ""  # the scheduler's own cert when it dials executors with mTLS
+    client_key: str = ""
+    auth_tokens_file: str = ""  # YAML mapping bearer token -> tenant ("*" = admin); empty disables auth
+
+    def __post_init__(self) -> None:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("security.tls_cert and security.tls_key go together")
+        if bool(self.client_cert) != bool(self.client_key):
+            raise ValueError("security.client_cert and security.client_key go together")
+        if self.require_client_cert and not (self.tls_cert and self.tls_ca):
+            raise ValueError("security.require_client_cert needs tls_cert, tls_key and tls_ca")
+
+
+@dataclass(frozen=True)
 class BatonConfig:
     """The whole file."""
 
@@ -173,6 +199,7 @@ class BatonConfig:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
 
 def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:

@@ -29,3 +29,7 @@ class NotReady(BatonError):
 
 class DeadlineExceeded(BatonError):
     """The request's deadline passed: DEADLINE_EXCEEDED."""
+
+
+class PermissionDenied(BatonError):
+    """The caller's tenant may not touch this request: PERMISSION_DENIED."""

@@ -22,6 +22,7 @@ STATUS_FOR: dict[type[BaseException], grpc.StatusCode] = {
     errors.Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.NotReady: grpc.StatusCode.UNAVAILABLE,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     RedisConnectionError: grpc.StatusCode.UNAVAILABLE,
     RedisTimeoutError: grpc.StatusCode.UNAVAILABLE,
 }

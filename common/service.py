@@ -9,7 +9,9 @@ import socket
 
 import grpc
 
+from common.config import SecurityConfig
 from common.grpc_errors import ErrorMappingInterceptor
+from common.security import BearerAuthInterceptor, server_credentials
 
 
 def setup_logging(level: str) -> None:
@@ -19,13 +21,25 @@ def setup_logging(level: str) -> None:
     )
 
 
-def make_server(max_message_bytes: int) -> grpc.aio.Server:
+def make_server(max_message_bytes: int, auth_tokens: dict[str, str] | None = None) -> grpc.aio.Server:
+    """A grpc.aio server with Baton's interceptors: auth first (when tokens are given), then error mapping."""
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
-    return grpc.aio.server(interceptors=[ErrorMappingInterceptor()], options=options)
+    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor()]
+    if auth_tokens:
+        interceptors.insert(0, BearerAuthInterceptor(auth_tokens))
+    return grpc.aio.server(interceptors=interceptors, options=options)
+
+
+def add_port(server: grpc.aio.Server, address: str, security: SecurityConfig) -> int:
+    """Bind ``address`` with TLS when configured, plaintext otherwise; return the bound port."""
+    credentials = server_credentials(security)
+    if credentials is None:
+        return server.add_insecure_port(address)
+    return server.add_secure_port(address, credentials)
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:

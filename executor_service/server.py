@@ -15,10 +15,12 @@ from common import service
 from common.config import BatonConfig
 from common.health import add_health_and_reflection, set_serving
 from common.keys import KeySchema
+from common.metrics import serve_metrics
 from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
 from common.redis_client import connect
 from executor_service.load_metrics import LoadSampler
+from executor_service.metrics import ExecutorMetrics
 from executor_service.model_loader import LoadedModel, load_engine
 from executor_service.registration import Registration
 from executor_service.report_hub import ReportHub
@@ -76,11 +78,13 @@ async def start_executor(config: BatonConfig) -> RunningExecutor:
     load = LoadSampler(str(loaded.device))
     info = _info(executor_id, loaded, config)
     server = service.make_server(config.scheduler.max_message_bytes)
-    executor_pb2_grpc.add_ExecutorServicer_to_server(ExecutorServicer(worker, hub, load, info), server)
+    metrics = ExecutorMetrics()
+    executor_pb2_grpc.add_ExecutorServicer_to_server(ExecutorServicer(worker, hub, load, info, metrics), server)
     health_servicer = add_health_and_reflection(server, [SERVICE_NAME])
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    port = service.add_port(server, f"{cfg.host}:{cfg.port}", config.security)
     address = service.advertise_address(cfg.host, port, cfg.advertise_address)
     await server.start()
+    serve_metrics(metrics.registry, config.monitoring.executor_metrics_port)
     worker.start()
 
     def load_summary() -> dict[str, object]:

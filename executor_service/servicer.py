@@ -13,6 +13,7 @@ from common.pb import executor_pb2_grpc
 from executor_service.convert import plan_from_pb, report_to_pb
 from executor_service.engine_io import PlanUpdate, StepOutput
 from executor_service.load_metrics import LoadSampler
+from executor_service.metrics import ExecutorMetrics
 from executor_service.report_hub import ReportHub
 from executor_service.worker import EngineWorker
 
@@ -20,7 +21,15 @@ log = logging.getLogger(__name__)
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
-    def __init__(self, worker: EngineWorker, hub: ReportHub, load: LoadSampler, info: pb.InfoResponse) -> None:
+    def __init__(
+        self,
+        worker: EngineWorker,
+        hub: ReportHub,
+        load: LoadSampler,
+        info: pb.InfoResponse,
+        metrics: ExecutorMetrics | None = None,
+    ) -> None:
+        self._metrics = metrics or ExecutorMetrics()
         self._worker = worker
         self._hub = hub
         self._load = load
@@ -40,7 +49,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 out: StepOutput | None = await queue.get()
                 if out is None:
                     break
-                yield report_to_pb(out, self._load.sample())
+                device = self._load.sample()
+                self._metrics.observe(out, device)
+                yield report_to_pb(out, device)
         finally:
             reader.cancel()
             if self._hub.detach(queue):

@@ -21,6 +21,7 @@ from common.config import BatonConfig
 from common.lifecycle import FinishReason
 from scheduler_service import scripts
 from scheduler_service.executor_link import ExecutorLink
+from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import Candidate, place, unplaceable
 from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import TokenEvent
@@ -31,13 +32,17 @@ _PLAN_TICK_S = 0.05
 
 
 class Dispatcher:
-    def __init__(self, store: RequestStore, config: BatonConfig, replica_id: str = "") -> None:
+    def __init__(
+        self, store: RequestStore, config: BatonConfig, replica_id: str = "", metrics: SchedulerMetrics | None = None
+    ) -> None:
         self.store = store
         self.redis: aioredis.Redis = store.redis
         self.keys = store.keys
         self.config = config
         self.replica_id = replica_id or f"sched-{uuid.uuid4().hex[:8]}"
         self.links: dict[str, ExecutorLink] = {}
+        self.metrics = metrics or SchedulerMetrics()
+        self._classes_refreshed = 0.0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._link_tasks: dict[str, asyncio.Task[None]] = {}
@@ -52,12 +57,19 @@ class Dispatcher:
             asyncio.create_task(self._control_loop(), name="control"),
         ]
 
-    async def stop(self) -> None:
-        for task in [*self._tasks, *self._link_tasks.values()]:
+    async def stop(self, timeout: float = 5.0) -> None:
+        for task in self._tasks:
             task.cancel()
-        for task in [*self._tasks, *self._link_tasks.values()]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # Closing the channels ends the Run streams, so each link task unwinds on its own
+        # (re-queueing its requests) instead of waiting on a read that a cancel may not reach.
+        await asyncio.gather(*(link.close() for link in list(self.links.values())), return_exceptions=True)
+        for task in self._link_tasks.values():
+            task.cancel()
+        pending = [*self._tasks, *self._link_tasks.values()]
+        if pending:
+            _, stuck = await asyncio.wait(pending, timeout=timeout)
+            if stuck:
+                log.warning("%d dispatcher tasks did not stop within %.1f s", len(stuck), timeout)
 
     def wake(self) -> None:
         self._wake.set()
@@ -132,6 +144,7 @@ class Dispatcher:
                 continue
             for request_id in await self.store.running_ids(executor_id):
                 await self.store.hand_back(request_id, executor_id, "migrate", owner="")
+                self.metrics.migrations.inc()
             await self.redis.zrem(self.keys.executors, executor_id)
             await self._release(keys=[lease], args=[self.replica_id])
             log.warning("executor %s is gone; its requests were re-queued", executor_id)
@@ -139,7 +152,14 @@ class Dispatcher:
 
     def _start_link(self, executor_id: str, address: str) -> None:
         link = ExecutorLink(
-            executor_id, address, self.store, self.config.scheduler, self.wake, self.config.distributed.redis_retry_s
+            executor_id,
+            address,
+            self.store,
+            self.config.scheduler,
+            self.wake,
+            self.config.distributed.redis_retry_s,
+            self.config.security,
+            self.metrics,
         )
         self.links[executor_id] = link
         self._link_tasks[executor_id] = asyncio.create_task(self._drive(link), name=f"link-{executor_id}")
@@ -152,6 +172,7 @@ class Dispatcher:
             stale = await self.store.running_ids(executor_id)
             for request_id in stale:
                 await self.store.hand_back(request_id, executor_id, "migrate", owner="")
+                self.metrics.migrations.inc()
             log.info("driving executor %s at %s", executor_id, link.address)
             self.wake()
             await link.run(abort_first=stale)
@@ -162,12 +183,14 @@ class Dispatcher:
             log.warning("link to executor %s failed: %s", executor_id, exc)
         finally:
             self.links.pop(executor_id, None)
+            self.metrics.forget_executor(executor_id)
             self._link_tasks.pop(executor_id, None)
             with contextlib.suppress(Exception):
                 await link.close()
             with contextlib.suppress(RedisError):
                 for request_id in list(link.requests):
                     await link.hand_back(request_id, "migrate")
+                    self.metrics.migrations.inc()
                 await self._release(keys=[self.keys.lease(executor_id)], args=[self.replica_id])
             self.wake()
 
@@ -179,12 +202,32 @@ class Dispatcher:
             self._wake.clear()
             try:
                 await self.plan_once()
+                await self.refresh_queue_gauges()
             except RedisError as exc:
                 log.warning("planning failed: %s", exc)
                 await asyncio.sleep(0.2)
 
     async def plan_once(self) -> int:
         """Admit what fits now; return how many requests were admitted."""
+        started = time.perf_counter()
+        admitted = await self._admit()
+        self.metrics.plan_latency.observe(time.perf_counter() - started)
+        self.metrics.executors.set(len(self.links))
+        self.metrics.running.set(sum(len(link.requests) for link in self.links.values()))
+        return admitted
+
+    async def refresh_queue_gauges(self, sample: int = 1000, every_s: float = 1.0) -> None:
+        """Queue depth every tick; by priority and tenant (over the queue's head) at most every ``every_s``."""
+        self.metrics.waiting.set(await self.store.queue_length())
+        now = time.monotonic()
+        if now - self._classes_refreshed < every_s:
+            return
+        self._classes_refreshed = now
+        self.metrics.waiting_by.clear()
+        for (priority, tenant), count in (await self.store.queue_classes(sample)).items():
+            self.metrics.waiting_by.labels(priority, tenant).set(count)
+
+    async def _admit(self) -> int:
         links = [link for link in self.links.values() if link.ready]
         capacities = [link.capacity() for link in links]
         room = sum(c.free_slots for c in capacities if c.free_blocks > 0)

@@ -11,16 +11,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
 
-from common.config import SchedulerConfig
+from common.config import SchedulerConfig, SecurityConfig
 from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
 from common.redis_client import with_redis_retry
+from common.security import channel_credentials
+from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import ExecutorCapacity, blocks_for
 from scheduler_service.request_store import RequestStore, StepWrite, now_ms, usage_of
 from scheduler_service.requests import ClaimedRequest, RequestParams, TokenEvent
@@ -76,6 +79,8 @@ class ExecutorLink:
         config: SchedulerConfig,
         on_change: Callable[[], None],
         redis_retry_s: float = 30.0,
+        security: SecurityConfig | None = None,
+        metrics: SchedulerMetrics | None = None,
     ) -> None:
         self.executor_id = executor_id
         self.address = address
@@ -98,10 +103,17 @@ class ExecutorLink:
         self._fence_seq = 0  # the stale-abort plan that must be acknowledged before admitting
         self._acked_seq = 0  # newest plan the executor reported applied
         self._redis_retry_s = redis_retry_s
+        self._security = security or SecurityConfig()
+        self._metrics = metrics or SchedulerMetrics()
+        self._last_token_at: dict[str, float] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------
     async def connect(self, timeout: float = 5.0) -> None:
-        self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        credentials = channel_credentials(self._security)
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.aio.secure_channel(self.address, credentials, options=CHANNEL_OPTIONS)
         stub = executor_pb2_grpc.ExecutorStub(self._channel)
         self.info = await stub.Info(pb.InfoRequest(), timeout=timeout)
 
@@ -205,6 +217,7 @@ class ExecutorLink:
     async def _on_report(self, report: pb.StepReport) -> None:
         self.load = report.load
         self.iteration = report.iteration
+        self._metrics.observe_load(self.executor_id, report.load)
         if self._base_seq <= report.plan_seq <= self._seq:
             self._acked_seq = max(self._acked_seq, report.plan_seq)
         writes = self._step_writes(report)
@@ -216,6 +229,9 @@ class ExecutorLink:
             )
         for request_id in [*report.preempted, *(r.request_id for r in report.rejected)]:
             if self.requests.pop(request_id, None) is not None:
+                self._last_token_at.pop(request_id, None)
+                if request_id in report.preempted:
+                    self._metrics.preemptions.inc()
                 await self.hand_back(request_id)
         self._on_change()
 
@@ -232,6 +248,7 @@ class ExecutorLink:
                 req.first_token_ms = stamp
             fin = finished.pop(delta.request_id, None)
             tokens = tuple(delta.token_ids)
+            self._observe_tokens(req.request_id, len(tokens))
             # The executor says where these tokens sit in the output; Redis refuses them unless
             # that is exactly the next position, so a stale computation can never slip in.
             req.generated = delta.index
@@ -246,6 +263,14 @@ class ExecutorLink:
                 writes.append(self._final_write(req, (), fin.text, fin))
         return writes
 
+    def _observe_tokens(self, request_id: str, count: int) -> None:
+        now = time.monotonic()
+        last = self._last_token_at.get(request_id)
+        if last is not None:
+            self._metrics.itl.observe(now - last)
+        self._last_token_at[request_id] = now
+        self._metrics.generation_tokens.inc(count)
+
     def _final_write(
         self, req: LinkedRequest, tokens: tuple[int, ...], text: str, fin: pb.FinishedRequest
     ) -> StepWrite:
@@ -255,7 +280,10 @@ class ExecutorLink:
         usage = usage_of(
             req.prompt_len, req.generated + len(tokens), req.arrival_ms, req.assigned_ms, req.first_token_ms
         )
-        event = TokenEvent(req.generated, tokens, text, FinishReason(fin.finish_reason), usage)
+        reason = FinishReason(fin.finish_reason)
+        event = TokenEvent(req.generated, tokens, text, reason, usage)
+        self._last_token_at.pop(req.request_id, None)
+        self._metrics.observe_finish(reason.name, usage, (now_ms() - req.arrival_ms) / 1000)
         return StepWrite(req.request_id, event, fin.error)
 
     async def hand_back(self, request_id: str, kind: str = "preempt") -> None:

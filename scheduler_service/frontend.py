@@ -11,10 +11,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from common.config import BatonConfig
-from common.errors import NotFound
+from common.errors import NotFound, Overloaded, PermissionDenied
 from common.lifecycle import FinishReason, RequestState
 from common.pb import generate_pb2 as pb
 from common.redis_client import with_redis_retry
+from common.security import current_principal
 from scheduler_service.dispatcher import Dispatcher
 from scheduler_service.priority import queue_score
 from scheduler_service.request_store import RequestStore
@@ -61,12 +62,21 @@ class Frontend:
         return limits
 
     async def submit(self, msg: pb.GenerateRequest) -> NewRequest:
+        principal = current_principal.get()
+        if principal is not None and not principal.is_admin:
+            if msg.tenant and msg.tenant != principal.tenant:
+                raise PermissionDenied(f"this token may not submit for tenant {msg.tenant!r}")
+            msg.tenant = principal.tenant  # with auth on, the token decides the tenant
         limits = await self.model_limits()
         prompt_ids = await self.tokenize(msg.prompt) if msg.prompt else []
         req = validate(msg, lambda _text: prompt_ids, limits, self.config.scheduler.request_level)
         request_level = self.config.scheduler.request_level
         score = queue_score(req.arrival_ms, req.priority, request_level)
-        await self.store.enqueue(req, score, request_level.max_pending_requests)
+        try:
+            await self.store.enqueue(req, score, request_level.max_pending_requests)
+        except Overloaded:
+            self.dispatcher.metrics.shed.inc()
+            raise
         log.info("request %s queued: %d prompt tokens, priority %d", req.request_id, len(req.prompt_ids), req.priority)
         self.dispatcher.wake()
         await self.store.redis.publish(self.store.keys.control_channel, '{"wake":1}')
@@ -109,7 +119,18 @@ class Frontend:
             f"reading {request_id}",
         )
 
+    async def authorize(self, request_id: str) -> dict[str, str]:
+        """The request's record, if it exists and the caller's tenant owns it."""
+        record = await self.store.get(request_id)
+        if record is None:
+            raise NotFound(f"request {request_id} does not exist or has expired")
+        principal = current_principal.get()
+        if principal is not None and not principal.is_admin and record.get("tenant") != principal.tenant:
+            raise PermissionDenied(f"request {request_id} belongs to another tenant")
+        return record
+
     async def cancel(self, request_id: str) -> RequestState:
+        await self.authorize(request_id)
         outcome = await self.store.cancel(request_id)
         if outcome.state is None:
             raise NotFound(f"request {request_id} does not exist or has expired")
@@ -123,9 +144,7 @@ class Frontend:
         return outcome.state
 
     async def status(self, request_id: str) -> RequestStatus:
-        record = await self.store.get(request_id)
-        if record is None:
-            raise NotFound(f"request {request_id} does not exist or has expired")
+        record = await self.authorize(request_id)
         state = RequestState[record["state"]]
         position = await self.store.queue_position(request_id) if state is RequestState.QUEUED else None
         reason = record.get("finish_reason", "")

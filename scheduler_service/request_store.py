@@ -229,6 +229,19 @@ class RequestStore:
     async def queue_length(self) -> int:
         return int(await self.redis.zcard(self.keys.pending))
 
+    async def queue_classes(self, sample: int) -> dict[tuple[str, str], int]:
+        """Queued requests by (priority, tenant), over the ``sample`` that run soonest."""
+        ids = await self.redis.zrange(self.keys.pending, 0, sample - 1)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for rid in ids:
+                pipe.hmget(self.keys.request(rid), "priority", "tenant")
+            rows = await pipe.execute()
+        counts: dict[tuple[str, str], int] = {}
+        for priority, tenant in rows:
+            if priority is not None:
+                counts[(priority, tenant or "")] = counts.get((priority, tenant or ""), 0) + 1
+        return counts
+
     async def running_ids(self, executor_id: str) -> set[str]:
         return set(await self.redis.smembers(self.keys.running(executor_id)))
 

@@ -13,11 +13,14 @@ from common import service
 from common.config import BatonConfig
 from common.health import add_health_and_reflection, set_serving
 from common.keys import KeySchema
+from common.metrics import serve_metrics
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from common.redis_client import connect
+from common.security import load_tokens
 from scheduler_service.dispatcher import Dispatcher
 from scheduler_service.frontend import Frontend
+from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.request_store import RequestStore
 from scheduler_service.servicer import GenerationServicer
 from scheduler_service.tokenizer_source import TokenizerSource
@@ -34,6 +37,7 @@ class RunningScheduler:
     dispatcher: Dispatcher
     frontend: Frontend
     health: health.aio.HealthServicer
+    metrics_port: int = 0
 
     async def stop(self, grace: float = 2.0) -> None:
         await set_serving(self.health, [SERVICE_NAME], serving=False)
@@ -47,17 +51,19 @@ async def start_scheduler(config: BatonConfig) -> RunningScheduler:
     redis = connect(dist.redis_url)
     keys = KeySchema(dist.key_prefix)
     store = RequestStore(redis, keys, dist.request_ttl_s, dist.max_migrations)
-    dispatcher = Dispatcher(store, config)
+    metrics = SchedulerMetrics()
+    dispatcher = Dispatcher(store, config, metrics=metrics)
     frontend = Frontend(store, dispatcher, TokenizerSource(redis, keys, config.scheduler.tokenizer), config)
-    server = service.make_server(config.scheduler.max_message_bytes)
+    server = service.make_server(config.scheduler.max_message_bytes, load_tokens(config.security.auth_tokens_file))
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(frontend), server)
     health_servicer = add_health_and_reflection(server, [SERVICE_NAME])
-    port = server.add_insecure_port(f"{config.scheduler.host}:{config.scheduler.port}")
+    port = service.add_port(server, f"{config.scheduler.host}:{config.scheduler.port}", config.security)
     await server.start()
+    metrics_port = serve_metrics(metrics.registry, config.monitoring.metrics_port)
     await dispatcher.start()
     await set_serving(health_servicer, [SERVICE_NAME], serving=True)
     log.info("scheduler %s serving on port %d", dispatcher.replica_id, port)
-    return RunningScheduler(port, server, dispatcher, frontend, health_servicer)
+    return RunningScheduler(port, server, dispatcher, frontend, health_servicer, metrics_port)
 
 
 async def serve(config: BatonConfig) -> None:

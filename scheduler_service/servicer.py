@@ -71,6 +71,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         finally:
             if not finished:  # the client went away or its deadline passed: free the executor's KV blocks
                 log.info("request %s abandoned by its client; cancelling", req.request_id)
+                self._frontend.dispatcher.metrics.aborted.labels("client_gone").inc()
                 task = asyncio.ensure_future(self._frontend.cancel(req.request_id))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
@@ -97,6 +98,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
 
     async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
         state = await self._frontend.cancel(request.request_id)
+        self._frontend.dispatcher.metrics.aborted.labels("cancelled").inc()
         return pb.CancelResponse(state=int(state))  # type: ignore[arg-type]
 
     async def GetRequest(

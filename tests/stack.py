@@ -57,7 +57,7 @@ class Stack:
         assert self.channel is not None
         return generate_pb2_grpc.GenerationStub(self.channel)
 
-    async def wait_for_executors(self, count: int, timeout: float = 30.0) -> None:
+    async def wait_for_executors(self, count: int, timeout: float = 90.0) -> None:
         deadline = asyncio.get_running_loop().time() + timeout
         while asyncio.get_running_loop().time() < deadline:
             links = self.scheduler.dispatcher.links.values()

@@ -23,7 +23,8 @@ COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
-LONG_RUNNING = ("redis", "scheduler", "executor")
+LONG_RUNNING = ("redis", "scheduler", "executor", "gateway")
+BATON_SERVICES = ("model", "scheduler", "executor", "gateway")  # built from this repository's image
 ONE_SHOT = ("model",)
 
 
@@ -114,14 +115,15 @@ def test_no_version_key(compose: dict[str, Any]) -> None:
 
 
 def test_expected_services_and_volumes(compose: dict[str, Any], services: dict[str, Any]) -> None:
-    assert set(services) == {"redis", "model", "scheduler", "executor"}
+    assert set(services) == {"redis", "model", "scheduler", "executor", "gateway"}
     assert {"redis-data", "models"} <= set(compose["volumes"])
 
 
-def test_only_scheduler_publishes_ports(services: dict[str, Any]) -> None:
+def test_only_scheduler_and_gateway_publish_ports(services: dict[str, Any]) -> None:
     publishing = {name for name, svc in services.items() if svc.get("ports")}
-    assert publishing == {"scheduler"}
+    assert publishing == {"scheduler", "gateway"}
     assert services["scheduler"]["ports"] == ["${BATON_PORT:-50051}:50051"]
+    assert services["gateway"]["ports"] == ["${BATON_HTTP_PORT:-8000}:8000"]
 
 
 def test_executor_is_scalable(services: dict[str, Any]) -> None:
@@ -137,6 +139,8 @@ def test_long_running_services_have_healthchecks(services: dict[str, Any]) -> No
         assert check and check.get("test") and not check.get("disable"), name
     assert services["scheduler"]["healthcheck"]["test"] == ["CMD", "baton", "health", "--target", "127.0.0.1:50051"]
     assert services["executor"]["healthcheck"]["test"] == ["CMD", "baton", "health", "--target", "127.0.0.1:50061"]
+    gateway_test = services["gateway"]["healthcheck"]["test"]
+    assert gateway_test[:2] == ["CMD", "python"] and "http://127.0.0.1:8000/health" in gateway_test[-1]
     redis_test = " ".join(services["redis"]["healthcheck"]["test"])
     assert "redis-cli" in redis_test and "-a" in redis_test and "ping" in redis_test
 
@@ -157,6 +161,7 @@ def test_depends_on_uses_conditions(services: dict[str, Any]) -> None:
         deps = services[name]["depends_on"]
         assert deps["redis"]["condition"] == "service_healthy"
         assert deps["model"]["condition"] == "service_completed_successfully"
+    assert services["gateway"]["depends_on"] == {"scheduler": {"condition": "service_healthy"}}
 
 
 def test_redis_persistence_and_password(services: dict[str, Any]) -> None:
@@ -210,9 +215,9 @@ def test_model_job_script(
 
 
 def test_baton_services_share_one_image(services: dict[str, Any]) -> None:
-    images = {services[name]["image"] for name in ("model", "scheduler", "executor")}
+    images = {services[name]["image"] for name in BATON_SERVICES}
     assert len(images) == 1
-    for name in ("model", "scheduler", "executor"):
+    for name in BATON_SERVICES:
         assert services[name]["build"]["context"] == "."
 
 
@@ -226,6 +231,13 @@ def test_scheduler_and_executor_settings(services: dict[str, Any]) -> None:
     assert scheduler["command"][0] == "scheduler"
     assert executor["command"][0] == "executor"
     assert executor["environment"]["BATON_EXECUTOR__MODEL"] == "${BATON_MODEL:-/models/tiny}"
+
+
+def test_gateway_settings(services: dict[str, Any]) -> None:
+    gateway = services["gateway"]
+    assert gateway["command"] == ["gateway", "--port", "8000", "--target", "scheduler:50051"]
+    assert gateway["restart"] == "unless-stopped"
+    assert "volumes" not in gateway  # it needs no model or Redis: it only speaks gRPC to the scheduler
 
 
 def test_executor_reserves_a_gpu(services: dict[str, Any]) -> None:

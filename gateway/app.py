@@ -1,0 +1,264 @@
+"""The Starlette app: OpenAI's HTTP routes over one ``grpc.aio`` channel to a Baton scheduler.
+
+Every generation request watches its HTTP connection: when the client goes away the gRPC call
+is cancelled, and Baton cancels a request whose client abandoned its call, freeing its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from common.pb import generate_pb2 as pb
+from common.pb import generate_pb2_grpc
+from gateway.errors import BadRequest, GatewayError, from_rpc_error
+from gateway.openai_types import REQUEST_ID_HEADER, Parsed, Reply, apply_headers, parse_chat, parse_completion
+
+log = logging.getLogger(__name__)
+
+_HEALTH_TIMEOUT_S = 3.0
+_INFO_TIMEOUT_S = 10.0
+_DONE = b"data: [DONE]\n\n"
+_CLIENT_CLOSED = 499  # nginx's convention; nobody reads it, the client is gone
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("the request body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+async def _cancel_on_disconnect(request: Request, call: grpc.aio.Call) -> None:
+    # The body has been read, so the next ASGI message is the disconnect (or the end of the response).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    call.cancel()
+
+
+def _client_gone(watcher: asyncio.Task[None]) -> bool:
+    """Whether a CancelledError came from the watcher cancelling the gRPC call, not from this task's cancellation."""
+    task = asyncio.current_task()
+    return watcher.done() and not watcher.cancelled() and (task is None or task.cancelling() == 0)
+
+
+class Gateway:
+    """The route handlers, sharing one channel to ``target`` (a scheduler, or a balancer in front of several)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._channel: grpc.aio.Channel | None = None
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        # Made on first use: a grpc.aio channel belongs to the event loop it was made in, the server's.
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self.target)
+        return self._channel
+
+    @property
+    def stub(self) -> generate_pb2_grpc.GenerationStub:
+        return generate_pb2_grpc.GenerationStub(self.channel)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        yield
+        await self.close()
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: Request, chat: bool) -> Response:
+        body = await _json_body(request)
+        parsed = parse_chat(body) if chat else parse_completion(body)
+        apply_headers(parsed.request, request.headers)
+        reply = Reply.for_request(chat, parsed)
+        headers = {REQUEST_ID_HEADER: reply.request_id}
+        log.debug("request %s: %s, stream=%s", reply.request_id, request.url.path, parsed.stream)
+        if parsed.stream:
+            return await self._stream(request, parsed, reply, headers)
+        return await self._whole(request, reply, parsed, headers)
+
+    async def _whole(self, request: Request, reply: Reply, parsed: Parsed, headers: dict[str, str]) -> Response:
+        call = self.stub.Complete(parsed.request)
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
+        try:
+            out = await call
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None
+        except asyncio.CancelledError:
+            if _client_gone(watcher):
+                log.info("request %s: client disconnected; cancelled", reply.request_id)
+                return Response(status_code=_CLIENT_CLOSED)
+            raise
+        finally:
+            watcher.cancel()
+        if out.finish_reason == pb.FINISH_REASON_ERROR:
+            raise GatewayError(500, await self._failure(reply.request_id), code="generation_failed")
+        return JSONResponse(reply.whole(out.text, out.finish_reason, out.usage), headers=headers)
+
+    async def _stream(self, request: Request, parsed: Parsed, reply: Reply, headers: dict[str, str]) -> Response:
+        call = self.stub.Generate(parsed.request)
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
+        try:
+            # Waiting for the first message before answering lets a refused request (bad input, full queue)
+            # get its HTTP status instead of a 200 with an error event.
+            first = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            watcher.cancel()
+            raise from_rpc_error(exc) from None
+        except asyncio.CancelledError:
+            gone = _client_gone(watcher)
+            watcher.cancel()
+            if gone:
+                log.info("request %s: client disconnected while queued; cancelled", reply.request_id)
+                return Response(status_code=_CLIENT_CLOSED)
+            raise
+        events = self._events(call, first, watcher, parsed, reply)
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+
+    async def _events(
+        self,
+        call: grpc.aio.UnaryStreamCall,
+        first: Any,
+        watcher: asyncio.Task[None],
+        parsed: Parsed,
+        reply: Reply,
+    ) -> AsyncIterator[bytes]:
+        try:
+            if reply.chat:
+                yield _sse(reply.chunk("", role=True))
+            message = first
+            while True:
+                if message is grpc.aio.EOF:
+                    yield _sse(GatewayError(502, "Baton's stream ended without a finish reason").body())
+                    break
+                reason = message.finish_reason
+                if reason == pb.FINISH_REASON_ERROR:
+                    failure = GatewayError(500, await self._failure(reply.request_id), code="generation_failed")
+                    yield _sse(failure.body())
+                    break
+                if reply.chat:
+                    if message.text:
+                        yield _sse(reply.chunk(message.text))
+                    if reason:
+                        yield _sse(reply.chunk(None, reason))
+                elif message.text or reason:
+                    yield _sse(reply.chunk(message.text, reason))
+                if reason:
+                    if parsed.include_usage:
+                        yield _sse(reply.usage_chunk(message.usage))
+                    break
+                message = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            yield _sse(from_rpc_error(exc).body())
+        except asyncio.CancelledError:
+            if not _client_gone(watcher):
+                raise
+            log.info("request %s: client disconnected mid-stream; cancelled", reply.request_id)
+            return
+        finally:
+            watcher.cancel()
+            call.cancel()  # a no-op when the call ended; otherwise Baton cancels the request
+        yield _DONE
+
+    async def _failure(self, request_id: str) -> str:
+        """Baton's recorded reason for a failed request, best effort."""
+        fallback = f"request {request_id} failed inside Baton"
+        try:
+            status = await self.stub.GetRequest(pb.GetRequestRequest(request_id=request_id), timeout=_INFO_TIMEOUT_S)
+        except grpc.aio.AioRpcError:
+            return fallback
+        return f"{fallback}: {status.error}" if status.error else fallback
+
+    async def _model_card(self) -> dict[str, Any]:
+        try:
+            info = await self.stub.ModelInfo(pb.ModelInfoRequest(), timeout=_INFO_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None
+        return {
+            "id": info.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "baton",
+            "max_model_len": info.max_model_len,
+        }
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [await self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        card = await self._model_card()
+        if request.path_params["model"] != card["id"]:
+            raise GatewayError(
+                404, f"model {request.path_params['model']!r} is not served here", code="model_not_found"
+            )
+        return JSONResponse(card)
+
+    async def health(self, request: Request) -> Response:
+        check = health_pb2_grpc.HealthStub(self.channel).Check
+        try:
+            answer = await check(health_pb2.HealthCheckRequest(), timeout=_HEALTH_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            return JSONResponse({"status": "UNREACHABLE", "target": self.target, "detail": exc.code().name}, 503)
+        serving = answer.status == health_pb2.HealthCheckResponse.SERVING
+        status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+        return JSONResponse({"status": status, "target": self.target}, status_code=200 if serving else 503)
+
+
+async def _gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return GatewayError(exc.status_code, exc.detail, code=None).response()
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+    return GatewayError(500, "internal error in the gateway", code="internal").response()
+
+
+def create_app(target: str) -> Starlette:
+    """The gateway's ASGI app, forwarding to the Baton scheduler at ``target`` (``HOST:PORT``)."""
+    gateway = Gateway(target)
+    routes = [
+        Route("/v1/completions", gateway.completions, methods=["POST"]),
+        Route("/v1/chat/completions", gateway.chat_completions, methods=["POST"]),
+        Route("/v1/models", gateway.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", gateway.model, methods=["GET"]),
+        Route("/health", gateway.health, methods=["GET"]),
+    ]
+    handlers = {GatewayError: _gateway_error, HTTPException: _http_error, Exception: _unexpected}
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=gateway.lifespan)
+    app.state.gateway = gateway
+    return app

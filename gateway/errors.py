@@ -1,0 +1,68 @@
+"""HTTP errors in OpenAI's shape, and the mapping from gRPC status codes to them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from starlette.responses import JSONResponse
+
+HTTP_STATUS_FOR: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+# OpenAI clients pick their exception class from the HTTP status; `type` is for humans and logs.
+_ERROR_TYPE: dict[int, str] = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+    504: "timeout_error",
+}
+
+
+class GatewayError(Exception):
+    """An error answered with an HTTP status and an OpenAI-style JSON body."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": _ERROR_TYPE.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+class BadRequest(GatewayError):
+    """The HTTP request itself is malformed or asks for something Baton cannot do."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(400, message, code="invalid_request", param=param)
+
+
+def from_rpc_error(exc: grpc.aio.AioRpcError) -> GatewayError:
+    code = exc.code()
+    status = HTTP_STATUS_FOR.get(code, 500)
+    # Baton words its INVALID_ARGUMENT etc. messages for clients, so they are passed on as they are.
+    message = exc.details() or code.name.lower()
+    return GatewayError(status, message, code=code.name.lower())

@@ -1,0 +1,283 @@
+"""OpenAI request bodies in, ``baton.v1`` messages out; Baton's answers back in OpenAI's shapes.
+
+Only what Baton can honour is accepted: asking for several choices, log probabilities, echo,
+penalties, tools or JSON output is a 400 rather than a silently different answer. Unknown fields are
+ignored, as OpenAI clients send ones that do not matter here.
+
+Extensions beyond OpenAI's schema (send them with the client's ``extra_body``): ``top_k``,
+``ignore_eos`` and ``stop_token_ids``, which map to Baton's ``SamplingParams`` fields of the
+same names.
+
+Headers: ``x-baton-priority`` (0-10), ``x-baton-tenant`` (wins over the body's ``user``) and
+``x-baton-request-id`` (Baton's request id, an idempotency key: a repeat gets 409). A response's
+``id`` is ``cmpl-`` or ``chatcmpl-`` plus Baton's request id, for GetRequest and Cancel.
+
+Chat prompts: the gateway has no tokenizer, so it cannot apply a model's chat template.
+Messages become one prompt, ``"<role>: <content>\\n"`` per message followed by ``"assistant:"``.
+No stop string is added for the next turn; pass ``stop=["\\nuser:"]`` to get one.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from common.pb import generate_pb2 as pb
+from gateway.errors import BadRequest
+
+PRIORITY_HEADER = "x-baton-priority"
+TENANT_HEADER = "x-baton-tenant"
+REQUEST_ID_HEADER = "x-baton-request-id"
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to Baton's own
+
+FINISH_REASON: dict[int, str] = {
+    pb.FINISH_REASON_STOP: "stop",
+    pb.FINISH_REASON_LENGTH: "length",
+    # OpenAI has no "cancelled"; the output ends where the cancel landed, as a stop would end it.
+    pb.FINISH_REASON_CANCELLED: "stop",
+}
+
+# Field -> values that mean "not asked for"; anything else is refused with a 400.
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "suffix": (None, ""),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "functions": (None, []),
+    "response_format": (None, {"type": "text"}),
+}
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """One OpenAI request, as the Baton request to send and how to answer it."""
+
+    request: pb.GenerateRequest
+    model: str
+    stream: bool
+    include_usage: bool
+
+
+def _number(body: Mapping[str, Any], name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadRequest(f"{name} must be a number", param=name)
+    return float(value)
+
+
+def _int(body: Mapping[str, Any], name: str, minimum: int, maximum: int = 2**32 - 1) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise BadRequest(f"{name} must be an integer in [{minimum}, {maximum}]", param=name)
+    return value
+
+
+def _bool(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadRequest(f"{name} must be true or false", param=name)
+    return value
+
+
+def _token_ids(value: Any, name: str) -> list[int] | None:
+    """``value`` as token ids when it is a list of non-negative ints, else None."""
+    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        if any(not 0 <= t < 2**32 for t in value):
+            raise BadRequest(f"{name} holds token ids out of range", param=name)
+        return list(value)
+    return None
+
+
+def _stops(body: Mapping[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return list(stop)
+    raise BadRequest("stop must be a string or a list of strings", param="stop")
+
+
+def _check_supported(body: Mapping[str, Any]) -> None:
+    for name, neutral in _UNSUPPORTED.items():
+        if name in body and not any(body[name] == v and type(body[name]) is type(v) for v in neutral):
+            raise BadRequest(f"{name}={body[name]!r} is not supported by this server", param=name)
+
+
+def _sampling(body: Mapping[str, Any], default_max_tokens: int) -> pb.SamplingParams:
+    params = pb.SamplingParams(stop=_stops(body), ignore_eos=_bool(body, "ignore_eos"))
+    max_tokens = _int(body, "max_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_completion_tokens", 1)  # the chat API's newer name
+    params.max_tokens = default_max_tokens if max_tokens is None else max_tokens
+    temperature = _number(body, "temperature")
+    # OpenAI's default temperature is 1; Baton's proto default (0) means greedy.
+    params.temperature = 1.0 if temperature is None else temperature
+    top_p = _number(body, "top_p")
+    if top_p is not None:
+        params.top_p = top_p
+    top_k = _int(body, "top_k", 0)
+    if top_k is not None:
+        params.top_k = top_k
+    seed = _int(body, "seed", 0, 2**64 - 1)
+    if seed is not None:
+        params.seed = seed
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is not None:
+        ids = _token_ids(stop_ids, "stop_token_ids")
+        if ids is None:
+            raise BadRequest("stop_token_ids must be a list of token ids", param="stop_token_ids")
+        params.stop_token_ids.extend(ids)
+    return params
+
+
+def _parsed(body: Mapping[str, Any], request: pb.GenerateRequest, default_max_tokens: int) -> Parsed:
+    _check_supported(body)
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        raise BadRequest("model must be a string", param="model")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise BadRequest("user must be a string", param="user")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("stream_options must be an object", param="stream_options")
+    request.params.CopyFrom(_sampling(body, default_max_tokens))
+    request.tenant = user or ""
+    return Parsed(request, model, _bool(body, "stream"), bool(options.get("include_usage")))
+
+
+def parse_completion(body: Mapping[str, Any]) -> Parsed:
+    prompt = body.get("prompt")
+    request = pb.GenerateRequest()
+    # A batch of one prompt is accepted in either list form; real batches would need several choices.
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        request.prompt = prompt
+    elif (ids := _token_ids(prompt, "prompt")) is not None:
+        request.prompt_token_ids.extend(ids)
+    else:
+        raise BadRequest("prompt must be a string or a list of token ids (one prompt per request)", param="prompt")
+    return _parsed(body, request, COMPLETION_DEFAULT_MAX_TOKENS)
+
+
+def _content(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise BadRequest("only text content parts are supported", param="messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise BadRequest("message content must be a string or a list of text parts", param="messages")
+
+
+def chat_prompt(messages: Any) -> str:
+    """The documented template: one ``role: content`` line per message, then ``assistant:``."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list", param="messages")
+    lines = []
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            raise BadRequest(f"each message needs a role, one of {', '.join(_ROLES)}", param="messages")
+        lines.append(f"{message['role']}: {_content(message)}\n")
+    return "".join(lines) + "assistant:"
+
+
+def parse_chat(body: Mapping[str, Any]) -> Parsed:
+    request = pb.GenerateRequest(prompt=chat_prompt(body.get("messages")))
+    return _parsed(body, request, 0)  # 0: Baton's default, capped by the room left in the context
+
+
+def apply_headers(request: pb.GenerateRequest, headers: Mapping[str, str]) -> None:
+    """Baton's own headers; they win over the body, as a proxy in front may set them per API key."""
+    if (priority := headers.get(PRIORITY_HEADER)) is not None:
+        if not re.fullmatch(r"[0-9]{1,9}", priority.strip()):
+            raise BadRequest(f"{PRIORITY_HEADER} must be an integer from 0 to 10")
+        request.priority = int(priority)  # the upper bound is Baton's (max_priority), so Baton checks it
+    if tenant := headers.get(TENANT_HEADER):
+        request.tenant = tenant
+    # The gateway names every request, so the OpenAI `id` can point at Baton's record from the start.
+    request.request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+
+
+def usage_dict(usage: pb.Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    }
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Builds the response objects of one request, whole or as stream chunks."""
+
+    chat: bool
+    request_id: str
+    model: str
+    created: int
+
+    @classmethod
+    def for_request(cls, chat: bool, parsed: Parsed) -> Reply:
+        return cls(chat, parsed.request.request_id, parsed.model, int(time.time()))
+
+    @property
+    def id(self) -> str:
+        return ("chatcmpl-" if self.chat else "cmpl-") + self.request_id
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def whole(self, text: str, finish_reason: int, usage: pb.Usage) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": FINISH_REASON.get(finish_reason)}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        out = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
+        out["usage"] = usage_dict(usage)
+        return out
+
+    def chunk(self, text: str | None, finish_reason: int = 0, role: bool = False) -> dict[str, Any]:
+        """One stream chunk; for chat, ``text=None`` is an empty delta (the finishing chunk)."""
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": FINISH_REASON.get(finish_reason)}
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["text"] = text or ""
+        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
+
+    def usage_chunk(self, usage: pb.Usage) -> dict[str, Any]:
+        """OpenAI's last chunk under ``stream_options.include_usage``: no choices, only usage."""
+        out = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
+        out["usage"] = usage_dict(usage)
+        return out

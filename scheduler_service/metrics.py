@@ -1,0 +1,77 @@
+"""The scheduler's Prometheus metrics, named after vLLM's with a ``baton:`` prefix."""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from common.metrics import LATENCY_BUCKETS
+from common.pb import executor_pb2 as pb
+
+
+class SchedulerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.waiting = Gauge("baton:num_requests_waiting", "Requests in the pending queue", registry=r)
+        self.waiting_by = Gauge(
+            "baton:num_requests_waiting_by_class",
+            "Queued requests by priority and tenant (sampled head of queue)",
+            ["priority", "tenant"],
+            registry=r,
+        )
+        self.running = Gauge("baton:num_requests_running", "Requests on executors this replica drives", registry=r)
+        self.executors = Gauge("baton:executors_alive", "Executors this replica drives", registry=r)
+        self.kv_usage = Gauge("baton:kv_cache_usage_perc", "KV cache usage, 0-1", ["executor"], registry=r)
+        self.gpu_util = Gauge(
+            "baton:gpu_utilization_perc", "GPU (or process CPU) utilisation", ["executor"], registry=r
+        )
+        self.gpu_memory = Gauge("baton:gpu_memory_used_bytes", "GPU (or process) memory used", ["executor"], registry=r)
+        self.gpu_power = Gauge("baton:gpu_power_watts", "GPU power draw", ["executor"], registry=r)
+        self.prompt_tokens = Counter("baton:prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("baton:generation_tokens", "Generated tokens", registry=r)
+        self.success = Counter("baton:request_success", "Finished requests", ["finished_reason"], registry=r)
+        self.preemptions = Counter("baton:num_preemptions", "Requests handed back by executors", registry=r)
+        self.migrations = Counter("baton:num_migrations", "Requests re-queued after losing their executor", registry=r)
+        self.shed = Counter("baton:requests_shed", "Requests refused with RESOURCE_EXHAUSTED", registry=r)
+        self.aborted = Counter("baton:requests_aborted", "Requests aborted for their client", ["reason"], registry=r)
+        self.ttft = Histogram(
+            "baton:time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "baton:inter_token_latency_seconds", "Time between a request's tokens", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(
+            "baton:e2e_request_latency_seconds", "Arrival to finish", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.queue_time = Histogram(
+            "baton:request_queue_time_seconds", "Arrival to first placement", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.step_time = Histogram(
+            "baton:step_time_seconds", "Executor iteration time", ["executor"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.plan_latency = Histogram(
+            "baton:plan_latency_seconds", "Time to make one admission plan", buckets=LATENCY_BUCKETS, registry=r
+        )
+
+    def observe_load(self, executor_id: str, load: pb.Load) -> None:
+        if load.kv_blocks_total:
+            self.kv_usage.labels(executor_id).set(load.kv_blocks_used / load.kv_blocks_total)
+        if load.step_time_ns:
+            self.step_time.labels(executor_id).observe(load.step_time_ns / 1e9)
+        self.gpu_util.labels(executor_id).set(load.utilization_pct)
+        self.gpu_memory.labels(executor_id).set(load.memory_used_bytes)
+        self.gpu_power.labels(executor_id).set(load.power_watts)
+
+    def observe_finish(self, reason: str, usage: dict[str, float], e2e_s: float) -> None:
+        self.success.labels(reason.lower()).inc()
+        self.prompt_tokens.inc(usage.get("prompt_tokens", 0))
+        self.ttft.observe(usage.get("ttft_ms", 0.0) / 1000)
+        self.queue_time.observe(usage.get("queue_time_ms", 0.0) / 1000)
+        self.e2e.observe(max(0.0, e2e_s))
+
+    def forget_executor(self, executor_id: str) -> None:
+        for gauge in (self.kv_usage, self.gpu_util, self.gpu_memory, self.gpu_power):
+            with contextlib.suppress(KeyError):
+                gauge.remove(executor_id)

@@ -1,0 +1,35 @@
+"""Serve the gateway app with uvicorn inside the test's event loop, on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+import uvicorn
+
+from gateway.app import create_app
+from tests.conftest import free_port
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # leave Ctrl-C to pytest
+
+
+@contextlib.asynccontextmanager
+async def serve_gateway(target: str) -> AsyncIterator[str]:
+    """Yields the gateway's base URL, ``http://127.0.0.1:PORT``."""
+    port = free_port()
+    server = _Server(uvicorn.Config(create_app(target), host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(15):
+            while not server.started:
+                assert not task.done(), "uvicorn exited during startup"
+                await asyncio.sleep(0.02)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 20)

@@ -1,0 +1,268 @@
+"""The gateway end to end: a real Baton stack, the gateway under uvicorn, the official `openai` client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis.asyncio as aioredis
+from openai.types.chat import ChatCompletionMessageParam
+
+from baton.cli import build_parser
+from common.pb import generate_pb2 as pb
+from gateway.app import create_app
+from tests.conftest import RedisServer, free_port
+from tests.gateway.serving import serve_gateway
+from tests.stack import Stack, stack_config, start_stack
+
+# Greedy and past EOS, so outputs are deterministic and exactly max_tokens long (the tiny model may emit EOS early).
+NO_EOS = {"ignore_eos": True}
+
+
+@dataclass
+class Served:
+    stack: Stack
+    base_url: str
+    redis_url: str
+    model_dir: Path
+
+    def client(self, **kwargs: object) -> openai.AsyncOpenAI:
+        # No retries: a retried 409 or 503 would hide what the gateway answered.
+        return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key="x", max_retries=0, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+async def served(redis_server: RedisServer, tiny_model_dir: Path) -> AsyncIterator[Served]:
+    # One stack for the module: starting executors is the slow part, and no test here depends on a clean Redis.
+    redis_server.flush()
+    stack = await start_stack(stack_config(redis_server.url, tiny_model_dir))
+    try:
+        async with serve_gateway(stack.target) as base_url:
+            yield Served(stack, base_url, redis_server.url, tiny_model_dir)
+    finally:
+        await stack.stop()
+
+
+@pytest.fixture
+async def client(served: Served) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with served.client() as c:
+        yield c
+
+
+async def _record(served: Served, request_id: str) -> dict[str, str]:
+    store = aioredis.Redis.from_url(served.redis_url, decode_responses=True)
+    try:
+        record = await store.hgetall(f"{{baton}}:req:{request_id}")  # type: ignore[misc]
+        return {str(k): str(v) for k, v in record.items()}
+    finally:
+        await store.aclose()
+
+
+async def test_completion_whole(client: openai.AsyncOpenAI) -> None:
+    out = await client.completions.create(model="tiny", prompt="Hello", max_tokens=8, temperature=0, extra_body=NO_EOS)
+    assert out.id.startswith("cmpl-") and out.object == "text_completion"
+    assert out.choices[0].text
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage is not None
+    assert out.usage.completion_tokens == 8
+    assert out.usage.prompt_tokens > 0
+    assert out.usage.total_tokens == out.usage.prompt_tokens + 8
+
+
+async def test_completion_stream_joins_to_whole(client: openai.AsyncOpenAI) -> None:
+    whole = await client.completions.create(
+        model="tiny", prompt="Once upon", max_tokens=12, temperature=0, extra_body=NO_EOS
+    )
+    stream = await client.completions.create(
+        model="tiny",
+        prompt="Once upon",
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+        temperature=0,
+        extra_body=NO_EOS,
+    )
+    chunks = [chunk async for chunk in stream]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert {c.id for c in chunks} == {chunks[0].id} and chunks[0].id != whole.id
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-2])
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 12
+
+
+async def test_completion_from_token_ids_matches_text(served: Served, client: openai.AsyncOpenAI) -> None:
+    ids = list((await served.stack.stub.Tokenize(pb.TokenizeRequest(text="Hello there"))).token_ids)
+    by_text = await client.completions.create(
+        model="tiny", prompt="Hello there", max_tokens=6, temperature=0, extra_body=NO_EOS
+    )
+    by_ids = await client.completions.create(model="tiny", prompt=ids, max_tokens=6, temperature=0, extra_body=NO_EOS)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    assert by_ids.usage is not None and by_ids.usage.prompt_tokens == len(ids)
+
+
+async def test_stop_string_ends_the_text(client: openai.AsyncOpenAI) -> None:
+    free = await client.completions.create(model="t", prompt="abc", max_tokens=30, temperature=0, extra_body=NO_EOS)
+    text = free.choices[0].text
+    stop = text[len(text) // 2 :][:3]
+    if not stop.strip():
+        pytest.skip("the generated text has no usable stop string")
+    out = await client.completions.create(
+        model="t", prompt="abc", max_tokens=30, stop=stop, temperature=0, extra_body=NO_EOS
+    )
+    assert out.choices[0].finish_reason == "stop"
+    assert out.choices[0].text == text[: text.index(stop)]
+
+
+async def test_chat_whole_uses_documented_template(client: openai.AsyncOpenAI) -> None:
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ]
+    chat = await client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=10, temperature=0, extra_body=NO_EOS
+    )
+    assert chat.id.startswith("chatcmpl-") and chat.object == "chat.completion"
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].message.content
+    assert chat.usage is not None and chat.usage.completion_tokens == 10
+    prompt = "system: Be brief.\nuser: Hi\nassistant:"
+    same = await client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0, extra_body=NO_EOS)
+    assert chat.choices[0].message.content == same.choices[0].text
+
+
+async def test_chat_stream(client: openai.AsyncOpenAI) -> None:
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": [{"type": "text", "text": "Tell me"}]}]
+    whole = await client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=9, temperature=0, extra_body=NO_EOS
+    )
+    stream = await client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=9,
+        stream=True,
+        stream_options={"include_usage": True},
+        temperature=0,
+        extra_body=NO_EOS,
+    )
+    chunks = [chunk async for chunk in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == whole.choices[0].message.content
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 9
+
+
+async def test_models(served: Served, client: openai.AsyncOpenAI) -> None:
+    models = await client.models.list()
+    assert [m.id for m in models.data] == [str(served.model_dir)]
+    assert (await client.models.retrieve(str(served.model_dir))).owned_by == "baton"
+    with pytest.raises(openai.NotFoundError):
+        await client.models.retrieve("something-else")
+
+
+async def test_health(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.base_url) as http:
+        reply = await http.get("/health")
+    assert reply.status_code == 200
+    assert reply.json()["status"] == "SERVING"
+
+
+async def test_bad_requests_are_400_with_openai_body(client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.completions.create(model="t", prompt="Hello", max_tokens=4, temperature=-1)
+    assert "temperature" in bad.value.message
+    assert isinstance(bad.value.body, dict) and bad.value.body["code"] == "invalid_argument"
+    with pytest.raises(openai.BadRequestError):  # refused before the stream starts, so still a 400
+        await client.completions.create(model="t", prompt="Hello", max_tokens=4, temperature=-1, stream=True)
+    with pytest.raises(openai.BadRequestError, match="n=2"):
+        await client.completions.create(model="t", prompt="Hello", n=2)
+    with pytest.raises(openai.BadRequestError, match="priority"):
+        await client.completions.create(model="t", prompt="Hello", extra_headers={"x-baton-priority": "high"})
+    with pytest.raises(openai.BadRequestError, match="priority"):  # Baton's own bound
+        await client.completions.create(model="t", prompt="Hello", extra_headers={"x-baton-priority": "11"})
+
+
+async def test_malformed_json_and_unknown_route(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.base_url) as http:
+        bad = await http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+        missing = await http.get("/v1/nothing")
+        wrong_method = await http.get("/v1/completions")
+    assert bad.status_code == 400 and "JSON" in bad.json()["error"]["message"]
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+
+
+async def test_priority_and_tenant_headers_reach_baton(served: Served, client: openai.AsyncOpenAI) -> None:
+    headers = {"x-baton-priority": "9", "x-baton-tenant": "acme"}
+    out = await client.completions.create(model="t", prompt="Hi", max_tokens=3, user="ignored", extra_headers=headers)
+    request_id = out.id.removeprefix("cmpl-")
+    status = await served.stack.stub.GetRequest(pb.GetRequestRequest(request_id=request_id))
+    assert status.state == pb.REQUEST_STATE_FINISHED
+    assert status.tokens_generated == out.usage.completion_tokens  # type: ignore[union-attr]
+    record = await _record(served, request_id)
+    assert record["priority"] == "9"
+    assert record["tenant"] == "acme"  # the header wins over the body's `user`
+
+    out = await client.completions.create(model="t", prompt="Hi", max_tokens=3, user="bob")
+    record = await _record(served, out.id.removeprefix("cmpl-"))
+    assert record["tenant"] == "bob"
+    assert record["priority"] == "5"  # Baton's default
+
+
+async def test_request_id_header_is_idempotency_key(client: openai.AsyncOpenAI) -> None:
+    headers = {"x-baton-request-id": "gateway-dup-1"}
+    out = await client.completions.create(model="t", prompt="Hi", max_tokens=2, extra_headers=headers)
+    assert out.id == "cmpl-gateway-dup-1"
+    with pytest.raises(openai.ConflictError):
+        await client.completions.create(model="t", prompt="Hi", max_tokens=2, extra_headers=headers)
+
+
+async def _wait_state(served: Served, request_id: str, state: int, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while True:
+            status = await served.stack.stub.GetRequest(pb.GetRequestRequest(request_id=request_id))
+            if status.state == state:
+                return
+            await asyncio.sleep(0.05)
+
+
+async def test_client_disconnect_cancels_the_baton_request(served: Served, client: openai.AsyncOpenAI) -> None:
+    stream = await client.completions.create(
+        model="t", prompt="Hello", max_tokens=3000, stream=True, temperature=0, extra_body=NO_EOS
+    )
+    seen = []
+    async for chunk in stream:
+        seen.append(chunk)
+        if len(seen) >= 2:
+            break
+    await stream.close()
+    await _wait_state(served, seen[0].id.removeprefix("cmpl-"), pb.REQUEST_STATE_CANCELLED)
+
+
+async def test_unreachable_target_is_503() -> None:
+    app = create_app(f"127.0.0.1:{free_port()}")
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+            health = await http.get("/health")
+            completion = await http.post("/v1/completions", json={"model": "t", "prompt": "Hi"})
+    finally:
+        await app.state.gateway.close()
+    assert health.status_code == 503 and health.json()["status"] == "UNREACHABLE"
+    assert completion.status_code == 503
+    assert completion.json()["error"]["code"] == "unavailable"
+
+
+def test_cli_has_gateway_subcommand() -> None:
+    from gateway import server
+
+    args = build_parser().parse_args(["gateway", "--port", "8123", "--target", "sched:50051"])
+    assert (args.port, args.target, args.host) == (8123, "sched:50051", "0.0.0.0")
+    assert args.func is server.run

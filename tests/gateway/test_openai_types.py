@@ -1,0 +1,152 @@
+"""Request parsing, response shaping and error mapping, without a server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+
+from common.pb import generate_pb2 as pb
+from gateway.errors import BadRequest, from_rpc_error
+from gateway.openai_types import Reply, apply_headers, chat_prompt, parse_chat, parse_completion
+
+
+def test_completion_defaults_follow_openai() -> None:
+    parsed = parse_completion({"model": "m", "prompt": "Hi"})
+    params = parsed.request.params
+    assert parsed.request.prompt == "Hi"
+    assert (params.max_tokens, params.temperature, params.ignore_eos) == (16, 1.0, False)
+    assert not params.HasField("seed")
+    assert (parsed.stream, parsed.include_usage, parsed.model) == (False, False, "m")
+
+
+def test_completion_fields_map_to_sampling_params() -> None:
+    body: dict[str, Any] = {
+        "prompt": [[1, 2, 3]],
+        "max_tokens": 7,
+        "temperature": 0,
+        "top_p": 0.5,
+        "seed": 0,
+        "stop": "\n",
+        "user": "team-a",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "top_k": 4,
+        "ignore_eos": True,
+        "stop_token_ids": [2],
+        "n": 1,
+        "logprobs": None,
+        "presence_penalty": 0,
+        "response_format": {"type": "text"},
+    }
+    parsed = parse_completion(body)
+    request = parsed.request
+    assert list(request.prompt_token_ids) == [1, 2, 3] and request.prompt == ""
+    assert request.params.max_tokens == 7 and request.params.temperature == 0
+    assert request.params.top_p == pytest.approx(0.5) and request.params.top_k == 4
+    assert request.params.HasField("seed") and request.params.seed == 0
+    assert list(request.params.stop) == ["\n"] and list(request.params.stop_token_ids) == [2]
+    assert request.params.ignore_eos and request.tenant == "team-a"
+    assert parsed.stream and parsed.include_usage
+
+
+def test_chat_defaults_to_batons_max_tokens() -> None:
+    parsed = parse_chat({"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 3})
+    assert parsed.request.params.max_tokens == 3
+    assert parse_chat({"messages": [{"role": "user", "content": "Hi"}]}).request.params.max_tokens == 0
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"prompt": "a", "n": 2}, "n"),
+        ({"prompt": "a", "best_of": 3}, "best_of"),
+        ({"prompt": "a", "echo": True}, "echo"),
+        ({"prompt": "a", "logprobs": 2}, "logprobs"),
+        ({"prompt": "a", "frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"prompt": "a", "logit_bias": {"5": 1}}, "logit_bias"),
+        ({"prompt": "a", "response_format": {"type": "json_object"}}, "response_format"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [1, -1]}, "prompt"),
+        ({"prompt": None}, "prompt"),
+        ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "a", "max_tokens": True}, "max_tokens"),
+        ({"prompt": "a", "temperature": "hot"}, "temperature"),
+        ({"prompt": "a", "seed": -1}, "seed"),
+        ({"prompt": "a", "stop": [1]}, "stop"),
+        ({"prompt": "a", "stream": "yes"}, "stream"),
+        ({"prompt": "a", "user": 5}, "user"),
+    ],
+)
+def test_completion_rejects(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(BadRequest) as err:
+        parse_completion(body)
+    assert err.value.param == param and err.value.status == 400
+
+
+def test_chat_prompt_template() -> None:
+    messages = [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+        {"role": "assistant", "content": None},
+    ]
+    assert chat_prompt(messages) == "system: Be terse.\nuser: Hi there\nassistant: \nassistant:"
+    for bad in ([], [{"role": "wizard", "content": "x"}], [{"role": "user", "content": [{"type": "image_url"}]}]):
+        with pytest.raises(BadRequest):
+            chat_prompt(bad)
+
+
+def test_headers_override_body() -> None:
+    request = pb.GenerateRequest(tenant="from-user")
+    apply_headers(request, {"x-baton-priority": "7", "x-baton-tenant": "acme", "x-baton-request-id": "r1"})
+    assert (request.priority, request.tenant, request.request_id) == (7, "acme", "r1")
+    request = pb.GenerateRequest(tenant="from-user")
+    apply_headers(request, {})
+    assert not request.HasField("priority") and request.tenant == "from-user" and len(request.request_id) == 32
+    for bad in ("-1", "1.5", "high", "99999999999"):
+        with pytest.raises(BadRequest):
+            apply_headers(pb.GenerateRequest(), {"x-baton-priority": bad})
+
+
+def test_reply_shapes() -> None:
+    usage = pb.Usage(prompt_tokens=3, completion_tokens=2)
+    text = Reply(chat=False, request_id="r", model="m", created=1)
+    assert text.whole("ab", pb.FINISH_REASON_LENGTH, usage) == {
+        "id": "cmpl-r",
+        "object": "text_completion",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "logprobs": None, "finish_reason": "length", "text": "ab"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+    chat = Reply(chat=True, request_id="r", model="m", created=1)
+    assert chat.whole("ab", pb.FINISH_REASON_STOP, usage)["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "ab",
+    }
+    assert chat.chunk("", role=True)["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    finishing = chat.chunk(None, pb.FINISH_REASON_CANCELLED)["choices"][0]
+    assert finishing["delta"] == {} and finishing["finish_reason"] == "stop"
+    assert chat.usage_chunk(usage)["choices"] == [] and chat.usage_chunk(usage)["object"] == "chat.completion.chunk"
+
+
+@pytest.mark.parametrize(
+    "code,status",
+    [
+        (grpc.StatusCode.INVALID_ARGUMENT, 400),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
+        (grpc.StatusCode.UNAVAILABLE, 503),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, 504),
+        (grpc.StatusCode.NOT_FOUND, 404),
+        (grpc.StatusCode.ALREADY_EXISTS, 409),
+        (grpc.StatusCode.INTERNAL, 500),
+        (grpc.StatusCode.UNKNOWN, 500),
+    ],
+)
+def test_grpc_codes_map_to_http(code: grpc.StatusCode, status: int) -> None:
+    exc = grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details="why")
+    error = from_rpc_error(exc)
+    assert error.status == status
+    body = error.body()["error"]
+    assert body["message"] == "why" and body["code"] == code.name.lower() and body["type"]
