@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -98,10 +98,12 @@ def collect_inspection(
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         now = time.time() * 1000
-        queued = client.zrange(keys.pending, 0, top - 1, withscores=True)
+        # decode_responses=True: members and hash fields come back as str.
+        queued = cast(list[tuple[str, float]], client.zrange(keys.pending, 0, top - 1, withscores=True))
+        beats = cast(list[tuple[str, float]], client.zrange(keys.executors, 0, -1, withscores=True))
         executors = []
-        for executor_id, beat in client.zrange(keys.executors, 0, -1, withscores=True):
-            record = client.hgetall(keys.executor(executor_id))
+        for executor_id, beat in beats:
+            record = cast(dict[str, str], client.hgetall(keys.executor(executor_id)))
             load = json.loads(record.get("load", "{}"))
             executors.append(
                 {

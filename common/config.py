@@ -112,6 +112,8 @@ class MonitoringConfig:
     log_level: str = "INFO"
     metrics_port: int = 0  # the scheduler's Prometheus /metrics port; 0 disables it
     executor_metrics_port: int = 0  # the executor's; separate so both can share one config file
+    tracing: bool = False  # OpenTelemetry spans across gateway -> scheduler -> executor
+    otlp_endpoint: str = ""  # where spans go (needs opentelemetry-exporter-otlp); empty: no exporter
 
     def __post_init__(self) -> None:
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -12,6 +12,7 @@ import grpc
 from common.config import SecurityConfig
 from common.grpc_errors import ErrorMappingInterceptor
 from common.security import BearerAuthInterceptor, server_credentials
+from common.tracing import server_interceptors
 
 
 def setup_logging(level: str) -> None:
@@ -21,16 +22,24 @@ def setup_logging(level: str) -> None:
     )
 
 
-def make_server(max_message_bytes: int, auth_tokens: dict[str, str] | None = None) -> grpc.aio.Server:
+def make_server(
+    max_message_bytes: int, auth_tokens: dict[str, str] | None = None, tracing: bool = False
+) -> grpc.aio.Server:
     """A grpc.aio server with Baton's interceptors: auth first (when tokens are given), then error mapping."""
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
+        # Schedulers keep their Run streams alive with pings every 10 s, even while no step runs;
+        # grpc's default policy would answer those with GOAWAY "too_many_pings" and cut the link.
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.max_ping_strikes", 0),
     ]
     interceptors: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor()]
     if auth_tokens:
         interceptors.insert(0, BearerAuthInterceptor(auth_tokens))
+    interceptors[:0] = server_interceptors(tracing)
     return grpc.aio.server(interceptors=interceptors, options=options)
 
 

@@ -63,8 +63,8 @@ class Engine:
     # ---- plans -------------------------------------------------------------------------
     def apply(self, plan: PlanUpdate) -> None:
         if plan.abort_all:
-            for seq in list(self.running.values()):
-                self._drop(seq)
+            for active in list(self.running.values()):
+                self._drop(active)
             return
         for request_id in plan.abort:
             seq = self.running.get(request_id)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import cast
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from common.config import ExecutorConfig
 from executor_service.engine import Engine, EngineLimits
@@ -38,7 +39,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def kv_geometry(model: torch.nn.Module, dtype: torch.dtype) -> KVGeometry:
-    cfg = model.config
+    cfg = cast(PretrainedConfig, model.config)
     heads = cfg.num_attention_heads
     return KVGeometry(
         num_layers=cfg.num_hidden_layers,
@@ -71,7 +72,8 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         torch.set_num_threads(config.torch_threads)
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype, attn_implementation=register())
-    model.to(device).eval()
+    # transformers wraps .to with functools.wraps; typeshed's _Wrapped has no __get__, so mypy binds no self.
+    model.to(device).eval()  # type: ignore[arg-type]
     geometry = kv_geometry(model, dtype)
     num_blocks = geometry.num_blocks_for(config.kv_cache_memory_mb * 1024 * 1024, config.block_size)
     allocator = BlockAllocator(num_blocks, config.block_size)

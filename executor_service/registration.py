@@ -8,9 +8,11 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from redis.typing import EncodableT, FieldT
 
 from common.keys import KeySchema
 
@@ -40,7 +42,8 @@ class Registration:
     async def beat(self) -> None:
         key = self._keys.executor(self._id)
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hset(key, mapping={**self._fields, "load": json.dumps(self._load())})
+            mapping = cast(Mapping[FieldT, EncodableT], {**self._fields, "load": json.dumps(self._load())})
+            pipe.hset(key, mapping=mapping)
             pipe.pexpire(key, self._ttl_ms)
             pipe.zadd(self._keys.executors, {self._id: int(time.time() * 1000)})
             await pipe.execute()

@@ -19,11 +19,15 @@ from common.metrics import serve_metrics
 from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
 from common.redis_client import connect
+from common.tracing import setup_tracing
+from executor_service.engine import Engine
+from executor_service.engine_io import AdmitSpec, PlanUpdate
 from executor_service.load_metrics import LoadSampler
 from executor_service.metrics import ExecutorMetrics
 from executor_service.model_loader import LoadedModel, load_engine
 from executor_service.registration import Registration
 from executor_service.report_hub import ReportHub
+from executor_service.sampling import SamplingParams
 from executor_service.servicer import ExecutorServicer
 from executor_service.worker import EngineWorker
 
@@ -69,22 +73,36 @@ def _info(executor_id: str, loaded: LoadedModel, config: BatonConfig) -> pb.Info
     )
 
 
+def warm_up(engine: Engine) -> None:
+    """Run one tiny request through every stage, so the first real one pays no first-call costs."""
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    engine.apply(PlanUpdate(seq=0, admit=(AdmitSpec("__warmup__", (1, 2, 3, 4), (), params, 0.0),)))
+    while engine.has_work:
+        engine.step()
+    engine.drain()
+
+
 async def start_executor(config: BatonConfig) -> RunningExecutor:
+    """Bind the port first (health: NOT_SERVING), then load and warm the model, then SERVING."""
     cfg = config.executor
-    loaded = await asyncio.to_thread(load_engine, cfg)
     executor_id = cfg.executor_id or f"exec-{uuid.uuid4().hex[:8]}"
-    hub = ReportHub(asyncio.get_running_loop())
-    worker = EngineWorker(loaded.engine, hub.publish_threadsafe)
-    load = LoadSampler(str(loaded.device))
-    info = _info(executor_id, loaded, config)
-    server = service.make_server(config.scheduler.max_message_bytes)
+    tracing = setup_tracing("baton-executor", config.monitoring.tracing, config.monitoring.otlp_endpoint)
+    server = service.make_server(config.scheduler.max_message_bytes, tracing=tracing)
     metrics = ExecutorMetrics()
-    executor_pb2_grpc.add_ExecutorServicer_to_server(ExecutorServicer(worker, hub, load, info, metrics), server)
+    servicer = ExecutorServicer(metrics, tracing)
+    executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, [SERVICE_NAME])
+    await set_serving(health_servicer, [SERVICE_NAME], serving=False)
     port = service.add_port(server, f"{cfg.host}:{cfg.port}", config.security)
     address = service.advertise_address(cfg.host, port, cfg.advertise_address)
     await server.start()
     serve_metrics(metrics.registry, config.monitoring.executor_metrics_port)
+    loaded = await asyncio.to_thread(load_engine, cfg)
+    await asyncio.to_thread(warm_up, loaded.engine)
+    hub = ReportHub(asyncio.get_running_loop())
+    worker = EngineWorker(loaded.engine, hub.publish_threadsafe)
+    info = _info(executor_id, loaded, config)
+    servicer.bind(worker, hub, LoadSampler(str(loaded.device)), info)
     worker.start()
 
     def load_summary() -> dict[str, object]:

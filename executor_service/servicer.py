@@ -7,9 +7,12 @@ import logging
 from collections.abc import AsyncIterator
 
 import grpc
+from opentelemetry.trace import Span
 
+from common.errors import NotReady
 from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
+from common.tracing import start_request_span
 from executor_service.convert import plan_from_pb, report_to_pb
 from executor_service.engine_io import PlanUpdate, StepOutput
 from executor_service.load_metrics import LoadSampler
@@ -21,50 +24,90 @@ log = logging.getLogger(__name__)
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
-    def __init__(
-        self,
-        worker: EngineWorker,
-        hub: ReportHub,
-        load: LoadSampler,
-        info: pb.InfoResponse,
-        metrics: ExecutorMetrics | None = None,
-    ) -> None:
+    """Serves as soon as the port is bound; answers UNAVAILABLE until ``bind`` (model loaded and warmed)."""
+
+    def __init__(self, metrics: ExecutorMetrics | None = None, tracing: bool = False) -> None:
         self._metrics = metrics or ExecutorMetrics()
-        self._worker = worker
-        self._hub = hub
-        self._load = load
-        self._info = info
+        self._tracing = tracing
+        self._spans: dict[str, Span] = {}  # one per running request, when tracing
+        self._readers: set[asyncio.Task[None]] = set()
+        self._worker: EngineWorker | None = None
+        self._hub: ReportHub | None = None
+        self._load: LoadSampler | None = None
+        self._info: pb.InfoResponse | None = None
+
+    def bind(self, worker: EngineWorker, hub: ReportHub, load: LoadSampler, info: pb.InfoResponse) -> None:
+        self._worker, self._hub, self._load, self._info = worker, hub, load, info
+
+    def _ready(self) -> tuple[EngineWorker, ReportHub, LoadSampler, pb.InfoResponse]:
+        if self._worker is None or self._hub is None or self._load is None or self._info is None:
+            raise NotReady("the model is still loading")
+        return self._worker, self._hub, self._load, self._info
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
-        return self._info
+        return self._ready()[3]
 
     async def Run(
         self, request_iterator: AsyncIterator[pb.Plan], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StepReport]:
-        queue = self._hub.attach()
+        worker, hub, load, _ = self._ready()
+        queue = hub.attach()
         log.info("scheduler attached to Run stream %s", context.peer())
-        reader = asyncio.create_task(self._read_plans(request_iterator, queue))
+        reader = asyncio.create_task(self._read_plans(worker, request_iterator, queue))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
         try:
             while True:
                 out: StepOutput | None = await queue.get()
                 if out is None:
                     break
-                device = self._load.sample()
+                self._end_spans(out)
+                device = load.sample()
                 self._metrics.observe(out, device)
                 yield report_to_pb(out, device)
         finally:
-            reader.cancel()
-            if self._hub.detach(queue):
+            # The reader is not cancelled: it ends by itself once the call is over. Cancelling a
+            # task blocked in a grpc.aio stream read while the call terminates is our suspect for
+            # a segfault in grpcio's cygrpc seen once under load in the failover tests.
+            if hub.detach(queue):
                 # Nobody drives this executor now: its requests are re-queued by the next driver,
                 # so stop computing them and free their KV blocks.
-                self._worker.submit(PlanUpdate(seq=0, abort_all=True))
+                worker.submit(PlanUpdate(seq=0, abort_all=True))
             log.info("Run stream %s ended", context.peer())
 
-    async def _read_plans(self, plans: AsyncIterator[pb.Plan], queue: asyncio.Queue[StepOutput | None]) -> None:
+    async def _read_plans(
+        self, worker: EngineWorker, plans: AsyncIterator[pb.Plan], queue: asyncio.Queue[StepOutput | None]
+    ) -> None:
         try:
             async for plan in plans:
-                self._worker.submit(plan_from_pb(plan))
-        except (grpc.aio.AioRpcError, asyncio.CancelledError):
-            pass
+                self._start_spans(plan)
+                worker.submit(plan_from_pb(plan))
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.CancelledError, RuntimeError):
+            pass  # the call ended
         finally:
             queue.put_nowait(None)  # the scheduler closed its side: end the report stream too
+
+    def _start_spans(self, plan: pb.Plan) -> None:
+        if not self._tracing:
+            return
+        for admit in plan.admit:
+            old = self._spans.pop(admit.request_id, None)
+            if old is not None:
+                old.end()
+            self._spans[admit.request_id] = start_request_span(
+                "baton.executor.request", admit.request_id, admit.traceparent
+            )
+
+    def _end_spans(self, out: StepOutput) -> None:
+        if not self._spans:
+            return
+        for finished in out.finished:
+            span = self._spans.pop(finished.request_id, None)
+            if span is not None:
+                span.set_attribute("baton.finish_reason", finished.reason.name)
+                span.end()
+        for request_id in out.preempted:
+            span = self._spans.pop(request_id, None)
+            if span is not None:
+                span.set_attribute("baton.finish_reason", "PREEMPTED")
+                span.end()

@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
+from common.tracing import client_interceptors
 from gateway.errors import BadRequest, GatewayError, from_rpc_error
 from gateway.openai_types import REQUEST_ID_HEADER, Parsed, Reply, apply_headers, parse_chat, parse_completion
 
@@ -64,15 +65,16 @@ def _client_gone(watcher: asyncio.Task[None]) -> bool:
 class Gateway:
     """The route handlers, sharing one channel to ``target`` (a scheduler, or a balancer in front of several)."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, tracing: bool = False) -> None:
         self.target = target
+        self.tracing = tracing
         self._channel: grpc.aio.Channel | None = None
 
     @property
     def channel(self) -> grpc.aio.Channel:
         # Made on first use: a grpc.aio channel belongs to the event loop it was made in, the server's.
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.target)
+            self._channel = grpc.aio.insecure_channel(self.target, interceptors=client_interceptors(self.tracing))
         return self._channel
 
     @property
@@ -248,9 +250,12 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return GatewayError(500, "internal error in the gateway", code="internal").response()
 
 
-def create_app(target: str) -> Starlette:
-    """The gateway's ASGI app, forwarding to the Baton scheduler at ``target`` (``HOST:PORT``)."""
-    gateway = Gateway(target)
+def create_app(target: str, tracing: bool = False) -> Starlette:
+    """The gateway's ASGI app, forwarding to the Baton scheduler at ``target`` (``HOST:PORT``).
+
+    With ``tracing``, each call to the scheduler carries the trace context (OpenTelemetry).
+    """
+    gateway = Gateway(target, tracing)
     routes = [
         Route("/v1/completions", gateway.completions, methods=["POST"]),
         Route("/v1/chat/completions", gateway.chat_completions, methods=["POST"]),

@@ -20,6 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Baton scheduler gRPC HOST:PORT to forward to (default 127.0.0.1:50051)",
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    parser.add_argument("--tracing", action="store_true", help="emit OpenTelemetry spans and propagate trace context")
+    parser.add_argument(
+        "--otlp-endpoint", default="", help="OTLP endpoint for spans (needs opentelemetry-exporter-otlp)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,12 +31,14 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from common.service import setup_logging
+    from common.tracing import setup_tracing
     from gateway.app import create_app
 
     setup_logging(args.log_level)
+    tracing = setup_tracing("baton-gateway", args.tracing, args.otlp_endpoint)
     log.info("gateway on %s:%d forwarding to %s", args.host, args.port, args.target)
     uvicorn.run(
-        create_app(args.target),
+        create_app(args.target, tracing),
         host=args.host,
         port=args.port,
         log_level=args.log_level.lower(),

@@ -13,6 +13,7 @@ import json
 import logging
 import time
 import uuid
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -43,6 +44,9 @@ class Dispatcher:
         self.links: dict[str, ExecutorLink] = {}
         self.metrics = metrics or SchedulerMetrics()
         self._classes_refreshed = 0.0
+        # Loops also check this flag: a cancel swallowed inside a client library must not leave
+        # a zombie replica renewing leases after stop().
+        self._stopping = False
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._link_tasks: dict[str, asyncio.Task[None]] = {}
@@ -58,6 +62,7 @@ class Dispatcher:
         ]
 
     async def stop(self, timeout: float = 5.0) -> None:
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         # Closing the channels ends the Run streams, so each link task unwinds on its own
@@ -90,7 +95,7 @@ class Dispatcher:
         return True
 
     async def _control_loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 async with self.redis.pubsub() as pubsub:
                     await pubsub.subscribe(self.keys.control_channel)
@@ -108,7 +113,7 @@ class Dispatcher:
     # ---- discovery and leases ----------------------------------------------------------
     async def _discovery_loop(self) -> None:
         interval = self.config.distributed.discovery_interval_ms / 1000
-        while True:
+        while not self._stopping:
             try:
                 await self.discover_once()
             except RedisError as exc:
@@ -118,7 +123,9 @@ class Dispatcher:
     async def discover_once(self) -> None:
         dist = self.config.distributed
         now = int(time.time() * 1000)
-        alive = set(await self.redis.zrangebyscore(self.keys.executors, now - dist.executor_timeout_ms, "+inf"))
+        alive = set(
+            cast(list[str], await self.redis.zrangebyscore(self.keys.executors, now - dist.executor_timeout_ms, "+inf"))
+        )
         for executor_id in list(self.links):
             renewed = await self._renew(keys=[self.keys.lease(executor_id)], args=[self.replica_id, dist.lease_ttl_ms])
             if not renewed or executor_id not in alive:
@@ -126,7 +133,7 @@ class Dispatcher:
                 self._link_tasks[executor_id].cancel()
         for executor_id in alive - set(self.links):
             if await self.redis.set(self.keys.lease(executor_id), self.replica_id, nx=True, px=dist.lease_ttl_ms):
-                address = await self.redis.hget(self.keys.executor(executor_id), "address")
+                address = cast(str | None, await self.redis.hget(self.keys.executor(executor_id), "address"))
                 if address:
                     self._start_link(executor_id, address)
                 else:
@@ -135,7 +142,7 @@ class Dispatcher:
 
     async def _reap_dead(self, cutoff_ms: int) -> None:
         """Re-queue the requests of executors whose heartbeat stopped, once, under their lease."""
-        dead = await self.redis.zrangebyscore(self.keys.executors, "-inf", f"({cutoff_ms}")
+        dead = cast(list[str], await self.redis.zrangebyscore(self.keys.executors, "-inf", f"({cutoff_ms}"))
         for executor_id in dead:
             if executor_id in self.links:
                 continue
@@ -151,6 +158,8 @@ class Dispatcher:
             self.wake()
 
     def _start_link(self, executor_id: str, address: str) -> None:
+        if self._stopping:
+            return
         link = ExecutorLink(
             executor_id,
             address,
@@ -196,7 +205,7 @@ class Dispatcher:
 
     # ---- admission -----------------------------------------------------------------------
     async def _planning_loop(self) -> None:
-        while True:
+        while not self._stopping:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), _PLAN_TICK_S)
             self._wake.clear()

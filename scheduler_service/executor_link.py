@@ -183,6 +183,7 @@ class ExecutorLink:
                 output_token_ids=claimed.output_ids,
                 sampling=sampling_to_pb(claimed.params),
                 rank=claimed.score,
+                traceparent=claimed.traceparent,
             )
         )
 

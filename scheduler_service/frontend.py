@@ -9,6 +9,9 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import cast
+
+from redis.typing import EncodableT, FieldT
 
 from common.config import BatonConfig
 from common.errors import NotFound, Overloaded, PermissionDenied
@@ -16,6 +19,7 @@ from common.lifecycle import FinishReason, RequestState
 from common.pb import generate_pb2 as pb
 from common.redis_client import with_redis_retry
 from common.security import current_principal
+from common.tracing import current_traceparent, tag_current_span
 from scheduler_service.dispatcher import Dispatcher
 from scheduler_service.priority import queue_score
 from scheduler_service.request_store import RequestStore
@@ -72,8 +76,9 @@ class Frontend:
         req = validate(msg, lambda _text: prompt_ids, limits, self.config.scheduler.request_level)
         request_level = self.config.scheduler.request_level
         score = queue_score(req.arrival_ms, req.priority, request_level)
+        tag_current_span(req.request_id)
         try:
-            await self.store.enqueue(req, score, request_level.max_pending_requests)
+            await self.store.enqueue(req, score, request_level.max_pending_requests, current_traceparent())
         except Overloaded:
             self.dispatcher.metrics.shed.inc()
             raise
@@ -137,7 +142,8 @@ class Frontend:
         if outcome.ended_here:
             # It was queued: end its stream here, as no executor will.
             event = TokenEvent(outcome.tokens, (), "", FinishReason.CANCELLED, {})
-            await self.store.redis.xadd(self.store.keys.output(request_id), event.to_fields())
+            fields = cast(dict[FieldT, EncodableT], event.to_fields())
+            await self.store.redis.xadd(self.store.keys.output(request_id), fields)
             await self.store.redis.expire(self.store.keys.output(request_id), self.store.ttl_s)
         elif outcome.state in (RequestState.ASSIGNED, RequestState.RUNNING):
             await self.dispatcher.request_abort(request_id, outcome.executor_id)

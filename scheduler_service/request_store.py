@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from common.errors import AlreadyExists, Overloaded
 from common.keys import KeySchema
@@ -49,7 +51,7 @@ class RequestStore:
         self._requeue = redis.register_script(scripts.REQUEUE)
         self._cancel = redis.register_script(scripts.CANCEL)
 
-    async def enqueue(self, req: NewRequest, score: float, max_pending: int) -> None:
+    async def enqueue(self, req: NewRequest, score: float, max_pending: int, traceparent: str = "") -> None:
         fields = {
             "state": RequestState.QUEUED.name,
             "prompt_ids": ",".join(map(str, req.prompt_ids)),
@@ -61,6 +63,7 @@ class RequestStore:
             "arrival_ms": str(req.arrival_ms),
             "score": repr(score),
             "executor": "",
+            "traceparent": traceparent,
         }
         flat = [item for pair in fields.items() for item in pair]
         keys = [self.keys.request(req.request_id), self.keys.pending]
@@ -72,7 +75,10 @@ class RequestStore:
 
     async def peek_pending(self, count: int) -> list[tuple[str, float]]:
         """The ``count`` requests that should run soonest (lowest scores), O(log n + count)."""
-        return [(m, float(s)) for m, s in await self.redis.zrange(self.keys.pending, 0, count - 1, withscores=True)]
+        queued = cast(
+            list[tuple[str, float]], await self.redis.zrange(self.keys.pending, 0, count - 1, withscores=True)
+        )
+        return [(m, float(s)) for m, s in queued]
 
     async def prompt_lengths(self, request_ids: Sequence[str]) -> list[int | None]:
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -93,7 +99,7 @@ class RequestStore:
         row = await self._claim(keys=keys, args=[request_id, executor_id, now_ms(), owner or executor_id])
         if not row:
             return None
-        prompt, params, score, arrival, assigned, first_token, _, out = row
+        prompt, params, score, arrival, assigned, first_token, _, out, traceparent = row
         return ClaimedRequest(
             request_id=request_id,
             prompt_ids=parse_ids(prompt),
@@ -103,6 +109,7 @@ class RequestStore:
             arrival_ms=int(arrival),
             assigned_ms=int(assigned),
             first_token_ms=int(first_token) if first_token else None,
+            traceparent=traceparent or "",
         )
 
     async def append_tokens(
@@ -110,7 +117,7 @@ class RequestStore:
     ) -> None:
         """Queue on ``pipe``: record the tokens on the request, if ``owner`` still holds it."""
         keys = [self.keys.request(request_id), self.keys.tokens(request_id)]
-        args = [owner, event.index, now_ms(), *event.token_ids]
+        args: list[EncodableT] = [owner, event.index, now_ms(), *event.token_ids]
         await self._append(keys=keys, args=args, client=pipe)
 
     async def finish(
@@ -134,7 +141,7 @@ class RequestStore:
         ]
         state = terminal_state_for(reason)
         holder = executor_id if owner is None else owner
-        args = [request_id, holder, state.name, reason.name, now_ms(), self.ttl_s, error]
+        args: list[EncodableT] = [request_id, holder, state.name, reason.name, now_ms(), self.ttl_s, error]
         await self._finish(keys=keys, args=args, client=pipe)
 
     async def publish_step(self, executor_id: str, writes: Sequence[StepWrite], owner: str | None = None) -> list[bool]:
@@ -168,7 +175,7 @@ class RequestStore:
         return accepted
 
     def _publish(self, pipe: aioredis.client.Pipeline, request_id: str, event: TokenEvent) -> None:
-        pipe.xadd(self.keys.output(request_id), event.to_fields())
+        pipe.xadd(self.keys.output(request_id), cast(dict[FieldT, EncodableT], event.to_fields()))
         if event.finish_reason is not FinishReason.NONE:
             pipe.expire(self.keys.output(request_id), self.ttl_s)
 
@@ -188,7 +195,7 @@ class RequestStore:
         """Back to QUEUED with its tokens kept; see scripts.REQUEUE for the result codes."""
         keys = [self.keys.request(request_id), self.keys.running(executor_id), self.keys.pending]
         holder = executor_id if owner is None else owner
-        args = [request_id, holder, now_ms(), kind, self.max_migrations]
+        args: list[EncodableT] = [request_id, holder, now_ms(), kind, self.max_migrations]
         return int(await self._requeue(keys=keys, args=args))
 
     async def hand_back(
@@ -217,21 +224,21 @@ class RequestStore:
         return CancelOutcome(RequestState[state], executor_id, int(tokens), ended == "1")
 
     async def get(self, request_id: str) -> dict[str, str] | None:
-        record = await self.redis.hgetall(self.keys.request(request_id))
+        record = cast(dict[str, str], await self.redis.hgetall(self.keys.request(request_id)))
         if not record:
             return None
         record["tokens_generated"] = str(await self.redis.llen(self.keys.tokens(request_id)))
         return record
 
     async def queue_position(self, request_id: str) -> int | None:
-        return await self.redis.zrank(self.keys.pending, request_id)
+        return cast(int | None, await self.redis.zrank(self.keys.pending, request_id))
 
     async def queue_length(self) -> int:
         return int(await self.redis.zcard(self.keys.pending))
 
     async def queue_classes(self, sample: int) -> dict[tuple[str, str], int]:
         """Queued requests by (priority, tenant), over the ``sample`` that run soonest."""
-        ids = await self.redis.zrange(self.keys.pending, 0, sample - 1)
+        ids = cast(list[str], await self.redis.zrange(self.keys.pending, 0, sample - 1))
         async with self.redis.pipeline(transaction=False) as pipe:
             for rid in ids:
                 pipe.hmget(self.keys.request(rid), "priority", "tenant")
@@ -243,11 +250,14 @@ class RequestStore:
         return counts
 
     async def running_ids(self, executor_id: str) -> set[str]:
-        return set(await self.redis.smembers(self.keys.running(executor_id)))
+        return set(cast(set[str], await self.redis.smembers(self.keys.running(executor_id))))
 
     async def read_events(self, request_id: str, after: str, block_ms: int) -> list[tuple[str, TokenEvent]]:
         """Events after stream id ``after`` ("0" for all), waiting up to ``block_ms`` for the first."""
-        reply = await self.redis.xread({self.keys.output(request_id): after}, count=512, block=block_ms)
+        reply = cast(
+            list[tuple[str, list[tuple[str, dict[str, str]]]]],
+            await self.redis.xread({self.keys.output(request_id): after}, count=512, block=block_ms),
+        )
         if not reply:
             return []
         _, entries = reply[0]

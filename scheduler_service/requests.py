@@ -57,6 +57,7 @@ class ClaimedRequest:
     arrival_ms: int
     assigned_ms: int
     first_token_ms: int | None
+    traceparent: str = ""  # the client call's trace context, for the executor's span
 
 
 @dataclass(frozen=True)

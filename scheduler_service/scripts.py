@@ -23,9 +23,9 @@ redis.call('HSET', KEYS[2], 'state', 'ASSIGNED', 'executor', ARGV[2], 'owner', A
 redis.call('HSETNX', KEYS[2], 'assigned_ms', ARGV[3])
 redis.call('SADD', KEYS[3], ARGV[1])
 local f = redis.call('HMGET', KEYS[2], 'prompt_ids', 'params', 'score', 'arrival_ms', 'assigned_ms',
-  'first_token_ms', 'prompt_len')
+  'first_token_ms', 'prompt_len', 'traceparent')
 local out = redis.call('LRANGE', KEYS[4], 0, -1)
-return {f[1], f[2], f[3], f[4], f[5], f[6] or '', f[7], table.concat(out, ',')}
+return {f[1], f[2], f[3], f[4], f[5], f[6] or '', f[7], table.concat(out, ','), f[8] or ''}
 """
 
 # Record tokens; ASSIGNED -> RUNNING on the first. KEYS: req, tokens. ARGV: owner, index, now_ms, id...

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from common import service
 from common.config import BatonConfig
@@ -18,6 +20,7 @@ from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from common.redis_client import connect
 from common.security import load_tokens
+from common.tracing import setup_tracing
 from scheduler_service.dispatcher import Dispatcher
 from scheduler_service.frontend import Frontend
 from scheduler_service.metrics import SchedulerMetrics
@@ -38,8 +41,11 @@ class RunningScheduler:
     frontend: Frontend
     health: health.aio.HealthServicer
     metrics_port: int = 0
+    readiness: asyncio.Task[None] | None = None
 
     async def stop(self, grace: float = 2.0) -> None:
+        if self.readiness is not None:
+            self.readiness.cancel()
         await set_serving(self.health, [SERVICE_NAME], serving=False)
         await self.server.stop(grace)
         await self.dispatcher.stop()
@@ -54,16 +60,34 @@ async def start_scheduler(config: BatonConfig) -> RunningScheduler:
     metrics = SchedulerMetrics()
     dispatcher = Dispatcher(store, config, metrics=metrics)
     frontend = Frontend(store, dispatcher, TokenizerSource(redis, keys, config.scheduler.tokenizer), config)
-    server = service.make_server(config.scheduler.max_message_bytes, load_tokens(config.security.auth_tokens_file))
+    tracing = setup_tracing("baton-scheduler", config.monitoring.tracing, config.monitoring.otlp_endpoint)
+    tokens = load_tokens(config.security.auth_tokens_file)
+    server = service.make_server(config.scheduler.max_message_bytes, tokens, tracing)
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(frontend), server)
     health_servicer = add_health_and_reflection(server, [SERVICE_NAME])
+    await set_serving(health_servicer, [SERVICE_NAME], serving=False)
     port = service.add_port(server, f"{config.scheduler.host}:{config.scheduler.port}", config.security)
     await server.start()
     metrics_port = serve_metrics(metrics.registry, config.monitoring.metrics_port)
     await dispatcher.start()
-    await set_serving(health_servicer, [SERVICE_NAME], serving=True)
-    log.info("scheduler %s serving on port %d", dispatcher.replica_id, port)
-    return RunningScheduler(port, server, dispatcher, frontend, health_servicer, metrics_port)
+    readiness = asyncio.create_task(_track_readiness(redis, health_servicer), name="readiness")
+    log.info("scheduler %s listening on port %d", dispatcher.replica_id, port)
+    return RunningScheduler(port, server, dispatcher, frontend, health_servicer, metrics_port, readiness)
+
+
+async def _track_readiness(redis: Redis, health_servicer: health.aio.HealthServicer, interval: float = 1.0) -> None:
+    """SERVING exactly while Redis answers: without it the scheduler can neither queue nor stream."""
+    serving: bool | None = None
+    while True:
+        try:
+            ok = bool(await asyncio.wait_for(redis.ping(), timeout=interval))
+        except (RedisError, OSError, TimeoutError):
+            ok = False
+        if ok != serving:
+            serving = ok
+            await set_serving(health_servicer, [SERVICE_NAME], serving=ok)
+            log.info("health: %s (Redis %s)", "SERVING" if ok else "NOT_SERVING", "up" if ok else "unreachable")
+        await asyncio.sleep(interval)
 
 
 async def serve(config: BatonConfig) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import cast
 
 import redis.asyncio as aioredis
 from transformers import AutoTokenizer
@@ -41,8 +42,8 @@ class TokenizerSource:
         return self.tokenizer, self.limits
 
     async def _registered_executor(self) -> dict[str, str]:
-        for executor_id in await self._redis.zrevrange(self._keys.executors, 0, 0):
-            record = await self._redis.hgetall(self._keys.executor(executor_id))
+        for executor_id in cast(list[str], await self._redis.zrevrange(self._keys.executors, 0, 0)):
+            record = cast(dict[str, str], await self._redis.hgetall(self._keys.executor(executor_id)))
             if record:
                 return record
         return {}

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x62\x61ton/v1/executor.proto\x12\x08\x62\x61ton.v1\"\xab\x01\n\x0c\x45xecSampling\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"\x8e\x01\n\x0c\x41\x64mitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x18\n\x10output_token_ids\x18\x03 \x03(\r\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.baton.v1.ExecSampling\x12\x0c\n\x04rank\x18\x05 \x01(\x01\"6\n\x0cPrefillGrant\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\xac\x01\n\x04Plan\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x11\n\titeration\x18\x02 \x01(\x04\x12%\n\x05\x61\x64mit\x18\x03 \x03(\x0b\x32\x16.baton.v1.AdmitRequest\x12\r\n\x05\x61\x62ort\x18\x04 \x03(\t\x12\x0f\n\x07preempt\x18\x05 \x03(\t\x12\'\n\x07prefill\x18\x06 \x03(\x0b\x32\x16.baton.v1.PrefillGrant\x12\x14\n\x0ctoken_budget\x18\x07 \x01(\r\"P\n\nTokenDelta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\r\"Y\n\x0f\x46inishedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rfinish_reason\x18\x02 \x01(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x8b\x02\n\x04Load\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x02 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x03 \x01(\r\x12\x14\n\x0cstep_time_ns\x18\x04 \x01(\x04\x12\x12\n\nnum_tokens\x18\x05 \x01(\r\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x17\n\x0futilization_pct\x18\x07 \x01(\x02\x12\x19\n\x11memory_used_bytes\x18\x08 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\t \x01(\x04\x12\x13\n\x0bpower_watts\x18\n \x01(\x02\x12\x1e\n\x16pending_prefill_tokens\x18\x0b \x01(\r\"\xe2\x01\n\nStepReport\x12\x11\n\titeration\x18\x01 \x01(\x04\x12\x10\n\x08plan_seq\x18\x02 \x01(\x04\x12$\n\x06tokens\x18\x03 \x03(\x0b\x32\x14.baton.v1.TokenDelta\x12+\n\x08\x66inished\x18\x04 \x03(\x0b\x32\x19.baton.v1.FinishedRequest\x12\x11\n\tpreempted\x18\x05 \x03(\t\x12\x1c\n\x04load\x18\x06 \x01(\x0b\x32\x0e.baton.v1.Load\x12+\n\x08rejected\x18\x07 \x03(\x0b\x32\x19.baton.v1.FinishedRequest\"\r\n\x0bInfoRequest\"\xee\x01\n\x0cInfoResponse\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x16\n\x0emax_batch_size\x18\x08 \x01(\r\x12\x14\n\x0ctoken_budget\x18\t \x01(\r\x12\x15\n\reos_token_ids\x18\n \x03(\r\x12\x12\n\nvocab_size\x18\x0b \x01(\r2r\n\x08\x45xecutor\x12/\n\x03Run\x12\x0e.baton.v1.Plan\x1a\x14.baton.v1.StepReport(\x01\x30\x01\x12\x35\n\x04Info\x12\x15.baton.v1.InfoRequest\x1a\x16.baton.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x62\x61ton/v1/executor.proto\x12\x08\x62\x61ton.v1\"\xab\x01\n\x0c\x45xecSampling\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"\xa3\x01\n\x0c\x41\x64mitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x18\n\x10output_token_ids\x18\x03 \x03(\r\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.baton.v1.ExecSampling\x12\x0c\n\x04rank\x18\x05 \x01(\x01\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\"6\n\x0cPrefillGrant\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\xac\x01\n\x04Plan\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x11\n\titeration\x18\x02 \x01(\x04\x12%\n\x05\x61\x64mit\x18\x03 \x03(\x0b\x32\x16.baton.v1.AdmitRequest\x12\r\n\x05\x61\x62ort\x18\x04 \x03(\t\x12\x0f\n\x07preempt\x18\x05 \x03(\t\x12\'\n\x07prefill\x18\x06 \x03(\x0b\x32\x16.baton.v1.PrefillGrant\x12\x14\n\x0ctoken_budget\x18\x07 \x01(\r\"P\n\nTokenDelta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\r\"Y\n\x0f\x46inishedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rfinish_reason\x18\x02 \x01(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x8b\x02\n\x04Load\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x02 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x03 \x01(\r\x12\x14\n\x0cstep_time_ns\x18\x04 \x01(\x04\x12\x12\n\nnum_tokens\x18\x05 \x01(\r\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x17\n\x0futilization_pct\x18\x07 \x01(\x02\x12\x19\n\x11memory_used_bytes\x18\x08 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\t \x01(\x04\x12\x13\n\x0bpower_watts\x18\n \x01(\x02\x12\x1e\n\x16pending_prefill_tokens\x18\x0b \x01(\r\"\xe2\x01\n\nStepReport\x12\x11\n\titeration\x18\x01 \x01(\x04\x12\x10\n\x08plan_seq\x18\x02 \x01(\x04\x12$\n\x06tokens\x18\x03 \x03(\x0b\x32\x14.baton.v1.TokenDelta\x12+\n\x08\x66inished\x18\x04 \x03(\x0b\x32\x19.baton.v1.FinishedRequest\x12\x11\n\tpreempted\x18\x05 \x03(\t\x12\x1c\n\x04load\x18\x06 \x01(\x0b\x32\x0e.baton.v1.Load\x12+\n\x08rejected\x18\x07 \x03(\x0b\x32\x19.baton.v1.FinishedRequest\"\r\n\x0bInfoRequest\"\xee\x01\n\x0cInfoResponse\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x16\n\x0emax_batch_size\x18\x08 \x01(\r\x12\x14\n\x0ctoken_budget\x18\t \x01(\r\x12\x15\n\reos_token_ids\x18\n \x03(\r\x12\x12\n\nvocab_size\x18\x0b \x01(\r2r\n\x08\x45xecutor\x12/\n\x03Run\x12\x0e.baton.v1.Plan\x1a\x14.baton.v1.StepReport(\x01\x30\x01\x12\x35\n\x04Info\x12\x15.baton.v1.InfoRequest\x1a\x16.baton.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,23 +34,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECSAMPLING']._serialized_start=38
   _globals['_EXECSAMPLING']._serialized_end=209
   _globals['_ADMITREQUEST']._serialized_start=212
-  _globals['_ADMITREQUEST']._serialized_end=354
-  _globals['_PREFILLGRANT']._serialized_start=356
-  _globals['_PREFILLGRANT']._serialized_end=410
-  _globals['_PLAN']._serialized_start=413
-  _globals['_PLAN']._serialized_end=585
-  _globals['_TOKENDELTA']._serialized_start=587
-  _globals['_TOKENDELTA']._serialized_end=667
-  _globals['_FINISHEDREQUEST']._serialized_start=669
-  _globals['_FINISHEDREQUEST']._serialized_end=758
-  _globals['_LOAD']._serialized_start=761
-  _globals['_LOAD']._serialized_end=1028
-  _globals['_STEPREPORT']._serialized_start=1031
-  _globals['_STEPREPORT']._serialized_end=1257
-  _globals['_INFOREQUEST']._serialized_start=1259
-  _globals['_INFOREQUEST']._serialized_end=1272
-  _globals['_INFORESPONSE']._serialized_start=1275
-  _globals['_INFORESPONSE']._serialized_end=1513
-  _globals['_EXECUTOR']._serialized_start=1515
-  _globals['_EXECUTOR']._serialized_end=1629
+  _globals['_ADMITREQUEST']._serialized_end=375
+  _globals['_PREFILLGRANT']._serialized_start=377
+  _globals['_PREFILLGRANT']._serialized_end=431
+  _globals['_PLAN']._serialized_start=434
+  _globals['_PLAN']._serialized_end=606
+  _globals['_TOKENDELTA']._serialized_start=608
+  _globals['_TOKENDELTA']._serialized_end=688
+  _globals['_FINISHEDREQUEST']._serialized_start=690
+  _globals['_FINISHEDREQUEST']._serialized_end=779
+  _globals['_LOAD']._serialized_start=782
+  _globals['_LOAD']._serialized_end=1049
+  _globals['_STEPREPORT']._serialized_start=1052
+  _globals['_STEPREPORT']._serialized_end=1278
+  _globals['_INFOREQUEST']._serialized_start=1280
+  _globals['_INFOREQUEST']._serialized_end=1293
+  _globals['_INFORESPONSE']._serialized_start=1296
+  _globals['_INFORESPONSE']._serialized_end=1534
+  _globals['_EXECUTOR']._serialized_start=1536
+  _globals['_EXECUTOR']._serialized_end=1650
 # @@protoc_insertion_point(module_scope)

@@ -189,3 +189,11 @@ async def test_request_larger_than_any_kv_cache_fails_without_blocking_the_queue
         assert small.finish_reason == pb.FINISH_REASON_LENGTH
     finally:
         await stack.stop()
+
+
+async def test_resume_replays_a_finished_request_from_an_index(stack: Stack) -> None:
+    whole = await stack.stub.Complete(greedy([1, 6, 7, 8], 10, request_id="replay-me"))
+    resumed = [c async for c in stack.stub.Resume(pb.ResumeRequest(request_id="replay-me", from_index=4))]
+    assert joined_tokens(resumed) == list(whole.token_ids)[4:]
+    assert resumed[0].index == 4
+    assert resumed[-1].finish_reason == pb.FINISH_REASON_LENGTH
