@@ -165,7 +165,8 @@ class RequestStore:
             if write.event.token_ids:
                 ok = int(next(results)) > 0
             if write.event.finish_reason is not FinishReason.NONE:
-                ok = int(next(results)) == 1 and ok
+                # 2: a retried finish whose first attempt landed; its final event must still go out.
+                ok = int(next(results)) in (1, 2) and ok
             accepted.append(ok)
         async with self.redis.pipeline(transaction=False) as pipe:
             for write, ok in zip(writes, accepted, strict=True):

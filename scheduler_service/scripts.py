@@ -29,14 +29,27 @@ return {f[1], f[2], f[3], f[4], f[5], f[6] or '', f[7], table.concat(out, ','), 
 """
 
 # Record tokens; ASSIGNED -> RUNNING on the first. KEYS: req, tokens. ARGV: owner, index, now_ms, id...
-# Returns the new token count, -1 if the owner no longer holds the request, -2 if the index is not
-# the next output position (a replay or a stale computation).
+# Returns the new token count (also for an exact replay of the last write), -1 if the owner no longer
+# holds the request, -2 if the index is not the next output position (a gap or a stale computation).
 APPEND_TOKENS = """
 local st = redis.call('HMGET', KEYS[1], 'state', 'owner')
-if (st[1] ~= 'ASSIGNED' and st[1] ~= 'RUNNING') or st[2] ~= ARGV[1] then return -1 end
+if st[2] ~= ARGV[1] then return -1 end
 local have = redis.call('LLEN', KEYS[2])
 local index = tonumber(ARGV[2])
-if have ~= index then return -2 end
+if have ~= index then
+  -- A retried write whose first attempt landed (the reply was lost with the connection) is a
+  -- success, so its event still gets published; anything else is a gap or a stale computation.
+  local n = #ARGV - 3
+  if have == index + n then
+    local tail = redis.call('LRANGE', KEYS[2], index, have - 1)
+    for i = 1, n do
+      if tail[i] ~= ARGV[3 + i] then return -2 end
+    end
+    return have
+  end
+  return -2
+end
+if st[1] ~= 'ASSIGNED' and st[1] ~= 'RUNNING' then return -1 end
 if st[1] == 'ASSIGNED' then redis.call('HSET', KEYS[1], 'state', 'RUNNING') end
 redis.call('HSETNX', KEYS[1], 'first_token_ms', ARGV[3])
 return redis.call('RPUSH', KEYS[2], unpack(ARGV, 4))
@@ -47,7 +60,11 @@ return redis.call('RPUSH', KEYS[2], unpack(ARGV, 4))
 FINISH = """
 local st = redis.call('HMGET', KEYS[1], 'state', 'owner', 'executor')
 if not st[1] then return -1 end
-if st[1] == 'FINISHED' or st[1] == 'CANCELLED' or st[1] == 'FAILED' then return 0 end
+if st[1] == 'FINISHED' or st[1] == 'CANCELLED' or st[1] == 'FAILED' then
+  -- 2: this very finish already landed (a retry); 0: something else ended it first.
+  if st[1] == ARGV[3] and redis.call('HGET', KEYS[1], 'finish_reason') == ARGV[4] then return 2 end
+  return 0
+end
 if ARGV[2] ~= '' and st[2] ~= ARGV[2] then return -1 end
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 'finish_reason', ARGV[4], 'finished_ms', ARGV[5], 'error', ARGV[7])
 redis.call('ZREM', KEYS[4], ARGV[1])

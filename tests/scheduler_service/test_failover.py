@@ -66,11 +66,11 @@ class Clients:
             await asyncio.sleep(0.02)
 
     def longest_pause_after(self, moment: float) -> float:
-        """The longest wait for a next token that spans ``moment``: the time to recover."""
+        """The longest wait between two tokens of one request once ``moment`` has passed: the time to recover."""
         pauses = [0.0]
         for times in self.arrivals.values():
             for before, after in itertools.pairwise(times):
-                if before <= moment <= after:
+                if after >= moment:
                     pauses.append(after - before)
         return max(pauses)
 

@@ -447,3 +447,23 @@ async def test_migrations_past_the_limit_fail_the_request(redis_url: str) -> Non
         assert [e.finish_reason for e in events] == [FinishReason.ERROR]
     finally:
         await client.aclose()
+
+
+async def test_a_retried_step_whose_first_attempt_landed_is_still_published(store: RequestStore) -> None:
+    await enqueue(store, "r1")
+    await store.claim("r1", "e1")
+    usage = {"prompt_tokens": 3.0, "completion_tokens": 2.0}
+    # The first attempt recorded everything, then the connection died before the events went out.
+    async with store.redis.pipeline(transaction=False) as pipe:
+        await store.append_tokens(pipe, "r1", "e1", TokenEvent(0, (5, 6), "ab"))
+        await store.finish(pipe, "r1", "e1", FinishReason.LENGTH)
+        await pipe.execute()
+    retry = [StepWrite("r1", TokenEvent(0, (5, 6), "ab", FinishReason.LENGTH, usage))]
+    assert await store.publish_step("e1", retry) == [True]
+    events = [e for _, e in await store.read_events("r1", "0", 10)]
+    assert events == [TokenEvent(0, (5, 6), "ab", FinishReason.LENGTH, usage)]
+    # A different token at an already-filled position is still refused.
+    await enqueue(store, "r2")
+    await store.claim("r2", "e1")
+    assert await append(store, "r2", "e1", 0, (5,)) == 1
+    assert await append(store, "r2", "e1", 0, (9,)) == -2
