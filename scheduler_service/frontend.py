@@ -101,6 +101,11 @@ class Frontend:
                 raise NotFound(f"request {request_id} does not exist or has expired")
             for entry_id, event in batch:
                 last_id = entry_id
+                if event.index > next_index:
+                    repair = await self._repair_gap(request_id, next_index, event.index)
+                    if repair is not None:
+                        next_index = event.index
+                        yield repair
                 end = event.index + len(event.token_ids)
                 if end > next_index or event.finish_reason is not FinishReason.NONE:
                     if event.index < next_index:  # a replayed prefix: keep the new tail
@@ -116,6 +121,20 @@ class Frontend:
                     yield event
                 if event.finish_reason is not FinishReason.NONE:
                     return
+
+    async def _repair_gap(self, request_id: str, start: int, end: int) -> TokenEvent | None:
+        """Tokens recorded but never published (their writer died between the two steps).
+
+        The request's token list is the source of truth, so the client still gets every token
+        exactly once; the text is decoded here, as the executor's text for them was lost.
+        """
+        tokens = await self.store.tokens_between(request_id, start, end)
+        if len(tokens) != end - start:
+            return None
+        tokenizer, _ = await self.tokenizers.get()
+        text = tokenizer.decode(list(tokens), skip_special_tokens=True)  # type: ignore[attr-defined]
+        log.info("request %s: repaired a gap of %d tokens from its record", request_id, len(tokens))
+        return TokenEvent(start, tokens, text)
 
     async def _read_with_retry(self, request_id: str, last_id: str) -> list[tuple[str, TokenEvent]]:
         return await with_redis_retry(

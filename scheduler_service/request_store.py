@@ -237,6 +237,11 @@ class RequestStore:
     async def queue_length(self) -> int:
         return int(await self.redis.zcard(self.keys.pending))
 
+    async def tokens_between(self, request_id: str, start: int, end: int) -> tuple[int, ...]:
+        """Recorded output tokens ``start..end-1``: the source of truth a reader repairs gaps from."""
+        raw = await self.redis.lrange(self.keys.tokens(request_id), start, end - 1)  # type: ignore[misc]
+        return tuple(int(t) for t in raw)
+
     async def queue_classes(self, sample: int) -> dict[tuple[str, str], int]:
         """Queued requests by (priority, tenant), over the ``sample`` that run soonest."""
         ids = cast(list[str], await self.redis.zrange(self.keys.pending, 0, sample - 1))

@@ -197,3 +197,27 @@ async def test_resume_replays_a_finished_request_from_an_index(stack: Stack) -> 
     assert joined_tokens(resumed) == list(whole.token_ids)[4:]
     assert resumed[0].index == 4
     assert resumed[-1].finish_reason == pb.FINISH_REASON_LENGTH
+
+
+async def test_reader_repairs_tokens_recorded_but_never_published(stack: Stack) -> None:
+    from common.keys import KeySchema
+    from common.lifecycle import FinishReason
+    from scheduler_service.frontend import Frontend
+    from scheduler_service.request_store import RequestStore, StepWrite
+    from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
+
+    live = stack.scheduler.frontend
+    # Its own key prefix, so the running scheduler cannot claim the request first.
+    store = RequestStore(live.store.redis, KeySchema("gaptest"), request_ttl_s=60)
+    frontend = Frontend(store, live.dispatcher, live.tokenizers, live.config)
+    params = RequestParams(max_tokens=4, ignore_eos=True)
+    await store.enqueue(NewRequest("gap-1", (1, 5, 6), params, 5, "t", 0, 0), -1e18, 100)
+    assert await store.claim("gap-1", "ghost") is not None
+    async with store.redis.pipeline(transaction=False) as pipe:  # a writer that died before publishing
+        await store.append_tokens(pipe, "gap-1", "ghost", TokenEvent(0, (11, 12, 13), ""))
+        await pipe.execute()
+    usage = {"prompt_tokens": 3.0, "completion_tokens": 4.0}
+    await store.publish_step("ghost", [StepWrite("gap-1", TokenEvent(3, (14,), "x", FinishReason.LENGTH, usage))])
+    events = [e async for e in frontend.events("gap-1")]
+    assert [(e.index, e.token_ids) for e in events] == [(0, (11, 12, 13)), (3, (14,))]
+    assert events[-1].finish_reason is FinishReason.LENGTH
