@@ -37,8 +37,7 @@ def stack_config(redis_url: str, model_dir: Path, **sections: dict[str, Any]) ->
         },
         scheduler={"host": "127.0.0.1", "port": 0},
     )
-    nested = {k: v for k, v in sections.items()}
-    return with_overrides(base, **nested) if nested else base
+    return with_overrides(base, **sections) if sections else base
 
 
 @dataclass
