@@ -126,11 +126,17 @@ def run(args: argparse.Namespace) -> int:
         log.info("stopping")
         return 0
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in reversed(procs):
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs)
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]], timeout_s: float = 15) -> None:
+    """SIGTERM in reverse start order (clients of a service stop before it), then kill stragglers."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in reversed(procs):
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -33,7 +33,7 @@ import transformers
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from baton.dev import _free_port, _start_redis, _wait_healthy
+from baton.dev import _free_port, _start_redis, _wait_healthy, stop_processes
 from baton.make_model import make_model
 from common.config import ExecutorConfig
 from common.pb import generate_pb2 as pb
@@ -109,18 +109,6 @@ def spawn(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[by
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
-def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in reversed(procs):
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in reversed(procs):
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def run_baton_e2e(model_dir: Path, wl: Workload, kv_mb: int, logs: Path) -> Result:
     env = dict(os.environ, BATON_EXECUTOR__KV_CACHE_MEMORY_MB=str(kv_mb))
     env["BATON_EXECUTOR__TORCH_THREADS"] = str(torch.get_num_threads())
@@ -142,7 +130,7 @@ def run_baton_e2e(model_dir: Path, wl: Workload, kv_mb: int, logs: Path) -> Resu
             pids = dict(zip(("redis", "executor", "scheduler"), (p.pid for p in procs), strict=True))
             return asyncio.run(drive_grpc(f"127.0.0.1:{sched_port}", wl, pids | {"client": os.getpid()}))
         finally:
-            stop_all(procs)
+            stop_processes(procs)
 
 
 async def stream_one(stub: GenerationStub, prompt: list[int], max_tokens: int, bar: tqdm | None = None) -> list[int]:

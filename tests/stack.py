@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,15 @@ async def start_stack(config: BatonConfig, executors: int = 1) -> Stack:
     stack = Stack(config, scheduler, running, grpc.aio.insecure_channel(f"127.0.0.1:{scheduler.port}"))
     await stack.wait_for_executors(executors)
     return stack
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 15.0) -> None:
+    """Wait until ``check`` holds, polling, or fail naming ``what`` after ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 def joined_tokens(chunks: list[pb.GenerateResponse]) -> list[int]:

@@ -12,7 +12,7 @@ import pytest
 
 from common.pb import generate_pb2 as pb
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
-from tests.stack import Stack, joined_tokens, stack_config, start_stack
+from tests.stack import Stack, eventually, joined_tokens, stack_config, start_stack
 
 
 @pytest.fixture
@@ -135,7 +135,11 @@ async def test_get_request_reports_queued_with_position(redis_url: str, tiny_mod
         blocker = stack.stub.Generate(greedy([1, 5, 5], 3000, request_id="blocker"))
         await _first_chunks(blocker, 1)
         waiting = stack.stub.Generate(greedy([1, 6, 6], 4, request_id="waiting"))
-        await asyncio.sleep(0.3)
+
+        async def accepted() -> bool:
+            return await stack.scheduler.frontend.store.get("waiting") is not None
+
+        await eventually(accepted, "the waiting request to be queued")
         status = await stack.stub.GetRequest(pb.GetRequestRequest(request_id="waiting"))
         assert status.state == pb.REQUEST_STATE_QUEUED
         assert status.queue_position == 0

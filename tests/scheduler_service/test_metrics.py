@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.pb import generate_pb2 as pb
 from tests.conftest import free_port
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts
-from tests.stack import stack_config, start_stack
+from tests.stack import eventually, stack_config, start_stack
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -39,7 +39,11 @@ async def test_metrics_move_with_traffic(redis_url: str, tiny_model_dir: Path) -
         async for _ in call:
             break
         await stack.stub.Cancel(pb.CancelRequest(request_id="metrics-cancel"))
-        await asyncio.sleep(0.5)
+
+        async def cancel_counted() -> bool:
+            return scrape(scheduler_port).get("baton:request_success_total{finished_reason=cancelled}", 0) >= 1
+
+        await eventually(cancel_counted, "the cancelled request to finish")
         after = scrape(scheduler_port)
         executor = scrape(executor_port)
     finally:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import grpc
@@ -14,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from common.tracing import REQUEST_ID, client_interceptors
-from tests.stack import stack_config, start_stack
+from tests.stack import eventually, stack_config, start_stack
 
 
 def in_memory_exporter() -> InMemorySpanExporter:
@@ -36,7 +35,11 @@ async def test_one_trace_spans_client_scheduler_and_executor(redis_url: str, tin
             stub = generate_pb2_grpc.GenerationStub(channel)
             request = pb.GenerateRequest(request_id="traced-1", prompt="hello", params=pb.SamplingParams(max_tokens=3))
             await stub.Complete(request)
-        await asyncio.sleep(0.3)
+
+        async def executor_span_ended() -> bool:
+            return any(s.name == "baton.executor.request" for s in exporter.get_finished_spans())
+
+        await eventually(executor_span_ended, "the executor's span to end")
     finally:
         await stack.stop()
     spans = exporter.get_finished_spans()
