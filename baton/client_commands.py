@@ -89,13 +89,12 @@ def collect_inspection(
     """A snapshot of Baton's Redis state as plain data: queue (head, depth by priority and tenant over
     the first ``queue_sample`` ids, oldest waiting), executors with load, requests by state, and the
     ``tokens_total``/``finished_total`` counts (over at most ``scan_limit`` keys) that rates derive from."""
-    import redis
-
-    from baton.inspect_view import kv_percent, sample_queue, scan_requests
+    from baton.inspect_view import kv_percent, sample_queue, scan_requests, scheduling_state
     from common.keys import KeySchema
+    from common.redis_client import connect_sync
 
     keys = KeySchema(prefix)
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = connect_sync(redis_url)  # one server, redis+cluster:// or redis+sentinel://
     try:
         now = time.time() * 1000
         # decode_responses=True: members and hash fields come back as str.
@@ -125,6 +124,7 @@ def collect_inspection(
             **sample_queue(client, keys.pending, keys.request, now, queue_sample),
             "executors": executors,
             **scan_requests(client, keys.request("*"), scan_limit),
+            **scheduling_state(client, keys),
         }
     finally:
         client.close()
@@ -171,4 +171,10 @@ def inspect(args: argparse.Namespace) -> int:
     states = ", ".join(f"{k} {v}" for k, v in sorted(snapshot["requests_by_state"].items())) or "none"
     print(f"requests by state: {states}")
     print(f"tokens total: {snapshot['tokens_total']}, finished total: {snapshot['finished_total']}")
+    print("tenants (virtual token counter, waiting, running):")
+    for tenant, row in snapshot["tenants"].items():
+        print(f"  {tenant_label(tenant):<20} {row['counter']:>12.1f} {row['waiting']:>8} {row['running']:>8}")
+    print("output-length estimator (tenant|prompt bucket: samples, mean tokens, mean abs error):")
+    for key, row in snapshot["estimator"].items():
+        print(f"  {key:<24} {row['samples']:>6} {row['mean']:>8.1f} {row['abs_error']:>8.1f}")
     return 0

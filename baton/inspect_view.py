@@ -97,6 +97,32 @@ def scan_requests(client: Any, request_pattern: str, scan_limit: int) -> dict:
     }
 
 
+def scheduling_state(client: Any, keys: Any) -> dict:
+    """Tenants' virtual token counters, queued and running counts, and the length estimator."""
+    counters = client.hgetall(keys.tenant_counters)
+    running = client.hgetall(keys.tenant_running)
+    waiting = dict(client.zrange(keys.tenants_waiting, 0, -1, withscores=True))
+    tenants = {
+        t: {
+            "counter": float(counters.get(t, 0.0)),
+            "waiting": client.zcard(keys.tenant_queue(t)) if t in waiting else 0,
+            "running": int(running.get(t, 0)),
+        }
+        for t in sorted(set(counters) | set(running) | set(waiting))
+    }
+    raw = client.hgetall(keys.estimator)
+    estimator = {}
+    for name in sorted(raw):
+        key, _, field = name.rpartition(":")
+        if field == "n":
+            estimator[key] = {
+                "samples": int(raw[name]),
+                "mean": float(raw.get(f"{key}:mean", 0.0)),
+                "abs_error": float(raw.get(f"{key}:err", 0.0)),
+            }
+    return {"tenants": tenants, "estimator": estimator}
+
+
 def kv_percent(load: Mapping[str, Any], record: Mapping[Any, Any]) -> float | None:
     """KV cache blocks in use as a percentage, or None when the total is unknown."""
     total = float(load.get("kv_blocks_total") or record.get("kv_blocks_total") or 0)

@@ -22,15 +22,48 @@ import yaml
 
 @dataclass(frozen=True)
 class RequestLevelConfig:
-    """Per-request admission and priority knobs."""
+    """Per-request admission and the adaptive priority score (see docs/scheduling.md)."""
 
     default_priority: int = 5
     max_priority: int = 10
     # Aging: each priority level is worth this much queue time, so a low-priority request
-    # overtakes newer high-priority ones after at most (10 * credit) ms: no starvation.
+    # overtakes newer high-priority ones of its tenant after at most (10 * credit) ms: no starvation.
     priority_credit_ms: float = 1000.0
+    # Urgency: a request with a deadline counts as having arrived at (deadline - expected service
+    # time - this margin) when that is earlier than its arrival. So deadlines within this horizon
+    # pull a request ahead of work that arrived up to (margin - slack) before it; farther ones
+    # change nothing.
+    urgency_margin_ms: float = 30000.0
+    # Applied when a request names no TTFT target of its own; 0: none.
+    default_ttft_target_ms: float = 0.0
+    # Resource need: queue time each token of (prompt + expected output) costs, so very large
+    # requests yield a little to small ones (0 turns it off).
+    resource_ms_per_token: float = 0.1
     default_max_tokens: int = 256
     max_pending_requests: int = 10000
+    # Shedding order: priority 0 is refused once the queue is (1 - reserve) full, max_priority
+    # only when it is full, linearly between: room stays for important work.
+    shed_reserve_fraction: float = 0.2
+    # Retry-after hint sent with RESOURCE_EXHAUSTED.
+    retry_after_ms: int = 1000
+    # Tenant fairness: equal-weight tenants get equal token throughput under saturation.
+    default_tenant_weight: float = 1.0
+    tenant_weights: dict[str, float] = field(default_factory=dict)
+    # Most requests a tenant may have running at once across the fleet; absent: no cap.
+    tenant_max_running: dict[str, int] = field(default_factory=dict)
+    # Virtual token counter charges: a prompt token is cheaper than a generated one.
+    fairness_prompt_token_weight: float = 0.25
+    fairness_output_token_weight: float = 1.0
+    # Across tenants, one priority level of a tenant's next request is worth this many counter
+    # tokens: important work goes first, yet no tenant gets more than 10 levels' worth ahead.
+    fairness_priority_credit_tokens: float = 64.0
+    # Preemption: a waiting request may evict running work this many priority levels below it
+    # when no executor has room; 0 disables. A request preempted max_preemptions times is safe.
+    preempt_priority_gap: int = 3
+    max_preemptions: int = 2
+    # Output-length estimator: running mean per (tenant, prompt-length bucket) after this many samples.
+    estimator_min_samples: int = 4
+    estimator_alpha: float = 0.2
     max_stop_strings: int = 16
     max_stop_string_chars: int = 256
     max_prompt_chars: int = 1_000_000
@@ -38,22 +71,54 @@ class RequestLevelConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.default_priority <= self.max_priority:
             raise ValueError("request_level.default_priority must lie in [0, max_priority]")
-        if not (math.isfinite(self.priority_credit_ms) and self.priority_credit_ms >= 0):
-            raise ValueError("request_level.priority_credit_ms must be a finite number >= 0")
+        for name in ("priority_credit_ms", "urgency_margin_ms", "default_ttft_target_ms", "resource_ms_per_token"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"request_level.{name} must be a finite number >= 0")
         if self.default_max_tokens < 1 or self.max_pending_requests < 1:
             raise ValueError("request_level.default_max_tokens and max_pending_requests must be >= 1")
+        if not 0.0 <= self.shed_reserve_fraction < 1.0 or self.retry_after_ms < 0:
+            raise ValueError("request_level needs 0 <= shed_reserve_fraction < 1 and retry_after_ms >= 0")
+        weights = [self.default_tenant_weight, *self.tenant_weights.values()]
+        if not all(math.isfinite(w) and w > 0 for w in weights):
+            raise ValueError("request_level tenant weights must be finite numbers > 0")
+        if any(cap < 1 for cap in self.tenant_max_running.values()):
+            raise ValueError("request_level.tenant_max_running caps must be >= 1")
+        if (
+            min(
+                self.fairness_prompt_token_weight,
+                self.fairness_output_token_weight,
+                self.fairness_priority_credit_tokens,
+            )
+            < 0
+        ):
+            raise ValueError("request_level fairness token weights must be >= 0")
+        if self.preempt_priority_gap < 0 or self.max_preemptions < 0:
+            raise ValueError("request_level.preempt_priority_gap and max_preemptions must be >= 0")
+        if self.estimator_min_samples < 1 or not 0 < self.estimator_alpha <= 1:
+            raise ValueError("request_level needs estimator_min_samples >= 1 and 0 < estimator_alpha <= 1")
+
+    def tenant_weight(self, tenant: str) -> float:
+        return self.tenant_weights.get(tenant, self.default_tenant_weight)
 
 
 @dataclass(frozen=True)
 class BatchLevelConfig:
-    """How many requests share one executor batch."""
+    """How many requests share one executor batch, and which ones."""
 
     max_batch_size: int = 64
     min_batch_size: int = 1
+    # At low load an idle executor waits up to this long for min_batch_size requests; 0: never waits.
+    batch_timeout_ms: float = 0.0
+    # Length-aware merging may reorder queued requests whose scores lie within this window of the
+    # head's, to join a batch whose lengths they fit; 0 keeps strict queue order.
+    merge_window_ms: float = 500.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_batch_size <= self.max_batch_size:
             raise ValueError("batch_level needs 1 <= min_batch_size <= max_batch_size")
+        if self.batch_timeout_ms < 0 or self.merge_window_ms < 0:
+            raise ValueError("batch_level.batch_timeout_ms and merge_window_ms must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -70,14 +135,31 @@ class TokenLevelConfig:
 
 @dataclass(frozen=True)
 class LoadAwareConfig:
-    """Load thresholds (fraction of KV cache in use) between which the scheduler adapts."""
+    """How the scheduler adapts to load, measured as the busiest executor's KV cache use (0-1) or
+    its step time against ``target_step_ms``. Below ``low_load_threshold`` nothing changes; above
+    ``high_load_threshold`` each adjustment is at full strength; linearly between."""
 
     low_load_threshold: float = 0.3
     high_load_threshold: float = 0.85
+    # Step time that counts as full load; 0: judge by KV use alone.
+    target_step_ms: float = 0.0
+    # Under full load, deadline margins grow by this factor (urgency counts more) ...
+    urgency_load_boost: float = 1.0
+    # ... the resource-need penalty grows by this factor (very large requests yield) ...
+    resource_load_boost: float = 2.0
+    # ... new admissions shrink to this fraction of the free batch slots and KV blocks ...
+    min_admission_fraction: float = 0.5
+    # ... and the prefill token budget shrinks to this fraction, which protects running decodes.
+    min_token_budget_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.low_load_threshold <= self.high_load_threshold <= 1.0:
             raise ValueError("load_aware needs 0 <= low_load_threshold <= high_load_threshold <= 1")
+        if self.target_step_ms < 0 or self.urgency_load_boost < 0 or self.resource_load_boost < 0:
+            raise ValueError("load_aware.target_step_ms, urgency_load_boost and resource_load_boost must be >= 0")
+        for name in ("min_admission_fraction", "min_token_budget_fraction"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"load_aware.{name} must lie in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -95,8 +177,15 @@ class DistributedConfig:
     redis_retry_s: float = 30.0
     # A request whose executor died is re-queued at most this many times, then fails.
     max_migrations: int = 3
+    # Token-stream batching (vLLM's stream_interval): a request's tokens are recorded and streamed
+    # once this many have gathered, or once the oldest has waited stream_interval_ms (0: no time
+    # limit). 1 writes every step's tokens at once. A first and a final event always go at once.
+    stream_interval_tokens: int = 1
+    stream_interval_ms: int = 0
 
     def __post_init__(self) -> None:
+        if self.stream_interval_tokens < 1 or self.stream_interval_ms < 0:
+            raise ValueError("distributed needs stream_interval_tokens >= 1 and stream_interval_ms >= 0")
         if self.heartbeat_interval_ms <= 0 or self.lease_ttl_ms <= self.heartbeat_interval_ms:
             raise ValueError("distributed needs 0 < heartbeat_interval_ms < lease_ttl_ms")
         if self.request_ttl_s < 1:
@@ -229,9 +318,18 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
         return float(value)
     if base is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
+    if typing.get_origin(base) is dict:
+        return _coerce_mapping(base, value, path)
     if not isinstance(value, base) or (base is int and isinstance(value, bool)):
         raise ValueError(f"config key {path} must be {base.__name__}, got {value!r}")
     return value
+
+
+def _coerce_mapping(hint: Any, value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"config key {path} must be a mapping, got {value!r}")
+    key_type, value_type = typing.get_args(hint)
+    return {_coerce(key_type, k, f"{path}.{k}"): _coerce(value_type, v, f"{path}.{k}") for k, v in value.items()}
 
 
 def _set_path(tree: dict[str, Any], parts: list[str], value: Any) -> None:

@@ -20,7 +20,11 @@ class AlreadyExists(BatonError):
 
 
 class Overloaded(BatonError):
-    """Backpressure: the queue is full: RESOURCE_EXHAUSTED."""
+    """Backpressure: the queue is full: RESOURCE_EXHAUSTED, with a hint of when to retry."""
+
+    def __init__(self, message: str, retry_after_ms: int = 0) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
 
 
 class NotReady(BatonError):

@@ -7,7 +7,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+from redis.exceptions import ClusterDownError, ReadOnlyError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -25,6 +29,10 @@ STATUS_FOR: dict[type[BaseException], grpc.StatusCode] = {
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     RedisConnectionError: grpc.StatusCode.UNAVAILABLE,
     RedisTimeoutError: grpc.StatusCode.UNAVAILABLE,
+    # A Redis Cluster or Sentinel failover in progress: transient, like a lost connection.
+    ClusterDownError: grpc.StatusCode.UNAVAILABLE,
+    TryAgainError: grpc.StatusCode.UNAVAILABLE,
+    ReadOnlyError: grpc.StatusCode.UNAVAILABLE,
 }
 
 
@@ -36,11 +44,36 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "internal error"
 
 
+RETRY_AFTER_METADATA = "retry-after-ms"
+
+
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
     code, message = status_for(exc)
     if code is grpc.StatusCode.INTERNAL:
         log.exception("unhandled error in %s", method, exc_info=exc)
+    if isinstance(exc, errors.Overloaded) and exc.retry_after_ms:
+        # The hint rides twice: as google.rpc.RetryInfo in the standard status details (what
+        # gRPC clients' retry policies read) and as plain trailing metadata for simple clients.
+        await context.abort_with_status(_overloaded_status(code, message, exc.retry_after_ms))
     await context.abort(code, message)
+
+
+def _overloaded_status(code: grpc.StatusCode, message: str, retry_after_ms: int) -> grpc.Status:
+    detail = any_pb2.Any()
+    retry = error_details_pb2.RetryInfo()
+    retry.retry_delay.FromMilliseconds(retry_after_ms)
+    detail.Pack(retry)
+    status = status_pb2.Status(code=code.value[0], message=message, details=[detail])
+    rich = rpc_status.to_status(status)
+    metadata = (*rich.trailing_metadata, (RETRY_AFTER_METADATA, str(retry_after_ms)))
+    return _Status(rich.code, rich.details, metadata)
+
+
+class _Status(grpc.Status):
+    def __init__(self, code: grpc.StatusCode, details: str, trailing_metadata: tuple[tuple[str, Any], ...]) -> None:
+        self.code = code
+        self.details = details
+        self.trailing_metadata = trailing_metadata
 
 
 class _Undecodable:

@@ -29,6 +29,40 @@ class KeySchema:
         """Sorted set of queued request ids, scored by adaptive priority (lower runs sooner)."""
         return f"{self._tagged}:queue:pending"
 
+    @property
+    def tenant_queue_prefix(self) -> str:
+        """Prefix of the per-tenant queues; the scripts append the tenant name."""
+        return f"{self._tagged}:queue:tenant:"
+
+    def tenant_queue(self, tenant: str) -> str:
+        """Sorted set of one tenant's queued request ids, by the same score as ``pending``."""
+        return self.tenant_queue_prefix + tenant
+
+    @property
+    def tenants_waiting(self) -> str:
+        """Sorted set of tenants with queued requests, scored by their virtual token counter."""
+        return f"{self._tagged}:tenants:waiting"
+
+    @property
+    def tenant_counters(self) -> str:
+        """Hash: tenant -> virtual token counter (weighted tokens served), kept while idle."""
+        return f"{self._tagged}:tenants:counter"
+
+    @property
+    def tenant_vclock(self) -> str:
+        """String: the counter of the tenant served last; an idle tenant that returns starts here."""
+        return f"{self._tagged}:tenants:vclock"
+
+    @property
+    def tenant_running(self) -> str:
+        """Hash: tenant -> requests assigned or running, for per-tenant caps."""
+        return f"{self._tagged}:tenants:running"
+
+    @property
+    def estimator(self) -> str:
+        """Hash: output-length estimator, ``tenant|bucket:n``, ``:mean`` and ``:err`` fields."""
+        return f"{self._tagged}:estimator"
+
     def request(self, request_id: str) -> str:
         """Hash: one request's record (state, prompt ids, params JSON, tokens so far, ...)."""
         return f"{self._tagged}:req:{request_id}"

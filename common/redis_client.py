@@ -1,4 +1,9 @@
-"""Redis connections with retry and backoff, shared by both services."""
+"""Redis connections with retry and backoff, shared by both services.
+
+``connect`` opens whichever deployment ``distributed.redis_url`` names (see ``common.redis_url``):
+one server, a Redis Cluster, or a Sentinel-managed primary. All three answer the same commands,
+so the rest of Baton holds the result as a plain ``redis.asyncio.Redis``.
+"""
 
 from __future__ import annotations
 
@@ -6,45 +11,165 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
+import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
+from redis.cluster import ClusterNode as SyncClusterNode
+from redis.exceptions import ClusterDownError, ReadOnlyError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.sentinel import Sentinel as SyncSentinel
 
 from common.errors import NotReady
+from common.redis_cluster import BatonRedisCluster
+from common.redis_url import TLS_OPTIONS, RedisKind, RedisTarget, parse_redis_url
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# What a failover or restart looks like from a client: worth waiting out, not worth failing for.
+# ReadOnlyError: a write reached a primary that was just demoted to replica.
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterDownError,
+    TryAgainError,
+    ReadOnlyError,
+)
+
+
+def _retry() -> Retry:
+    return Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3)
+
+
+def _tls_kwargs(target: RedisTarget) -> dict[str, Any]:
+    if not target.tls:
+        return {}
+    kwargs: dict[str, Any] = {"ssl": True}
+    for name in TLS_OPTIONS:
+        value = target.option(name)
+        if value is not None:
+            kwargs[name] = value.lower() in ("1", "true", "yes") if name == "ssl_check_hostname" else value
+    return kwargs
+
 
 def connect(url: str, max_connections: int = 512) -> aioredis.Redis:
-    """A pooled client that retries transient connection errors with exponential backoff."""
+    """A pooled client for ``url`` that retries transient connection errors with exponential backoff."""
+    target = parse_redis_url(url)
+    if target.kind is RedisKind.CLUSTER:
+        return _connect_cluster(target, max_connections)
+    if target.kind is RedisKind.SENTINEL:
+        return _connect_sentinel(target, max_connections)
     return aioredis.Redis.from_url(
         url,
         decode_responses=True,
         max_connections=max_connections,
         health_check_interval=15,
         socket_connect_timeout=2.0,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+        retry=_retry(),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
     )
 
 
-async def with_redis_retry(operation: Callable[[], Awaitable[T]], give_up_s: float, what: str) -> T:
-    """Run ``operation``, retrying connection errors with backoff for up to ``give_up_s`` seconds.
+def _connect_cluster(target: RedisTarget, max_connections: int) -> aioredis.Redis:
+    log.info("Redis Cluster via %s", target.redacted)
+    cluster = BatonRedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
+        username=target.username,
+        password=target.password,
+        decode_responses=True,
+        max_connections=max_connections,  # per node
+        health_check_interval=15,
+        socket_connect_timeout=2.0,
+        retry=_retry(),
+        **_tls_kwargs(target),
+    )
+    # RedisCluster answers every command Baton uses with the same shape as Redis; callers
+    # that must differ (pub/sub on the control channel) ask ``is_cluster``.
+    return cast(aioredis.Redis, cluster)
 
-    This is how Baton rides out a Redis restart: callers pause instead of failing, and only an
-    outage longer than ``give_up_s`` surfaces, as NotReady (UNAVAILABLE to clients).
+
+def _connect_sentinel(target: RedisTarget, max_connections: int) -> aioredis.Redis:
+    log.info("Redis via Sentinel %s", target.redacted)
+    sentinel_auth = {
+        k: v
+        for k, v in (
+            ("username", target.option("sentinel_username")),
+            ("password", target.option("sentinel_password")),
+        )
+        if v
+    }
+    sentinel = Sentinel(
+        list(target.nodes),
+        sentinel_kwargs={"socket_connect_timeout": 1.0, "socket_timeout": 1.0, **sentinel_auth},
+    )
+    # The pool asks the sentinels for the primary on every new connection, and a write that
+    # reaches a demoted primary drops the connection (ReadOnlyError -> ConnectionError), so a
+    # failover looks like a short outage that ``with_redis_retry`` rides out.
+    return sentinel.master_for(
+        target.service_name,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        decode_responses=True,
+        max_connections=max_connections,
+        health_check_interval=15,
+        socket_connect_timeout=2.0,
+        retry=_retry(),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        **_tls_kwargs(target),
+    )
+
+
+def connect_sync(url: str) -> redis.Redis:
+    """A blocking client for the CLI (``baton inspect``), for any of the three URL shapes."""
+    target = parse_redis_url(url)
+    if target.kind is RedisKind.CLUSTER:
+        nodes = [SyncClusterNode(host, port) for host, port in target.nodes]
+        cluster = redis.RedisCluster(
+            startup_nodes=nodes,
+            username=target.username,
+            password=target.password,
+            decode_responses=True,
+            **_tls_kwargs(target),
+        )
+        return cast(redis.Redis, cluster)
+    if target.kind is RedisKind.SENTINEL:
+        sentinel_auth = {"password": target.option("sentinel_password")} if target.option("sentinel_password") else {}
+        manager = SyncSentinel(list(target.nodes), sentinel_kwargs=sentinel_auth)
+        return manager.master_for(
+            target.service_name,
+            db=target.db,
+            username=target.username,
+            password=target.password,
+            decode_responses=True,
+            **_tls_kwargs(target),
+        )
+    return redis.Redis.from_url(url, decode_responses=True)
+
+
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` talks to a Redis Cluster (whose pub/sub is sharded, see the control channel)."""
+    return isinstance(client, (aioredis.RedisCluster, redis.RedisCluster))
+
+
+async def with_redis_retry(operation: Callable[[], Awaitable[T]], give_up_s: float, what: str) -> T:
+    """Run ``operation``, retrying transient errors with backoff for up to ``give_up_s`` seconds.
+
+    This is how Baton rides out a Redis restart or failover: callers pause instead of failing, and
+    only an outage longer than ``give_up_s`` surfaces, as NotReady (UNAVAILABLE to clients).
     """
     give_up = time.monotonic() + give_up_s
     delay = 0.05
     while True:
         try:
             return await operation()
-        except (RedisConnectionError, RedisTimeoutError) as exc:
+        except TRANSIENT_ERRORS as exc:
             if time.monotonic() >= give_up:
                 raise NotReady(f"Redis is unavailable ({what})") from exc
             log.warning("%s: Redis unavailable (%s); retrying in %.2f s", what, exc, delay)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
+from collections.abc import Mapping
 
 import grpc
 
 from common.config import SecurityConfig
 from common.grpc_errors import ErrorMappingInterceptor
+from common.netaddr import host_port, reachable_host
 from common.security import BearerAuthInterceptor, server_credentials
 from common.tracing import server_interceptors
 
@@ -61,10 +62,11 @@ def install_signal_handlers(stop: asyncio.Event) -> None:
             return
 
 
-def advertise_address(host: str, port: int, configured: str) -> str:
-    """The address other services dial: configured, else this host's name when bound to all interfaces."""
+def advertise_address(host: str, port: int, configured: str, environ: Mapping[str, str] | None = None) -> str:
+    """The address other services dial: configured; else, when bound to all interfaces, this pod's
+    or container's IP (``common.netaddr.reachable_host``); else the bound host."""
     if configured:
         return configured
     if host in ("0.0.0.0", "::", ""):
-        return f"{socket.gethostname()}:{port}"
-    return f"{host}:{port}"
+        return host_port(reachable_host(environ), port)
+    return host_port(host, port)

@@ -19,13 +19,14 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from common.config import BatonConfig
-from common.lifecycle import FinishReason
 from scheduler_service import scripts
+from scheduler_service.admission import Admission
+from scheduler_service.control_channel import ControlChannel
 from scheduler_service.executor_link import ExecutorLink
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.placement import Candidate, place, unplaceable
 from scheduler_service.request_store import RequestStore
-from scheduler_service.requests import TokenEvent
+from scheduler_service.scoring import RequestScorer
+from scheduler_service.stream_batching import StreamInterval
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,10 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._link_tasks: dict[str, asyncio.Task[None]] = {}
+        self.scorer = RequestScorer(config)
+        self.admission = Admission(store, config, self.scorer, self.metrics)
+        # Sharded pub/sub on a Redis Cluster, classic elsewhere.
+        self.control = ControlChannel(self.redis, self.keys.control_channel)
         self._renew = self.redis.register_script(scripts.RENEW_LEASE)
         self._release = self.redis.register_script(scripts.RELEASE_LEASE)
 
@@ -84,7 +89,7 @@ class Dispatcher:
         """Abort a running request on its executor, wherever the replica driving it is."""
         if not self._abort_local(request_id, executor_id):
             payload = json.dumps({"abort": request_id, "executor": executor_id})
-            await self.redis.publish(self.keys.control_channel, payload)
+            await self.control.publish(payload)
 
     def _abort_local(self, request_id: str, executor_id: str) -> bool:
         link = self.links.get(executor_id)
@@ -97,15 +102,11 @@ class Dispatcher:
     async def _control_loop(self) -> None:
         while not self._stopping:
             try:
-                async with self.redis.pubsub() as pubsub:
-                    await pubsub.subscribe(self.keys.control_channel)
-                    async for message in pubsub.listen():
-                        if message.get("type") != "message":
-                            continue
-                        data = json.loads(message["data"])
-                        if "abort" in data:
-                            self._abort_local(str(data["abort"]), str(data.get("executor", "")))
-                        self.wake()
+                async for payload in self.control.messages():
+                    data = json.loads(payload)
+                    if "abort" in data:
+                        self._abort_local(str(data["abort"]), str(data.get("executor", "")))
+                    self.wake()
             except RedisError as exc:
                 log.warning("control channel lost (%s); resubscribing", exc)
                 await asyncio.sleep(0.5)
@@ -140,6 +141,17 @@ class Dispatcher:
                     await self._release(keys=[self.keys.lease(executor_id)], args=[self.replica_id])
         await self._reap_dead(now - dist.executor_timeout_ms)
 
+    async def refresh_signals(self) -> None:
+        """Feed the scorer the executors' heartbeat load and the shared length estimator."""
+        alive = cast(list[str], await self.redis.zrange(self.keys.executors, 0, -1))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for executor_id in alive:
+                pipe.hget(self.keys.executor(executor_id), "load")
+            loads = await pipe.execute()
+        self.scorer.update(loads, await self.store.estimator_fields())
+        self.metrics.load_factor.set(self.scorer.load_factor)
+        self.metrics.length_error.set(self.scorer.mean_abs_error())
+
     async def _reap_dead(self, cutoff_ms: int) -> None:
         """Re-queue the requests of executors whose heartbeat stopped, once, under their lease."""
         dead = cast(list[str], await self.redis.zrangebyscore(self.keys.executors, "-inf", f"({cutoff_ms}"))
@@ -169,6 +181,7 @@ class Dispatcher:
             self.config.distributed.redis_retry_s,
             self.config.security,
             self.metrics,
+            StreamInterval(self.config.distributed.stream_interval_tokens, self.config.distributed.stream_interval_ms),
         )
         self.links[executor_id] = link
         self._link_tasks[executor_id] = asyncio.create_task(self._drive(link), name=f"link-{executor_id}")
@@ -219,55 +232,21 @@ class Dispatcher:
     async def plan_once(self) -> int:
         """Admit what fits now; return how many requests were admitted."""
         started = time.perf_counter()
-        admitted = await self._admit()
+        admitted = await self.admission.run(list(self.links.values()))
         self.metrics.plan_latency.observe(time.perf_counter() - started)
         self.metrics.executors.set(len(self.links))
         self.metrics.running.set(sum(len(link.requests) for link in self.links.values()))
         return admitted
 
     async def refresh_queue_gauges(self, sample: int = 1000, every_s: float = 1.0) -> None:
-        """Queue depth every tick; by priority and tenant (over the queue's head) at most every ``every_s``."""
+        """Queue depth every tick; the fleet's load, the estimator and the queue by priority and
+        tenant (over the queue's head) at most every ``every_s``."""
         self.metrics.waiting.set(await self.store.queue_length())
         now = time.monotonic()
         if now - self._classes_refreshed < every_s:
             return
         self._classes_refreshed = now
+        await self.refresh_signals()
         self.metrics.waiting_by.clear()
         for (priority, tenant), count in (await self.store.queue_classes(sample)).items():
             self.metrics.waiting_by.labels(priority, tenant).set(count)
-
-    async def _admit(self) -> int:
-        links = [link for link in self.links.values() if link.ready]
-        capacities = [link.capacity() for link in links]
-        room = sum(c.free_slots for c in capacities if c.free_blocks > 0)
-        if room == 0:
-            return 0
-        pending = await self.store.peek_pending(min(room, 256))
-        if not pending:
-            return 0
-        ids = [rid for rid, _ in pending]
-        lengths = await self.store.prompt_lengths(ids)
-        candidates = [Candidate(rid, n) for rid, n in zip(ids, lengths, strict=True) if n is not None]
-        too_large = set(unplaceable(candidates, capacities))
-        for request_id in too_large:
-            await self._fail_unplaceable(request_id)
-        candidates = [c for c in candidates if c.request_id not in too_large]
-        admitted = 0
-        for placement in place(candidates, capacities):
-            link = self.links.get(placement.executor_id)
-            if link is None:
-                continue
-            claimed = await self.store.claim(placement.request_id, placement.executor_id, link.owner)
-            if claimed is not None:
-                link.admit(claimed)
-                admitted += 1
-        for link in links:
-            link.flush()
-        return admitted
-
-    async def _fail_unplaceable(self, request_id: str) -> None:
-        tokens = int(await self.redis.llen(self.keys.tokens(request_id)))
-        event = TokenEvent(tokens, (), "", FinishReason.ERROR, {})
-        error = "the request needs more KV cache than any executor has"
-        if await self.store.finish_now(request_id, "", event, error):
-            log.warning("request %s failed: %s", request_id, error)

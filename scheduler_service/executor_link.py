@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,8 +26,10 @@ from common.redis_client import with_redis_retry
 from common.security import channel_credentials
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import ExecutorCapacity, blocks_for
+from scheduler_service.preemption import RunningRequest
 from scheduler_service.request_store import RequestStore, StepWrite, now_ms, usage_of
 from scheduler_service.requests import ClaimedRequest, RequestParams, TokenEvent
+from scheduler_service.stream_batching import StreamBatcher, StreamInterval
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +52,19 @@ class LinkedRequest:
     arrival_ms: int
     assigned_ms: int
     first_token_ms: int | None
+    priority: int = 0
+    preemptions: int = 0
+    deadline_ms: int = 0
+    expected_output: int = 0  # the estimator's guess at enqueue (else max_tokens)
 
     @property
     def num_tokens(self) -> int:
         return self.prompt_len + self.generated
+
+    @property
+    def remaining(self) -> int:
+        """Output tokens still expected: what length-aware merging compares."""
+        return max(1, self.expected_output - self.generated)
 
 
 def sampling_to_pb(params: RequestParams) -> pb.ExecSampling:
@@ -81,6 +93,7 @@ class ExecutorLink:
         redis_retry_s: float = 30.0,
         security: SecurityConfig | None = None,
         metrics: SchedulerMetrics | None = None,
+        stream_interval: StreamInterval | None = None,
     ) -> None:
         self.executor_id = executor_id
         self.address = address
@@ -106,6 +119,8 @@ class ExecutorLink:
         self._security = security or SecurityConfig()
         self._metrics = metrics or SchedulerMetrics()
         self._last_token_at: dict[str, float] = {}
+        self._batcher = StreamBatcher(stream_interval or StreamInterval())
+        self.preempting: set[str] = set()  # preempt plans sent, not yet reported back
 
     # ---- lifecycle ---------------------------------------------------------------------
     async def connect(self, timeout: float = 5.0) -> None:
@@ -152,7 +167,8 @@ class ExecutorLink:
     def ready(self) -> bool:
         return self.info is not None and self._acked_seq >= self._fence_seq
 
-    def capacity(self) -> ExecutorCapacity:
+    def capacity(self, fraction: float = 1.0) -> ExecutorCapacity:
+        """Room for new requests; ``fraction`` < 1 shrinks it under load (rounding up, so never to 0)."""
         assert self.info is not None
         block_size = self.info.block_size
         committed = sum(blocks_for(r.num_tokens + 1, block_size) for r in self.requests.values())
@@ -161,11 +177,28 @@ class ExecutorLink:
         max_batch = min(self.info.max_batch_size, self._config.batch_level.max_batch_size)
         return ExecutorCapacity(
             executor_id=self.executor_id,
-            free_slots=max(0, max_batch - len(self.requests)),
-            free_blocks=max(0, total - committed - watermark),
+            free_slots=math.ceil(max(0, max_batch - len(self.requests)) * fraction),
+            free_blocks=math.ceil(max(0, total - committed - watermark) * fraction),
             total_blocks=total,
             block_size=block_size,
         )
+
+    def running_requests(self) -> list[RunningRequest]:
+        """What preemption may choose from: requests not already being preempted."""
+        assert self.info is not None
+        return [
+            RunningRequest(
+                r.request_id, r.priority, r.preemptions, blocks_for(r.num_tokens + 1, self.info.block_size), r.generated
+            )
+            for r in self.requests.values()
+            if r.request_id not in self.preempting
+        ]
+
+    def preempt(self, request_ids: list[str]) -> None:
+        """Ask the executor to give these back; they return to the queue with their tokens kept."""
+        fresh = [rid for rid in request_ids if rid in self.requests and rid not in self.preempting]
+        self.preempting.update(fresh)
+        self._pending.preempt.extend(fresh)
 
     def admit(self, claimed: ClaimedRequest) -> None:
         self.requests[claimed.request_id] = LinkedRequest(
@@ -175,6 +208,10 @@ class ExecutorLink:
             arrival_ms=claimed.arrival_ms,
             assigned_ms=claimed.assigned_ms,
             first_token_ms=claimed.first_token_ms,
+            priority=claimed.priority,
+            preemptions=claimed.preemptions,
+            deadline_ms=claimed.deadline_ms,
+            expected_output=claimed.expected_output or claimed.params.max_tokens,
         )
         self._pending.admit.append(
             pb.AdmitRequest(
@@ -191,12 +228,20 @@ class ExecutorLink:
         if request_id in self.requests:
             self._pending.abort.append(request_id)
 
-    def flush(self) -> None:
-        """Send the pending deltas, with prefill grants for the newly admitted, as one plan."""
+    def flush(self, budget_fraction: float = 1.0) -> None:
+        """Send the pending deltas, with prefill grants for the newly admitted, as one plan.
+
+        ``budget_fraction`` < 1 (under load) shrinks the token budget, and so the prefill each
+        step may add, which protects the running decodes' step time.
+        """
         plan = self._pending
         if not (plan.admit or plan.abort or plan.preempt):
             return
-        budget = self._config.token_level.token_budget
+        assert self.info is not None
+        max_batch = min(self.info.max_batch_size, self._config.batch_level.max_batch_size)
+        # Never below max_batch + 1: every running request decodes a token each step.
+        budget = max(max_batch + 1, int(self._config.token_level.token_budget * budget_fraction))
+        plan.token_budget = budget
         budget -= sum(1 for r in self.requests.values() if r.first_token_ms is not None)
         for admit in plan.admit:
             if budget <= 0:
@@ -210,7 +255,6 @@ class ExecutorLink:
             budget -= grant
         plan.seq = self._next_seq()
         plan.iteration = self.iteration + 1
-        plan.token_budget = self._config.token_level.token_budget
         self._outbox.put_nowait(plan)
         self._pending = pb.Plan()
 
@@ -221,7 +265,7 @@ class ExecutorLink:
         self._metrics.observe_load(self.executor_id, report.load)
         if self._base_seq <= report.plan_seq <= self._seq:
             self._acked_seq = max(self._acked_seq, report.plan_seq)
-        writes = self._step_writes(report)
+        writes = self._batched(self._step_writes(report))
         if writes:
             await with_redis_retry(
                 lambda: self._store.publish_step(self.executor_id, writes, self.owner),
@@ -229,6 +273,7 @@ class ExecutorLink:
                 f"recording a step of {self.executor_id}",
             )
         for request_id in [*report.preempted, *(r.request_id for r in report.rejected)]:
+            self.preempting.discard(request_id)
             if self.requests.pop(request_id, None) is not None:
                 self._last_token_at.pop(request_id, None)
                 if request_id in report.preempted:
@@ -283,9 +328,20 @@ class ExecutorLink:
         )
         reason = FinishReason(fin.finish_reason)
         event = TokenEvent(req.generated, tokens, text, reason, usage)
+        self.preempting.discard(req.request_id)
+        if req.deadline_ms:
+            self._metrics.deadlines.labels("met" if now_ms() <= req.deadline_ms else "missed").inc()
         self._last_token_at.pop(req.request_id, None)
         self._metrics.observe_finish(reason.name, usage, (now_ms() - req.arrival_ms) / 1000)
         return StepWrite(req.request_id, event, fin.error)
 
+    def _batched(self, writes: list[StepWrite]) -> list[StepWrite]:
+        """Apply the stream interval: hold back what may wait, add what has waited long enough."""
+        now = time.monotonic()
+        return [out for write in writes for out in self._batcher.offer(write, now)] + self._batcher.due(now)
+
     async def hand_back(self, request_id: str, kind: str = "preempt") -> None:
+        waiting = self._batcher.take(request_id)
+        if waiting is not None:  # record what waited to stream, so the request resumes after it
+            await self._store.publish_step(self.executor_id, [waiting], self.owner)
         await self._store.hand_back(request_id, self.executor_id, kind, self.owner)

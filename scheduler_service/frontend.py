@@ -21,7 +21,7 @@ from common.redis_client import with_redis_retry
 from common.security import current_principal
 from common.tracing import current_traceparent, tag_current_span
 from scheduler_service.dispatcher import Dispatcher
-from scheduler_service.priority import queue_score
+from scheduler_service.priority import shed_limit
 from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import NewRequest, TokenEvent
 from scheduler_service.tokenizer_source import ModelLimits, TokenizerSource
@@ -73,18 +73,29 @@ class Frontend:
             msg.tenant = principal.tenant  # with auth on, the token decides the tenant
         limits = await self.model_limits()
         prompt_ids = await self.tokenize(msg.prompt) if msg.prompt else []
-        req = validate(msg, lambda _text: prompt_ids, limits, self.config.scheduler.request_level)
         request_level = self.config.scheduler.request_level
-        score = queue_score(req.arrival_ms, req.priority, request_level)
+        req = validate(msg, lambda _text: prompt_ids, limits, request_level)
+        scored = self.dispatcher.scorer.score(req)
         tag_current_span(req.request_id)
+        limit = shed_limit(req.priority, request_level)
         try:
-            await self.store.enqueue(req, score, request_level.max_pending_requests, current_traceparent())
-        except Overloaded:
-            self.dispatcher.metrics.shed.inc()
-            raise
-        log.info("request %s queued: %d prompt tokens, priority %d", req.request_id, len(req.prompt_ids), req.priority)
+            await self.store.enqueue(req, scored.score, limit, current_traceparent(), scored.fields)
+        except Overloaded as exc:
+            self.dispatcher.metrics.shed.labels(str(req.priority)).inc()
+            raise Overloaded(
+                f"the queue holds {limit} or more requests, the limit for priority {req.priority}; retry later",
+                request_level.retry_after_ms,
+            ) from exc
+        log.info(
+            "request %s queued: %d prompt tokens, priority %d, tenant %s, expected output %d",
+            req.request_id,
+            len(req.prompt_ids),
+            req.priority,
+            req.tenant,
+            scored.expected_output,
+        )
         self.dispatcher.wake()
-        await self.store.redis.publish(self.store.keys.control_channel, '{"wake":1}')
+        await self.dispatcher.control.publish('{"wake":1}')
         return req
 
     async def events(self, request_id: str, from_index: int = 0) -> AsyncIterator[TokenEvent]:

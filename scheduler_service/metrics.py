@@ -34,7 +34,36 @@ class SchedulerMetrics:
         self.success = Counter("baton:request_success", "Finished requests", ["finished_reason"], registry=r)
         self.preemptions = Counter("baton:num_preemptions", "Requests handed back by executors", registry=r)
         self.migrations = Counter("baton:num_migrations", "Requests re-queued after losing their executor", registry=r)
-        self.shed = Counter("baton:requests_shed", "Requests refused with RESOURCE_EXHAUSTED", registry=r)
+        self.shed = Counter(
+            "baton:requests_shed", "Requests refused with RESOURCE_EXHAUSTED", ["priority"], registry=r
+        )
+        self.deadlines = Counter(
+            "baton:deadline_requests", "Finished requests that had a deadline, by outcome", ["outcome"], registry=r
+        )
+        self.length_error = Gauge(
+            "baton:output_length_estimate_error_tokens",
+            "Output-length estimator: mean absolute error in tokens, weighted by samples",
+            registry=r,
+        )
+        self.load_factor = Gauge("baton:load_factor", "Load factor 0-1 between the load_aware thresholds", registry=r)
+        self.scheduler_preemptions = Counter(
+            "baton:scheduler_preemptions", "Running requests preempted for more important waiting ones", registry=r
+        )
+        # Fleet-wide autoscaling signals (scheduler_service/fleet_signals.py): read from Redis, so
+        # every replica exports the same values; aggregate with max(), not sum().
+        self.oldest_waiting = Gauge(
+            "baton:queue_oldest_waiting_seconds",
+            "Age of the oldest queued request, by priority (over the head of the queue)",
+            ["priority"],
+            registry=r,
+        )
+        self.fleet_kv_usage = Gauge(
+            "baton:fleet_kv_cache_usage_perc", "KV cache in use over all live executors, 0-1", registry=r
+        )
+        self.fleet_running = Gauge(
+            "baton:fleet_num_requests_running", "Requests running on all live executors", registry=r
+        )
+        self.fleet_executors = Gauge("baton:fleet_executors", "Live executors (by heartbeat)", registry=r)
         self.aborted = Counter("baton:requests_aborted", "Requests aborted for their client", ["reason"], registry=r)
         self.ttft = Histogram(
             "baton:time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r

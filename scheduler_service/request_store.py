@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -14,6 +14,7 @@ from common.errors import AlreadyExists, Overloaded
 from common.keys import KeySchema
 from common.lifecycle import FinishReason, RequestState, terminal_state_for
 from scheduler_service import scripts
+from scheduler_service.queue_view import QueueReads
 from scheduler_service.requests import ClaimedRequest, NewRequest, RequestParams, TokenEvent, parse_ids
 
 
@@ -38,12 +39,20 @@ class CancelOutcome:
     ended_here: bool  # it was queued, and this cancel ended it
 
 
-class RequestStore:
-    def __init__(self, redis: aioredis.Redis, keys: KeySchema, request_ttl_s: int, max_migrations: int = 3) -> None:
+class RequestStore(QueueReads):
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: KeySchema,
+        request_ttl_s: int,
+        max_migrations: int = 3,
+        estimator_alpha: float = 0.2,
+    ) -> None:
         self.redis = redis
         self.keys = keys
         self.ttl_s = request_ttl_s
         self.max_migrations = max_migrations
+        self.estimator_alpha = estimator_alpha
         self._enqueue = redis.register_script(scripts.ENQUEUE)
         self._claim = redis.register_script(scripts.CLAIM)
         self._append = redis.register_script(scripts.APPEND_TOKENS)
@@ -51,42 +60,52 @@ class RequestStore:
         self._requeue = redis.register_script(scripts.REQUEUE)
         self._cancel = redis.register_script(scripts.CANCEL)
 
-    async def enqueue(self, req: NewRequest, score: float, max_pending: int, traceparent: str = "") -> None:
+    async def enqueue(
+        self,
+        req: NewRequest,
+        score: float,
+        max_pending: int,
+        traceparent: str = "",
+        scheduling: Mapping[str, str] | None = None,
+    ) -> None:
+        """Queue ``req``; refused (``Overloaded``) once ``max_pending`` requests wait.
+
+        ``scheduling`` adds the fairness and estimator fields (``fair_cost``, ``est_out``, ...).
+        """
         fields = {
             "state": RequestState.QUEUED.name,
             "prompt_ids": ",".join(map(str, req.prompt_ids)),
             "prompt_len": str(len(req.prompt_ids)),
             "params": req.params.to_json(),
             "priority": str(req.priority),
-            "tenant": req.tenant,
             "deadline_ms": str(req.deadline_ms),
             "arrival_ms": str(req.arrival_ms),
             "score": repr(score),
             "executor": "",
             "traceparent": traceparent,
+            **(scheduling or {}),
         }
         flat = [item for pair in fields.items() for item in pair]
-        keys = [self.keys.request(req.request_id), self.keys.pending]
-        result = await self._enqueue(keys=keys, args=[max_pending, repr(score), req.request_id, *flat])
+        keys = [
+            self.keys.request(req.request_id),
+            self.keys.pending,
+            self.keys.tenants_waiting,
+            self.keys.tenant_counters,
+            self.keys.tenant_vclock,
+        ]
+        args: list[EncodableT] = [
+            max_pending,
+            repr(score),
+            req.request_id,
+            self.keys.tenant_queue_prefix,
+            req.tenant,
+            *flat,
+        ]
+        result = await self._enqueue(keys=keys, args=args)
         if result == -1:
             raise AlreadyExists(f"request_id {req.request_id!r} was already submitted")
         if result == -2:
             raise Overloaded(f"the queue is full ({max_pending} pending requests); retry later")
-
-    async def peek_pending(self, count: int) -> list[tuple[str, float]]:
-        """The ``count`` requests that should run soonest (lowest scores), O(log n + count)."""
-        queued = cast(
-            list[tuple[str, float]], await self.redis.zrange(self.keys.pending, 0, count - 1, withscores=True)
-        )
-        return [(m, float(s)) for m, s in queued]
-
-    async def prompt_lengths(self, request_ids: Sequence[str]) -> list[int | None]:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for rid in request_ids:
-                pipe.hget(self.keys.request(rid), "prompt_len")
-                pipe.llen(self.keys.tokens(rid))
-            raw = await pipe.execute()
-        return [None if p is None else int(p) + int(n) for p, n in zip(raw[::2], raw[1::2], strict=True)]
 
     async def claim(self, request_id: str, executor_id: str, owner: str | None = None) -> ClaimedRequest | None:
         """QUEUED -> ASSIGNED on ``executor_id``; ``owner`` (default: the executor id) fences later writes."""
@@ -95,11 +114,23 @@ class RequestStore:
             self.keys.request(request_id),
             self.keys.running(executor_id),
             self.keys.tokens(request_id),
+            self.keys.tenants_waiting,
+            self.keys.tenant_counters,
+            self.keys.tenant_vclock,
+            self.keys.tenant_running,
         ]
-        row = await self._claim(keys=keys, args=[request_id, executor_id, now_ms(), owner or executor_id])
+        args: list[EncodableT] = [
+            request_id,
+            executor_id,
+            now_ms(),
+            owner or executor_id,
+            self.keys.tenant_queue_prefix,
+        ]
+        row = await self._claim(keys=keys, args=args)
         if not row:
             return None
-        prompt, params, score, arrival, assigned, first_token, _, out, traceparent = row
+        prompt, params, score, arrival, assigned, first_token, _, out, traceparent, *rest = row
+        tenant, priority, preemptions, deadline, est_out = rest
         return ClaimedRequest(
             request_id=request_id,
             prompt_ids=parse_ids(prompt),
@@ -110,6 +141,11 @@ class RequestStore:
             assigned_ms=int(assigned),
             first_token_ms=int(first_token) if first_token else None,
             traceparent=traceparent or "",
+            tenant=tenant,
+            priority=int(priority),
+            preemptions=int(preemptions),
+            deadline_ms=int(deadline),
+            expected_output=int(est_out),
         )
 
     async def append_tokens(
@@ -138,10 +174,24 @@ class RequestStore:
             self.keys.running(executor_id),
             self.keys.tokens(request_id),
             self.keys.pending,
+            self.keys.tenants_waiting,
+            self.keys.tenant_counters,
+            self.keys.tenant_running,
+            self.keys.estimator,
         ]
         state = terminal_state_for(reason)
         holder = executor_id if owner is None else owner
-        args: list[EncodableT] = [request_id, holder, state.name, reason.name, now_ms(), self.ttl_s, error]
+        args: list[EncodableT] = [
+            request_id,
+            holder,
+            state.name,
+            reason.name,
+            now_ms(),
+            self.ttl_s,
+            error,
+            self.keys.tenant_queue_prefix,
+            self.estimator_alpha,
+        ]
         await self._finish(keys=keys, args=args, client=pipe)
 
     async def publish_step(self, executor_id: str, writes: Sequence[StepWrite], owner: str | None = None) -> list[bool]:
@@ -194,9 +244,24 @@ class RequestStore:
 
     async def requeue(self, request_id: str, executor_id: str, kind: str = "preempt", owner: str | None = None) -> int:
         """Back to QUEUED with its tokens kept; see scripts.REQUEUE for the result codes."""
-        keys = [self.keys.request(request_id), self.keys.running(executor_id), self.keys.pending]
+        keys = [
+            self.keys.request(request_id),
+            self.keys.running(executor_id),
+            self.keys.pending,
+            self.keys.tenants_waiting,
+            self.keys.tenant_counters,
+            self.keys.tenant_vclock,
+            self.keys.tenant_running,
+        ]
         holder = executor_id if owner is None else owner
-        args: list[EncodableT] = [request_id, holder, now_ms(), kind, self.max_migrations]
+        args: list[EncodableT] = [
+            request_id,
+            holder,
+            now_ms(),
+            kind,
+            self.max_migrations,
+            self.keys.tenant_queue_prefix,
+        ]
         return int(await self._requeue(keys=keys, args=args))
 
     async def hand_back(
@@ -218,8 +283,14 @@ class RequestStore:
             await self.finish_now(request_id, "", TokenEvent(tokens, (), "", FinishReason.ERROR, {}), error)
 
     async def cancel(self, request_id: str) -> CancelOutcome:
-        keys = [self.keys.request(request_id), self.keys.pending, self.keys.tokens(request_id)]
-        state, executor_id, tokens, ended = await self._cancel(keys=keys, args=[request_id, now_ms(), self.ttl_s])
+        keys = [
+            self.keys.request(request_id),
+            self.keys.pending,
+            self.keys.tokens(request_id),
+            self.keys.tenants_waiting,
+        ]
+        args: list[EncodableT] = [request_id, now_ms(), self.ttl_s, self.keys.tenant_queue_prefix]
+        state, executor_id, tokens, ended = await self._cancel(keys=keys, args=args)
         if state == "MISSING":
             return CancelOutcome(None, "", 0, False)
         return CancelOutcome(RequestState[state], executor_id, int(tokens), ended == "1")
@@ -231,29 +302,10 @@ class RequestStore:
         record["tokens_generated"] = str(await self.redis.llen(self.keys.tokens(request_id)))
         return record
 
-    async def queue_position(self, request_id: str) -> int | None:
-        return cast(int | None, await self.redis.zrank(self.keys.pending, request_id))
-
-    async def queue_length(self) -> int:
-        return int(await self.redis.zcard(self.keys.pending))
-
     async def tokens_between(self, request_id: str, start: int, end: int) -> tuple[int, ...]:
         """Recorded output tokens ``start..end-1``: the source of truth a reader repairs gaps from."""
         raw = await self.redis.lrange(self.keys.tokens(request_id), start, end - 1)  # type: ignore[misc]
         return tuple(int(t) for t in raw)
-
-    async def queue_classes(self, sample: int) -> dict[tuple[str, str], int]:
-        """Queued requests by (priority, tenant), over the ``sample`` that run soonest."""
-        ids = cast(list[str], await self.redis.zrange(self.keys.pending, 0, sample - 1))
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for rid in ids:
-                pipe.hmget(self.keys.request(rid), "priority", "tenant")
-            rows = await pipe.execute()
-        counts: dict[tuple[str, str], int] = {}
-        for priority, tenant in rows:
-            if priority is not None:
-                counts[(priority, tenant or "")] = counts.get((priority, tenant or ""), 0) + 1
-        return counts
 
     async def running_ids(self, executor_id: str) -> set[str]:
         return set(cast(set[str], await self.redis.smembers(self.keys.running(executor_id))))

@@ -43,6 +43,7 @@ class NewRequest:
     tenant: str
     deadline_ms: int
     arrival_ms: int
+    ttft_target_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,11 @@ class ClaimedRequest:
     assigned_ms: int
     first_token_ms: int | None
     traceparent: str = ""  # the client call's trace context, for the executor's span
+    tenant: str = "default"
+    priority: int = 0
+    preemptions: int = 0  # times it was preempted before: preemption spares it past the limit
+    deadline_ms: int = 0
+    expected_output: int = 0  # the estimator's output length at enqueue
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from common.redis_client import connect
 from common.security import load_tokens
 from common.tracing import setup_tracing
 from scheduler_service.dispatcher import Dispatcher
+from scheduler_service.fleet_signals import FleetSignals
 from scheduler_service.frontend import Frontend
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.request_store import RequestStore
@@ -42,10 +43,12 @@ class RunningScheduler:
     health: health.aio.HealthServicer
     metrics_port: int = 0
     readiness: asyncio.Task[None] | None = None
+    signals: asyncio.Task[None] | None = None  # the fleet-wide autoscaling gauges
 
     async def stop(self, grace: float = 2.0) -> None:
-        if self.readiness is not None:
-            self.readiness.cancel()
+        for task in (self.readiness, self.signals):
+            if task is not None:
+                task.cancel()
         await set_serving(self.health, [SERVICE_NAME], serving=False)
         await self.server.stop(grace)
         await self.dispatcher.stop()
@@ -71,8 +74,10 @@ async def start_scheduler(config: BatonConfig) -> RunningScheduler:
     metrics_port = serve_metrics(metrics.registry, config.monitoring.metrics_port)
     await dispatcher.start()
     readiness = asyncio.create_task(_track_readiness(redis, health_servicer), name="readiness")
+    fleet = FleetSignals(redis, keys, metrics, dist.executor_timeout_ms)
+    signals = asyncio.create_task(fleet.run(), name="fleet-signals")
     log.info("scheduler %s listening on port %d", dispatcher.replica_id, port)
-    return RunningScheduler(port, server, dispatcher, frontend, health_servicer, metrics_port, readiness)
+    return RunningScheduler(port, server, dispatcher, frontend, health_servicer, metrics_port, readiness, signals)
 
 
 async def _track_readiness(redis: Redis, health_servicer: health.aio.HealthServicer, interval: float = 1.0) -> None:

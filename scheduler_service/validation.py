@@ -96,4 +96,5 @@ def validate(
         tenant=msg.tenant or "default",
         deadline_ms=msg.deadline_ms,
         arrival_ms=now,
+        ttft_target_ms=msg.ttft_target_ms,
     )

@@ -115,8 +115,7 @@ async def test_cancel_mid_stream_frees_kv_blocks(stack: Stack) -> None:
     rest = [chunk async for chunk in call]
     assert rest[-1].finish_reason == pb.FINISH_REASON_CANCELLED
     await _wait_blocks_freed(stack)
-    status = await stack.stub.GetRequest(pb.GetRequestRequest(request_id="to-cancel"))
-    assert status.state == pb.REQUEST_STATE_CANCELLED
+    await _wait_state(stack, "to-cancel", pb.REQUEST_STATE_CANCELLED)
 
 
 async def test_client_disconnect_aborts_request(stack: Stack) -> None:
@@ -124,8 +123,17 @@ async def test_client_disconnect_aborts_request(stack: Stack) -> None:
     await _first_chunks(call, 2)
     call.cancel()
     await _wait_blocks_freed(stack)
-    status = await stack.stub.GetRequest(pb.GetRequestRequest(request_id="walks-away"))
-    assert status.state == pb.REQUEST_STATE_CANCELLED
+    await _wait_state(stack, "walks-away", pb.REQUEST_STATE_CANCELLED)
+
+
+async def _wait_state(stack: Stack, request_id: str, state: int) -> None:
+    """The executor frees KV first; the scheduler records the end a moment later."""
+
+    async def reached() -> bool:
+        status = await stack.stub.GetRequest(pb.GetRequestRequest(request_id=request_id))
+        return bool(status.state == state)
+
+    await eventually(reached, f"{request_id} to reach state {state}")
 
 
 async def test_get_request_reports_queued_with_position(redis_url: str, tiny_model_dir: Path) -> None:

@@ -1,0 +1,83 @@
+"""A throwaway Baton for benchmarks: redis-server, one executor and one scheduler, each its own process.
+
+As ``baton dev`` starts them, on free loopback ports, with settings passed as ``BATON_*`` environment
+overrides. Used by ``baton bench --local`` and by the comparison scripts under ``bench/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from baton.dev import _free_port, _start_redis, _wait_healthy, stop_processes
+from baton.make_model import make_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LocalStack:
+    """Handles of a started stack."""
+
+    target: str  # the scheduler's HOST:PORT
+    redis_url: str
+    pids: dict[str, int]  # redis, executor, scheduler
+    logs: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """User + system CPU seconds each process has used so far."""
+        return {name: sum(psutil.Process(pid).cpu_times()[:2]) for name, pid in self.pids.items()}
+
+
+def ensure_model(workdir: Path, size: str = "tiny", progress: bool = False) -> Path:
+    """The generated model of ``size`` (seed 0) under ``workdir``, made once and reused."""
+    model_dir = workdir / f"model-{size}"
+    if not (model_dir / "config.json").exists():
+        make_model(model_dir, size=size, seed=0, progress=progress)
+    return model_dir
+
+
+def _spawn(cmd: list[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(env))
+
+
+@contextlib.contextmanager
+def local_stack(
+    model_dir: Path, logs: Path, overrides: Mapping[str, str] | None = None, config: str | None = None
+) -> Iterator[LocalStack]:
+    """Start the stack, yield it once the scheduler is healthy, stop every process on exit.
+
+    ``overrides``: extra environment for both services, e.g. ``{"BATON_EXECUTOR__DTYPE": "bfloat16"}``.
+    """
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(overrides or {})}
+    baton = [sys.executable, "-m", "baton.cli"]
+    extra = ["--config", config] if config else []
+    procs: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory(prefix="redis-", dir=logs) as redis_dir:
+        try:
+            redis_proc, redis_url = _start_redis(Path(redis_dir))
+            procs.append(redis_proc)
+            ex_port, sched_port = _free_port(), _free_port()
+            log.info("starting an executor on %s and a scheduler (logs in %s)", model_dir, logs)
+            ex_args = ["--model", str(model_dir), "--host", "127.0.0.1", "--port", str(ex_port), *extra]
+            procs.append(_spawn([*baton, "executor", "--redis-url", redis_url, *ex_args], logs / "executor.log", env))
+            _wait_healthy(f"127.0.0.1:{ex_port}", procs[-1], 300)
+            sched_args = ["--redis-url", redis_url, "--host", "127.0.0.1", "--port", str(sched_port), *extra]
+            procs.append(_spawn([*baton, "scheduler", *sched_args], logs / "scheduler.log", env))
+            _wait_healthy(f"127.0.0.1:{sched_port}", procs[-1], 60)
+            pids = dict(zip(("redis", "executor", "scheduler"), (p.pid for p in procs), strict=True))
+            yield LocalStack(f"127.0.0.1:{sched_port}", redis_url, pids, logs, procs)
+        finally:
+            stop_processes(procs)

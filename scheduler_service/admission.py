@@ -1,0 +1,190 @@
+"""One admission round: which queued requests join which executors' batches, and whom to preempt.
+
+The steps, each a pure function elsewhere:
+1. ``fair_share.fair_order``: the waiting tenants' queue heads, interleaved by virtual token counters.
+2. ``batching``: hold a first batch at low load (``batch_timeout_ms``); length-aware reordering.
+3. ``placement.place``: each request to the executor with the most free KV room, capacities
+   shrunk under load (``load_aware.min_admission_fraction``).
+4. ``preemption.choose_victims``: when the head fits nowhere, evict running work it outranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from common.config import BatonConfig
+from common.lifecycle import FinishReason
+from scheduler_service.batching import merge_order, should_hold
+from scheduler_service.executor_link import ExecutorLink
+from scheduler_service.fair_share import QueuedRequest, fair_order
+from scheduler_service.metrics import SchedulerMetrics
+from scheduler_service.placement import Candidate, blocks_for, place, unplaceable
+from scheduler_service.preemption import choose_victims
+from scheduler_service.request_store import RequestStore
+from scheduler_service.requests import TokenEvent
+from scheduler_service.scoring import RequestScorer
+
+log = logging.getLogger(__name__)
+
+_MAX_TENANTS = 64  # waiting tenants considered per round: those with the smallest counters
+_MAX_CANDIDATES = 256
+_PREEMPT_CHECK_S = 0.05
+
+
+class Admission:
+    def __init__(
+        self, store: RequestStore, config: BatonConfig, scorer: RequestScorer, metrics: SchedulerMetrics
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.scorer = scorer
+        self.metrics = metrics
+        self._preempt_checked = 0.0
+        # The request a preemption made room for: it goes first until it is placed, so the room
+        # is not taken by someone else (the victim itself, say) and the eviction wasted.
+        self._promised: QueuedRequest | None = None
+
+    async def run(self, links: Sequence[ExecutorLink]) -> int:
+        """Admit what fits now; return how many requests were admitted."""
+        links = [link for link in links if link.ready]
+        if not links:
+            return 0
+        fraction = self._scaled(self.config.scheduler.load_aware.min_admission_fraction)
+        capacities = [link.capacity(fraction) for link in links]
+        room = sum(c.free_slots for c in capacities if c.free_blocks > 0)
+        if room == 0:
+            # Saturated: only a preemption could admit anything. Look at most every 50 ms, and
+            # only when some running request could be a victim, so steps cost no round trip.
+            if time.monotonic() - self._preempt_checked < _PREEMPT_CHECK_S or not self._could_preempt(links):
+                return 0
+            self._preempt_checked = time.monotonic()
+        ordered = await self._with_promise(await self.candidates(min(_MAX_CANDIDATES, 2 * max(room, 1))))
+        if not ordered:
+            return 0
+        running = sum(len(link.requests) for link in links)
+        oldest_wait = time.time() * 1000 - min(r.arrival_ms for r in ordered)
+        if should_hold(running, len(ordered), oldest_wait, self.scorer.load_factor, self.config.scheduler.batch_level):
+            return 0
+        remaining = [r.remaining for link in links for r in link.requests.values()]
+        ordered = merge_order(ordered, remaining, self.config.scheduler.batch_level.merge_window_ms)
+        candidates = [Candidate(r.request_id, r.num_tokens) for r in ordered]
+        too_large = set(unplaceable(candidates, capacities))
+        for request_id in too_large:
+            await self._fail_unplaceable(request_id)
+        candidates = [c for c in candidates if c.request_id not in too_large]
+        by_id = {link.executor_id: link for link in links}
+        placements = place(candidates, capacities) if room else []
+        admitted = 0
+        for placement in placements:
+            link = by_id[placement.executor_id]
+            claimed = await self.store.claim(placement.request_id, placement.executor_id, link.owner)
+            if claimed is not None:
+                link.admit(claimed)
+                admitted += 1
+        placed = {p.request_id for p in placements}
+        if self._promised is not None and self._promised.request_id in placed:
+            self._promised = None
+        head = next((r for r in ordered if r.request_id not in too_large), None)
+        if head is not None and head.request_id not in placed and self._promised is None:
+            self._preempt_for(head, links)
+        budget = self._scaled(self.config.scheduler.load_aware.min_token_budget_fraction)
+        for link in links:
+            link.flush(budget)
+        return admitted
+
+    def _scaled(self, minimum: float) -> float:
+        """1 at low load, ``minimum`` at high load, linear between."""
+        return 1.0 - (1.0 - minimum) * self.scorer.load_factor
+
+    async def candidates(self, limit: int) -> list[QueuedRequest]:
+        """Up to ``limit`` queued requests in fair order: O(T log n) for T waiting tenants."""
+        counters = await self.store.waiting_tenants(_MAX_TENANTS)
+        if not counters:
+            return []
+        # A fair round takes about limit / T from each tenant; a little more covers uneven
+        # counters, and anything left over is simply read next round. This keeps a round's
+        # reads near ``limit`` whatever the number of waiting tenants.
+        per_tenant = min(limit, -(-limit // len(counters)) + 2)
+        heads_raw = await self.store.tenant_heads(list(counters), per_tenant)
+        ids = [rid for rows in heads_raw.values() for rid, _ in rows]
+        details = dict(zip(ids, await self.store.queued_details(ids), strict=True))
+        heads: dict[str, list[QueuedRequest]] = {}
+        for tenant, rows in heads_raw.items():
+            heads[tenant] = [_queued(rid, tenant, score, d) for rid, score in rows if (d := details[rid]) is not None]
+        caps = self.config.scheduler.request_level.tenant_max_running
+        running = await self.store.tenant_running() if caps else {}
+        credit = self.config.scheduler.request_level.fairness_priority_credit_tokens
+        return fair_order(heads, counters, limit, running, caps, credit)
+
+    async def _with_promise(self, ordered: list[QueuedRequest]) -> list[QueuedRequest]:
+        """``ordered`` with the promised request first, while it is still queued."""
+        promised = self._promised
+        if promised is None:
+            return ordered
+        (details,) = await self.store.queued_details([promised.request_id])
+        if details is None or await self.store.queue_position(promised.request_id) is None:
+            self._promised = None  # placed elsewhere, cancelled or finished meanwhile
+            return ordered
+        return [promised, *(r for r in ordered if r.request_id != promised.request_id)]
+
+    def _could_preempt(self, links: Sequence[ExecutorLink]) -> bool:
+        """Whether any running request could be a victim of even the most important arrival."""
+        rl = self.config.scheduler.request_level
+        if rl.preempt_priority_gap <= 0:
+            return False
+        floor = rl.max_priority - rl.preempt_priority_gap
+        return any(
+            r.priority <= floor and r.preemptions < rl.max_preemptions for link in links for r in link.requests.values()
+        )
+
+    def _preempt_for(self, head: QueuedRequest, links: Sequence[ExecutorLink]) -> None:
+        rl = self.config.scheduler.request_level
+        if rl.preempt_priority_gap <= 0 or any(link.preempting for link in links):
+            return  # one eviction at a time: the next round sees the room it made
+        best: tuple[int, ExecutorLink, list[str]] | None = None
+        for link in links:
+            cap = link.capacity()
+            need = blocks_for(head.num_tokens + 1, cap.block_size)
+            victims = choose_victims(
+                head.priority,
+                need,
+                cap.free_blocks,
+                cap.free_slots,
+                link.running_requests(),
+                rl.preempt_priority_gap,
+                rl.max_preemptions,
+            )
+            if victims and (best is None or len(victims) < best[0]):
+                best = (len(victims), link, victims)
+        if best is not None:
+            _, link, victims = best
+            log.info(
+                "preempting %s on %s for %s (priority %d)", victims, link.executor_id, head.request_id, head.priority
+            )
+            link.preempt(victims)
+            self._promised = head
+            self.metrics.scheduler_preemptions.inc(len(victims))
+
+    async def _fail_unplaceable(self, request_id: str) -> None:
+        tokens = int(await self.store.redis.llen(self.store.keys.tokens(request_id)))
+        event = TokenEvent(tokens, (), "", FinishReason.ERROR, {})
+        error = "the request needs more KV cache than any executor has"
+        if await self.store.finish_now(request_id, "", event, error):
+            log.warning("request %s failed: %s", request_id, error)
+
+
+def _queued(request_id: str, tenant: str, score: float, d: dict[str, str]) -> QueuedRequest:
+    generated = int(d["generated"])
+    expected = int(d["est_out"] or 0)
+    return QueuedRequest(
+        request_id=request_id,
+        tenant=tenant,
+        score=score,
+        priority=int(d["priority"] or 0),
+        num_tokens=int(d["prompt_len"]) + generated,
+        expected_output=max(1, expected - generated),
+        cost=float(d["fair_cost"] or 0.0),
+        arrival_ms=int(d["arrival_ms"] or 0),
+    )

@@ -1,0 +1,106 @@
+"""Fleet-wide autoscaling signals, read from Redis once a second and exported as Prometheus gauges.
+
+What an HPA or KEDA scales executors on: how long the queue has kept each priority waiting, and
+how full the fleet's KV caches are. Both come from Redis (the queue, and the load each executor
+heartbeats), not from this replica's own links, so every replica exports the same fleet-wide
+values: aggregate them with ``max()`` in queries, never ``sum()``. Queue depth itself is
+``baton:num_requests_waiting`` (ZCARD of the queue), exported by the dispatcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import cast
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from common.keys import KeySchema
+from scheduler_service.metrics import SchedulerMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    """One reading of the fleet, as the gauges show it."""
+
+    # Age in seconds of the oldest queued request of each priority, over the queue's head.
+    oldest_waiting_s: dict[str, float] = field(default_factory=dict)
+    executors: int = 0  # live by heartbeat
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    running: int = 0  # requests running on live executors, as they last reported
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+class FleetSignals:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: KeySchema,
+        metrics: SchedulerMetrics,
+        executor_timeout_ms: int,
+        sample: int = 1000,
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._metrics = metrics
+        self._timeout_ms = executor_timeout_ms
+        # The queue is ordered by score, and a priority's oldest request leads that priority's
+        # requests in it; reading the head finds the oldest of every priority present there.
+        self._sample = sample
+
+    async def read(self) -> FleetSnapshot:
+        now = time.time() * 1000
+        ids = cast(list[str], await self._redis.zrange(self._keys.pending, 0, self._sample - 1))
+        alive = cast(list[str], await self._redis.zrangebyscore(self._keys.executors, now - self._timeout_ms, "+inf"))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for request_id in ids:
+                pipe.hmget(self._keys.request(request_id), "priority", "arrival_ms")
+            for executor_id in alive:
+                pipe.hget(self._keys.executor(executor_id), "load")
+            rows = await pipe.execute() if ids or alive else []
+        oldest: dict[str, float] = {}
+        for priority, arrival in rows[: len(ids)]:
+            if priority is None or arrival is None:
+                continue  # ended between the two reads
+            age = max(0.0, (now - float(arrival)) / 1000)
+            oldest[priority] = max(age, oldest.get(priority, 0.0))
+        used = total = running = 0
+        for raw in rows[len(ids) :]:
+            load = json.loads(raw) if raw else {}
+            used += int(load.get("kv_blocks_used", 0))
+            total += int(load.get("kv_blocks_total", 0))
+            running += int(load.get("num_running", 0))
+        return FleetSnapshot(oldest, len(alive), used, total, running)
+
+    def publish(self, snapshot: FleetSnapshot) -> None:
+        m = self._metrics
+        m.oldest_waiting.clear()  # a priority no longer queued must not keep its last age
+        for priority, age in snapshot.oldest_waiting_s.items():
+            m.oldest_waiting.labels(priority).set(age)
+        m.fleet_executors.set(snapshot.executors)
+        m.fleet_kv_usage.set(snapshot.kv_usage)
+        m.fleet_running.set(snapshot.running)
+
+    async def refresh(self) -> FleetSnapshot:
+        snapshot = await self.read()
+        self.publish(snapshot)
+        return snapshot
+
+    async def run(self, interval_s: float = 1.0) -> None:
+        """Refresh forever (cancel to stop); a Redis outage only leaves the gauges stale."""
+        while True:
+            try:
+                await self.refresh()
+            except RedisError as exc:
+                log.debug("fleet signals not refreshed: %s", exc)
+            await asyncio.sleep(interval_s)

@@ -1,0 +1,90 @@
+"""Reads of the pending queues: what admission, metrics and ``inspect`` look at. No state moves
+here (those are the Lua scripts in ``RequestStore``); every read is O(log n + what it returns)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import cast
+
+import redis.asyncio as aioredis
+
+from common.keys import KeySchema
+
+
+class QueueReads:
+    """Mixed into ``RequestStore``; needs its ``redis`` and ``keys``."""
+
+    redis: aioredis.Redis
+    keys: KeySchema
+
+    async def peek_pending(self, count: int) -> list[tuple[str, float]]:
+        """The ``count`` requests that should run soonest (lowest scores), O(log n + count)."""
+        queued = cast(
+            list[tuple[str, float]], await self.redis.zrange(self.keys.pending, 0, count - 1, withscores=True)
+        )
+        return [(m, float(s)) for m, s in queued]
+
+    async def waiting_tenants(self, limit: int) -> dict[str, float]:
+        """The ``limit`` waiting tenants with the smallest virtual token counters."""
+        rows = await self.redis.zrange(self.keys.tenants_waiting, 0, limit - 1, withscores=True)
+        return {str(t): float(c) for t, c in cast(list[tuple[str, float]], rows)}
+
+    async def tenant_heads(self, tenants: Sequence[str], count: int) -> dict[str, list[tuple[str, float]]]:
+        """Each tenant's ``count`` queued requests that should run soonest, O(T log n)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tenant in tenants:
+                pipe.zrange(self.keys.tenant_queue(tenant), 0, count - 1, withscores=True)
+            rows = await pipe.execute()
+        return {t: [(str(m), float(sc)) for m, sc in row] for t, row in zip(tenants, rows, strict=True)}
+
+    async def queued_details(self, request_ids: Sequence[str]) -> list[dict[str, str] | None]:
+        """What admission needs of each queued request; None for one that is gone."""
+        fields = ("prompt_len", "priority", "est_out", "fair_cost", "arrival_ms", "tenant")
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for rid in request_ids:
+                pipe.hmget(self.keys.request(rid), *fields)
+                pipe.llen(self.keys.tokens(rid))
+            raw = await pipe.execute()
+        out: list[dict[str, str] | None] = []
+        for values, generated in zip(raw[::2], raw[1::2], strict=True):
+            if values[0] is None:
+                out.append(None)
+                continue
+            row = {k: v or "" for k, v in zip(fields, values, strict=True)}
+            row["generated"] = str(generated)
+            out.append(row)
+        return out
+
+    async def tenant_running(self) -> dict[str, int]:
+        raw = cast(dict[str, str], await self.redis.hgetall(self.keys.tenant_running))
+        return {t: int(n) for t, n in raw.items()}
+
+    async def estimator_fields(self) -> dict[str, str]:
+        return cast(dict[str, str], await self.redis.hgetall(self.keys.estimator))
+
+    async def prompt_lengths(self, request_ids: Sequence[str]) -> list[int | None]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for rid in request_ids:
+                pipe.hget(self.keys.request(rid), "prompt_len")
+                pipe.llen(self.keys.tokens(rid))
+            raw = await pipe.execute()
+        return [None if p is None else int(p) + int(n) for p, n in zip(raw[::2], raw[1::2], strict=True)]
+
+    async def queue_position(self, request_id: str) -> int | None:
+        return cast(int | None, await self.redis.zrank(self.keys.pending, request_id))
+
+    async def queue_length(self) -> int:
+        return int(await self.redis.zcard(self.keys.pending))
+
+    async def queue_classes(self, sample: int) -> dict[tuple[str, str], int]:
+        """Queued requests by (priority, tenant), over the ``sample`` that run soonest."""
+        ids = cast(list[str], await self.redis.zrange(self.keys.pending, 0, sample - 1))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for rid in ids:
+                pipe.hmget(self.keys.request(rid), "priority", "tenant")
+            rows = await pipe.execute()
+        counts: dict[tuple[str, str], int] = {}
+        for priority, tenant in rows:
+            if priority is not None:
+                counts[(priority, tenant or "")] = counts.get((priority, tenant or ""), 0) + 1
+        return counts
