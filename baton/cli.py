@@ -90,6 +90,13 @@ def _add_gateway(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=gateway_server.run)
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from baton.bench import cli as bench_cli
+
+    p = sub.add_parser("bench", help="benchmark a scheduler: scenario presets, or `bench serve` (as vllm bench serve)")
+    bench_cli.add_arguments(p)
+
+
 def _service_config(args: argparse.Namespace, section: str, keys: dict[str, str]) -> object:
     from common.config import load_config, with_overrides
 
@@ -136,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dev(sub)
     _add_clients(sub)
     _add_gateway(sub)
+    _add_bench(sub)
     return parser
 
 

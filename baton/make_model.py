@@ -52,7 +52,12 @@ SIZES: dict[str, ModelSize] = {
     "small": ModelSize(
         hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=12, intermediate_size=3072
     ),
+    # ~1.03 B parameters (TinyLlama's shape with 8 KV heads and this tokenizer's vocabulary): for GPU runs.
+    "1b": ModelSize(
+        hidden_size=2048, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=8, intermediate_size=5632
+    ),
 }
+DTYPES = ("float32", "bfloat16", "float16")
 
 _PARAGRAPHS = """\
 The river ran quietly past the old mill, where the wheel had not turned for many years. In the morning the fog
@@ -164,7 +169,7 @@ def _build_tokenizer(vocab_size: int, max_length: int) -> PreTrainedTokenizerFas
     )
 
 
-def _build_model(spec: ModelSize, seed: int, bos_id: int, eos_id: int, pad_id: int) -> LlamaForCausalLM:
+def _build_model(spec: ModelSize, seed: int, bos_id: int, eos_id: int, pad_id: int, dtype: str) -> LlamaForCausalLM:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -175,7 +180,7 @@ def _build_model(spec: ModelSize, seed: int, bos_id: int, eos_id: int, pad_id: i
         bos_token_id=bos_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
-        dtype="float32",
+        dtype=dtype,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -184,7 +189,8 @@ def _build_model(spec: ModelSize, seed: int, bos_id: int, eos_id: int, pad_id: i
         with torch.no_grad():
             # Large logit gaps: greedy comparisons against model.generate then almost never meet a near-tie.
             model.lm_head.weight.normal_(0.0, 3.0 / math.sqrt(spec.hidden_size))
-    model.eval()
+    # Initialised in float32 whatever the dtype, so a bf16 model is the float32 one rounded.
+    model.to(getattr(torch, dtype)).eval()
     model.generation_config = GenerationConfig(
         bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False
     )
@@ -205,10 +211,14 @@ def _quiet_progress_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def make_model(out: Path | str, size: str = "tiny", seed: int = 0, progress: bool = False) -> Path:
+def make_model(
+    out: Path | str, size: str = "tiny", seed: int = 0, progress: bool = False, dtype: str = "float32"
+) -> Path:
     """Write a deterministic random-weight Llama causal LM and its byte-level BPE tokenizer into ``out``."""
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; choose one of {', '.join(SIZES)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if seed < 0:
         raise ValueError(f"seed must be non-negative, got {seed}")
     spec = SIZES[size]
@@ -223,9 +233,9 @@ def make_model(out: Path | str, size: str = "tiny", seed: int = 0, progress: boo
     step("training tokenizer…")
     tokenizer = _build_tokenizer(spec.vocab_size, spec.max_position_embeddings)
     vocab = tokenizer.get_vocab()
-    ids = [vocab[t] for t in ("<s>", "</s>", "<pad>")]
-    step(f"initialising {size} model (seed {seed})…")
-    model = _build_model(spec, seed, *ids)
+    bos, eos, pad = (vocab[t] for t in ("<s>", "</s>", "<pad>"))
+    step(f"initialising {size} model (seed {seed}, {dtype})…")
+    model = _build_model(spec, seed, bos, eos, pad, dtype)
     step(f"saving to {out}…")
     out.mkdir(parents=True, exist_ok=True)
     with _quiet_progress_bars():
@@ -244,10 +254,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="directory to write the model and tokenizer into")
     parser.add_argument("--size", default="tiny", choices=sorted(SIZES), help="model size (default: tiny)")
     parser.add_argument("--seed", default=0, type=int, help="seed for the random weights (default: 0)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=DTYPES, help="dtype of the saved weights (default: float32)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    path = make_model(args.out, size=args.size, seed=args.seed, progress=True)
+    path = make_model(args.out, size=args.size, seed=args.seed, progress=True, dtype=args.dtype)
     print(path)
     return 0
 

@@ -1,11 +1,13 @@
 """Output-token throughput of Baton against plain transformers, on one fixed workload.
 
 Same requests (default 64: prompts of 32-256 random ids starting with BOS, outputs of 16-128
-tokens, greedy, EOS ignored) and same generated float32 model in every phase: (a) Baton end to
-end, redis-server + executor + scheduler processes, gRPC Generate streams; (b) Baton's engine
-loop in process; (c) HF ``generate`` in static batches of 16 (left padding); (d) transformers'
-continuous batching, ``generate_batch``. tok/s = tokens the requests asked for / seconds from
-the first submit to the last finish; padding tokens that (c) and (d) compute are not counted.
+tokens, greedy, EOS ignored) and same generated model (float32 on CPU by default) in every
+phase: (a) Baton end to end, redis-server + executor + scheduler processes, gRPC Generate
+streams; (b) Baton's engine loop in process; (c) HF ``generate`` in static batches of 16 (left
+padding); (d) transformers' continuous batching, ``generate_batch``. tok/s = tokens the requests
+asked for / seconds from the first submit to the last finish; padding tokens that (c) and (d)
+compute are not counted. On a GPU (``--device cuda --dtype bfloat16 --sizes 1b``) phases (a) and
+(b) also report the device load (NVML) sampled during their window.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,11 +33,12 @@ import grpc
 import psutil
 import torch
 import transformers
+from device_watch import DeviceWatch, metrics_reader, sampler_reader
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from baton.dev import _free_port, _start_redis, _wait_healthy, stop_processes
-from baton.make_model import make_model
+from baton.make_model import SIZES, make_model
 from common.config import ExecutorConfig
 from common.pb import generate_pb2 as pb
 from common.pb.generate_pb2_grpc import GenerationStub
@@ -44,6 +48,7 @@ from executor_service.model_loader import load_engine
 from executor_service.sampling import SamplingParams
 
 BOS, MAX_BATCH, STATIC_BATCH, BLOCK = 1, 64, 16, 16
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WARM_PROMPT, WARM_TOKENS = [BOS, 5, 6, 7, 8, 9, 10, 11], 4
 TARGETS = {"a/b": 0.95, "a/c": 3.0}
 
@@ -52,6 +57,28 @@ TARGETS = {"a/b": 0.95, "a/c": 3.0}
 class Workload:
     prompts: list[list[int]]
     max_tokens: list[int]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How every phase runs: the same device, dtype, batch and budget for Baton and for HF."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_batch: int = MAX_BATCH
+    token_budget: int = 512
+    kv_mb: int = 0  # 0: sized from the workload (kv_memory_mb)
+    executor_threads: int = 0  # Baton's torch threads in (a) and (b); 0: the executor's own choice
+    stream_interval: int = 1  # (a): tokens a request gathers before the scheduler writes them
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cuda" if self.device == "auto" and torch.cuda.is_available() else self.device)
+
+    @property
+    def watch_device(self) -> bool:
+        """Sample NVML during (a) and (b): on a GPU only, since on CPU the sampling itself takes CPU."""
+        return self.torch_device.type == "cuda"
 
 
 @dataclass
@@ -64,6 +91,7 @@ class Result:
     note: str = ""
     load: float = 0.0  # 1-minute load average as the phase ended: other work on the machine skews results
     outputs: list[list[int]] | None = None
+    device_load: dict[str, float] | None = None  # NVML (or process) figures sampled in the window
 
 
 def make_workload(count: int, seed: int) -> Workload:
@@ -86,11 +114,12 @@ def progress(total: int, desc: str) -> tqdm:
 
 
 def kv_memory_mb(model_dir: Path, wl: Workload) -> int:
-    """Enough float32 KV cache for every request at full length at once, plus a quarter."""
+    """Enough KV cache (in the model's dtype) for every request at full length at once, plus a quarter."""
     cfg = json.loads((model_dir / "config.json").read_text())
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    per_token = 2 * cfg["num_hidden_layers"] * (cfg.get("num_key_value_heads") or heads) * head_dim * 4
+    element = DTYPES[cfg.get("dtype") or cfg.get("torch_dtype") or "float32"].itemsize
+    per_token = 2 * cfg["num_hidden_layers"] * (cfg.get("num_key_value_heads") or heads) * head_dim * element
     tokens = sum(-(-(len(p) + n + 1) // BLOCK) * BLOCK for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
     return max(256, 256 * math.ceil(tokens * per_token * 1.25 / 2**20 / 256))
 
@@ -109,10 +138,24 @@ def spawn(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[by
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
-def run_baton_e2e(model_dir: Path, wl: Workload, kv_mb: int, logs: Path) -> Result:
+def stack_env(setup: Setup, kv_mb: int, metrics_port: int) -> dict[str, str]:
     env = dict(os.environ, BATON_EXECUTOR__KV_CACHE_MEMORY_MB=str(kv_mb))
-    env["BATON_EXECUTOR__TORCH_THREADS"] = str(torch.get_num_threads())
-    env["BATON_SCHEDULER__BATCH_LEVEL__MAX_BATCH_SIZE"] = str(MAX_BATCH)
+    env["BATON_EXECUTOR__TORCH_THREADS"] = str(setup.executor_threads)
+    env["BATON_EXECUTOR__DEVICE"] = str(setup.torch_device)
+    env["BATON_EXECUTOR__DTYPE"] = setup.dtype
+    env["BATON_EXECUTOR__MAX_BATCH_SIZE"] = str(setup.max_batch)
+    env["BATON_EXECUTOR__TOKEN_BUDGET"] = str(setup.token_budget)
+    env["BATON_SCHEDULER__BATCH_LEVEL__MAX_BATCH_SIZE"] = str(setup.max_batch)
+    env["BATON_SCHEDULER__TOKEN_LEVEL__TOKEN_BUDGET"] = str(setup.token_budget)
+    env["BATON_MONITORING__EXECUTOR_METRICS_PORT"] = str(metrics_port)
+    env["BATON_DISTRIBUTED__STREAM_INTERVAL_TOKENS"] = str(setup.stream_interval)
+    return env
+
+
+def run_baton_e2e(model_dir: Path, wl: Workload, kv_mb: int, logs: Path, setup: Setup | None = None) -> Result:
+    setup = setup or Setup()
+    metrics_port = _free_port() if setup.watch_device else 0
+    env = stack_env(setup, kv_mb, metrics_port)
     baton = [sys.executable, "-m", "baton.cli"]
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="redis-", dir=logs) as redis_dir:
@@ -128,7 +171,10 @@ def run_baton_e2e(model_dir: Path, wl: Workload, kv_mb: int, logs: Path) -> Resu
             procs.append(spawn([*baton, "scheduler", *sched_args], logs / "scheduler.log", env))
             _wait_healthy(f"127.0.0.1:{sched_port}", procs[-1], 60)
             pids = dict(zip(("redis", "executor", "scheduler"), (p.pid for p in procs), strict=True))
-            return asyncio.run(drive_grpc(f"127.0.0.1:{sched_port}", wl, pids | {"client": os.getpid()}))
+            with DeviceWatch(metrics_reader(metrics_port) if metrics_port else None) as watch:
+                result = asyncio.run(drive_grpc(f"127.0.0.1:{sched_port}", wl, pids | {"client": os.getpid()}))
+            result.device_load = watch.summary()
+            return result
         finally:
             stop_processes(procs)
 
@@ -170,8 +216,10 @@ async def drive_grpc(target: str, wl: Workload, pids: dict[str, int]) -> Result:
 
 
 # ---- (b) Baton's engine in process ---------------------------------------------------------
-def engine_round(engine: Engine, prompts: list[list[int]], max_tokens: list[int], bar: tqdm | None) -> list[list[int]]:
-    """Admit up to MAX_BATCH at a time (more as others finish); step until all finish."""
+def engine_round(
+    engine: Engine, prompts: list[list[int]], max_tokens: list[int], bar: tqdm | None, max_batch: int = MAX_BATCH
+) -> list[list[int]]:
+    """Admit up to ``max_batch`` at a time (more as others finish); step until all finish."""
     pending = [
         AdmitSpec(f"r{engine.plan_seq}-{i}", tuple(p), (), SamplingParams(max_tokens=n, ignore_eos=True), float(i))
         for i, (p, n) in enumerate(zip(prompts, max_tokens, strict=True))
@@ -180,7 +228,7 @@ def engine_round(engine: Engine, prompts: list[list[int]], max_tokens: list[int]
     outputs: dict[str, list[int]] = {rid: [] for rid in ids}
     done = 0
     while done < len(ids):
-        room = MAX_BATCH - len(engine.running)
+        room = max_batch - len(engine.running)
         if pending and room > 0:
             engine.apply(PlanUpdate(seq=engine.plan_seq + 1, admit=tuple(pending[:room])))
             del pending[:room]
@@ -195,23 +243,42 @@ def engine_round(engine: Engine, prompts: list[list[int]], max_tokens: list[int]
     return [outputs[rid] for rid in ids]
 
 
-def run_engine(model_dir: Path, wl: Workload, kv_mb: int) -> Result:
-    config = ExecutorConfig(model=str(model_dir), kv_cache_memory_mb=kv_mb, max_batch_size=MAX_BATCH)
-    engine = load_engine(config).engine
-    engine_round(engine, [WARM_PROMPT], [WARM_TOKENS], None)
-    with progress(len(wl.prompts), "(b) Baton engine in process") as bar:
+def run_engine(model_dir: Path, wl: Workload, kv_mb: int, setup: Setup | None = None) -> Result:
+    setup = setup or Setup()
+    config = ExecutorConfig(
+        model=str(model_dir),
+        kv_cache_memory_mb=kv_mb,
+        max_batch_size=setup.max_batch,
+        token_budget=setup.token_budget,
+        device=str(setup.torch_device),
+        dtype=setup.dtype,
+        torch_threads=setup.executor_threads,
+    )
+    hf_threads = torch.get_num_threads()
+    engine = load_engine(config).engine  # sets this process's torch threads as the executor would
+    engine_round(engine, [WARM_PROMPT], [WARM_TOKENS], None, setup.max_batch)
+    with (
+        progress(len(wl.prompts), "(b) Baton engine in process") as bar,
+        DeviceWatch(sampler_reader(str(setup.torch_device)) if setup.watch_device else None) as watch,
+    ):
         started = time.perf_counter()
-        outputs = engine_round(engine, wl.prompts, wl.max_tokens, bar)
+        outputs = engine_round(engine, wl.prompts, wl.max_tokens, bar, setup.max_batch)
         seconds = time.perf_counter() - started
-    return finish("(b) Baton engine in process", seconds, outputs, wl, sum(map(len, outputs)), "")
+    note = f"torch threads {torch.get_num_threads()}"
+    torch.set_num_threads(hf_threads)  # (c) and (d) get the machine's default, as they would alone
+    result = finish("(b) Baton engine in process", seconds, outputs, wl, sum(map(len, outputs)), note)
+    result.device_load = watch.summary()
+    return result
 
 
 # ---- (c) and (d): transformers -------------------------------------------------------------
-def load_hf(model_dir: Path) -> Any:
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()  # sdpa attention
+def load_hf(model_dir: Path, setup: Setup) -> Any:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[setup.dtype])  # sdpa attention
+    return model.to(setup.torch_device).eval()
 
 
 def hf_static_batch(model: Any, prompts: list[list[int]], new: int, pad: int) -> list[list[int]]:
+    device = model.device
     width = max(map(len, prompts))
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -220,11 +287,12 @@ def hf_static_batch(model: Any, prompts: list[list[int]], new: int, pad: int) ->
         mask[row, width - len(prompt) :] = 1
     # min_new_tokens: EOS cannot end a row early, so every row runs the batch's full length.
     options = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False, "pad_token_id": pad}
+    ids, mask = ids.to(device), mask.to(device)
     return model.generate(input_ids=ids, attention_mask=mask, **options)[:, width:].tolist()
 
 
-def run_hf_static(model_dir: Path, wl: Workload) -> Result:
-    model = load_hf(model_dir)
+def run_hf_static(model_dir: Path, wl: Workload, setup: Setup) -> Result:
+    model = load_hf(model_dir, setup)
     pad = int(model.generation_config.pad_token_id)
     hf_static_batch(model, [WARM_PROMPT, WARM_PROMPT[:5]], WARM_TOKENS, pad)
     outputs: list[list[int]] = []
@@ -242,10 +310,10 @@ def run_hf_static(model_dir: Path, wl: Workload) -> Result:
     return finish(f"(c) HF generate, static {STATIC_BATCH}", seconds, outputs, wl, computed, note)
 
 
-def run_hf_cb(model_dir: Path, wl: Workload) -> Result:
+def run_hf_cb(model_dir: Path, wl: Workload, setup: Setup) -> Result:
     label, longest = "(d) HF generate_batch (CB)", max(wl.max_tokens)
     try:
-        model = load_hf(model_dir)
+        model = load_hf(model_dir, setup)
         pad = int(model.generation_config.pad_token_id)
         options = {"do_sample": False, "eos_token_id": -1, "pad_token_id": pad}  # eos -1: never stop early
         warm = GenerationConfig(max_new_tokens=WARM_TOKENS, **options)
@@ -273,18 +341,18 @@ def run_hf_cb(model_dir: Path, wl: Workload) -> Result:
 
 # ---- report --------------------------------------------------------------------------------
 def ratios(results: dict[str, Result]) -> dict[str, float | None]:
-    a = results["a"].tok_s
+    a = results["a"].tok_s if "a" in results else None
     return {f"a/{k}": a / r.tok_s if a and r.tok_s else None for k, r in results.items() if k != "a"}
 
 
 def same_as_engine(results: dict[str, Result], key: str) -> str:
-    ref, got = results["b"].outputs, results[key].outputs
+    ref, got = (results["b"].outputs if "b" in results else None), results[key].outputs
     return "-" if ref is None or got is None else f"{sum(r == g for r, g in zip(ref, got, strict=True))}/{len(ref)}"
 
 
 def print_report(size: str, results: dict[str, Result], wl: Workload, threads: int) -> None:
     prompt_tokens = sum(map(len, wl.prompts))
-    print(f"\n== {size} model: {len(wl.prompts)} requests, {prompt_tokens} prompt tokens, torch threads {threads} ==")
+    print(f"\n== {size} model: {len(wl.prompts)} requests, {prompt_tokens} prompt tokens, HF threads {threads} ==")
     print(f"{'phase':<30}{'tok/s':>9}{'seconds':>9}{'useful tok':>12}{'computed tok':>14}{'load':>6}  same as (b)")
     for key, res in results.items():
         tok_s = f"{res.tok_s:9.1f}" if res.tok_s else f"{'n/a':>9}"
@@ -298,33 +366,59 @@ def print_report(size: str, results: dict[str, Result], wl: Workload, threads: i
     for key, res in results.items():
         if res.note:
             print(f"note {key}: {res.note}")
+        if res.device_load:
+            print(f"device load {key}: " + ", ".join(f"{k} {v:.1f}" for k, v in res.device_load.items()))
 
 
-def run_size(size: str, wl: Workload, workdir: Path) -> dict[str, Result]:
-    model_dir, logs = workdir / f"model-{size}", workdir / f"logs-{size}"
+def run_size(
+    size: str,
+    wl: Workload,
+    workdir: Path,
+    phases: list[str],
+    setup: Setup,
+    on_phase: Callable[[dict[str, Result]], None] = lambda results: None,
+) -> dict[str, Result]:
+    """Run ``phases`` in order; ``on_phase`` sees the results so far after each one."""
+    suffix = "" if setup.dtype == "float32" else f"-{setup.dtype}"
+    model_dir, logs = workdir / f"model-{size}{suffix}", workdir / f"logs-{size}{suffix}"
     if not (model_dir / "model.safetensors").exists():
-        say(f"generating the {size} model into {model_dir}")
-        make_model(model_dir, size=size, seed=0)
+        say(f"generating the {size} model ({setup.dtype}) into {model_dir}")
+        make_model(model_dir, size=size, seed=0, dtype=setup.dtype)
     logs.mkdir(exist_ok=True)
-    kv_mb = kv_memory_mb(model_dir, wl)
-    say(f"== {size}: {model_dir}, KV cache {kv_mb} MiB, {len(wl.prompts)} requests ==")
-    results = {"a": run_baton_e2e(model_dir, wl, kv_mb, logs)}
-    results["b"] = run_engine(model_dir, wl, kv_mb)
-    gc.collect()
-    results["c"] = run_hf_static(model_dir, wl)
-    gc.collect()
-    results["d"] = run_hf_cb(model_dir, wl)
-    gc.collect()
+    kv_mb = setup.kv_mb or kv_memory_mb(model_dir, wl)
+    say(f"== {size}: {model_dir}, {setup}, KV cache {kv_mb} MiB, {len(wl.prompts)} requests ==")
+    runners = {
+        "a": lambda: run_baton_e2e(model_dir, wl, kv_mb, logs, setup),
+        "b": lambda: run_engine(model_dir, wl, kv_mb, setup),
+        "c": lambda: run_hf_static(model_dir, wl, setup),
+        "d": lambda: run_hf_cb(model_dir, wl, setup),
+    }
+    results: dict[str, Result] = {}
+    for key in phases:
+        results[key] = runners[key]()
+        gc.collect()
+        on_phase(results)
     return results
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=sorted(SIZES))
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="workload seed (the models always use seed 0)")
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "baton-bench"))
     parser.add_argument("--json", help="also write the results here as JSON")
+    parser.add_argument("--phases", nargs="+", default=list("abcd"), choices=list("abcd"), help="phases to run")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto, for Baton and HF alike (default cpu)")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="model and KV dtype")
+    parser.add_argument("--max-batch", type=int, default=MAX_BATCH, help="running requests at most (Baton)")
+    parser.add_argument("--token-budget", type=int, default=512, help="tokens per engine step (Baton)")
+    parser.add_argument("--kv-cache-mb", type=int, default=0, help="Baton's KV cache (default: fits the workload)")
+    parser.add_argument("--stream-interval", type=int, default=1, help="(a): tokens per stream write (default 1)")
+    parser.add_argument("--torch-threads", type=int, default=0, help="torch threads of (c) and (d) (0: default)")
+    parser.add_argument(
+        "--executor-threads", type=int, default=0, help="Baton torch threads, (a) and (b); 0: the executor default"
+    )
     return parser.parse_args(argv)
 
 
@@ -339,21 +433,37 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     wl = make_workload(args.num_requests, args.seed)
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
     threads = torch.get_num_threads()
+    setup = Setup(
+        args.device,
+        args.dtype,
+        args.max_batch,
+        args.token_budget,
+        args.kv_cache_mb,
+        args.executor_threads,
+        args.stream_interval,
+    )
     report: dict[str, Any] = {"requests": len(wl.prompts), "seed": args.seed, "wanted_tokens": sum(wl.max_tokens)}
     report |= {"torch": torch.__version__, "transformers": transformers.__version__, "torch_threads": threads}
-    report |= {"cpus": os.cpu_count(), "sizes": {}}
+    report |= {"cpus": os.cpu_count(), "setup": asdict(setup), "sizes": {}}
+    if setup.torch_device.type == "cuda":
+        report["gpu"] = torch.cuda.get_device_name(setup.torch_device)
     try:
         for size in args.sizes:
-            results = run_size(size, wl, workdir)
-            print_report(size, results, wl, threads)
-            rows = {k: {f: v for f, v in asdict(r).items() if f != "outputs"} for k, r in results.items()}
-            report["sizes"][size] = {"results": rows, "ratios": ratios(results)}
+
+            def record(results: dict[str, Result], size: str = size) -> None:
+                # Written after every phase, so a run cut short still leaves what it measured.
+                rows = {k: {f: v for f, v in asdict(r).items() if f != "outputs"} for k, r in results.items()}
+                report["sizes"][size] = {"results": rows, "ratios": ratios(results)}
+                if args.json:
+                    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+
+            print_report(size, run_size(size, wl, workdir, args.phases, setup, record), wl, threads)
     except KeyboardInterrupt:
         say("interrupted; services stopped")
         return 130
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

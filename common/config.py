@@ -245,7 +245,8 @@ class ExecutorConfig:
     kv_cache_memory_mb: int = 512
     max_batch_size: int = 256
     token_budget: int = 512
-    # Worker threads torch may use; 0 keeps torch's default.
+    # Worker threads torch may use; 0: on CPU all cores but one (left to the rest of the stack),
+    # on CUDA torch's default.
     torch_threads: int = 0
 
     def __post_init__(self) -> None:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from executor_service.kv_cache import KVPool
-from executor_service.paged_attention import AttentionBatch, DecodeGroup, PrefillSegment
+from executor_service.kv_cache import BlockAllocator, KVPool
+from executor_service.paged_attention import AttentionBatch, DecodeGroup, DecodeView, PrefillSegment
 from executor_service.sequence import Sequence
 
 
@@ -28,39 +28,38 @@ class ScheduledChunk:
 class ModelRunner:
     """Owns the model and the KV pool; turns chunks into one forward pass."""
 
-    def __init__(self, model: torch.nn.Module, pool: KVPool, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, pool: KVPool, allocator: BlockAllocator, device: torch.device) -> None:
         self.model = model
         self.pool = pool
+        self.allocator = allocator
         self.device = device
-        self._block_offsets = torch.arange(pool.block_size, device=device)
+        # On CPU a contiguous context is read in place, one SDPA call per decode; on CUDA the
+        # per-call launch cost outweighs the copy, so every decode joins one gathered batch.
+        self.decode_in_place = device.type == "cpu"
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
 
     def _context_slots(self, block_table: list[int], length: int) -> torch.Tensor:
-        table = torch.tensor(block_table, dtype=torch.long, device=self.device)
-        return (table[:, None] * self.pool.block_size + self._block_offsets).flatten()[:length]
+        return self._tensor(self.pool.slots(block_table, 0, length))
 
     def _decode_group(self, rows: list[int], seqs: list[Sequence]) -> DecodeGroup:
-        lengths = torch.tensor([s.num_tokens for s in seqs], device=self.device)
         width = max(len(s.block_table) for s in seqs)
-        tables = torch.zeros(len(seqs), width, dtype=torch.long, device=self.device)
-        for i, seq in enumerate(seqs):
-            tables[i, : len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.long)
-        longest = int(lengths.max())
-        slots = (tables[:, :, None] * self.pool.block_size + self._block_offsets).reshape(len(seqs), -1)[:, :longest]
-        mask = torch.arange(longest, device=self.device)[None, :] < lengths[:, None]
-        rows_t = torch.tensor(rows, dtype=torch.long, device=self.device)
-        return DecodeGroup(rows=rows_t, context_slots=slots, mask=mask[:, None, None, :])
+        tables = self._tensor([b for s in seqs for b in s.block_table + [0] * (width - len(s.block_table))])
+        lengths = self._tensor([s.num_tokens for s in seqs])
+        span = torch.arange(width * self.pool.block_size, device=self.device)
+        mask = span[None, :] < lengths[:, None]
+        return DecodeGroup(
+            rows=self._tensor(rows), block_tables=tables.view(len(seqs), width), mask=mask[:, None, None]
+        )
 
-    def _prefill_segment(self, row: int, seq: Sequence, start: int, end: int) -> PrefillSegment:
+    def _prefill_segment(self, row: int, seq: Sequence, start: int, end: int, first: int | None) -> PrefillSegment:
         if start == 0:
-            return PrefillSegment(start=row, end=row + end - start, context_slots=None, mask=None)
+            return PrefillSegment(start=row, end=row + end - start, context=None, context_len=end, mask=None)
         queries = torch.arange(start, end, device=self.device)[:, None]
         keys = torch.arange(end, device=self.device)[None, :]
-        return PrefillSegment(
-            start=row,
-            end=row + end - start,
-            context_slots=self._context_slots(seq.block_table, end),
-            mask=keys <= queries,
-        )
+        context = first * self.pool.block_size if first is not None else self._context_slots(seq.block_table, end)
+        return PrefillSegment(start=row, end=row + end - start, context=context, context_len=end, mask=keys <= queries)
 
     @torch.inference_mode()
     def run(self, chunks: Seq[ScheduledChunk]) -> torch.Tensor:
@@ -69,33 +68,43 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         prefills: list[PrefillSegment] = []
+        views: list[DecodeView] = []
         decode_rows: list[int] = []
         decode_seqs: list[Sequence] = []
         sample_rows: list[int] = []
+        block_size = self.pool.block_size
         for chunk in chunks:
             seq, row = chunk.seq, len(input_ids)
             start, end = seq.num_computed, seq.num_computed + chunk.num_tokens
             input_ids += seq.token_slice(start, end)
             positions += range(start, end)
-            slots += self.pool.slots(seq.block_table, start, end)
-            if chunk.num_tokens == 1 and start > 0:
-                decode_rows.append(row)
-                decode_seqs.append(seq)
+            first = self.allocator.contiguous_start(seq.block_table)
+            if first is not None:
+                slots += range(first * block_size + start, first * block_size + end)
             else:
-                prefills.append(self._prefill_segment(row, seq, start, end))
+                slots += self.pool.slots(seq.block_table, start, end)
+            if chunk.num_tokens == 1 and start > 0:
+                if first is not None and self.decode_in_place:
+                    views.append(DecodeView(row, first * block_size, end))
+                else:
+                    decode_rows.append(row)
+                    decode_seqs.append(seq)
+            else:
+                prefills.append(self._prefill_segment(row, seq, start, end, first))
             if chunk.completes:
                 sample_rows.append(row + chunk.num_tokens - 1)
         batch = AttentionBatch(
             pool=self.pool,
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
+            slot_mapping=self._tensor(slots),
             prefills=tuple(prefills),
+            decode_views=tuple(views),
             decodes=self._decode_group(decode_rows, decode_seqs) if decode_seqs else None,
         )
         output = self.model(
-            input_ids=torch.tensor([input_ids], device=self.device),
-            position_ids=torch.tensor([positions], device=self.device),
+            input_ids=self._tensor(input_ids)[None],
+            position_ids=self._tensor(positions)[None],
             use_cache=False,
-            logits_to_keep=torch.tensor(sample_rows or [0], dtype=torch.long, device=self.device),
+            logits_to_keep=self._tensor(sample_rows or [0]),
             baton_batch=batch,
         )
         logits = output.logits[0]

@@ -2,13 +2,24 @@
 
 Why our own kernel: transformers' continuous-batching paths (``sdpa``, ``paged|eager``) pack
 all requests into one sequence under a [total queries x total keys] block-diagonal mask, so
-on CPU a step costs O(requests^2). Here each prefill chunk attends only to its own context
-and all decodes share one padded, batched SDPA call: O(tokens x own context).
+on CPU a step costs O(requests^2). Here each request attends only to its own context:
+O(tokens x own context).
 
 The model runs one packed sequence [1, N] per step; the model computes Q/K/V and RoPE as usual
 (any HF model using the attention interface works), and this function writes the new K/V into
 the pool and attends per request. Step metadata arrives through the ``baton_batch`` kwarg,
 which transformers passes down to attention untouched.
+
+Three ways to read a request's context, chosen per step by the model runner:
+- a view of the pool, when the request's blocks are consecutive: nothing is copied. On CPU
+  every decode with a contiguous context takes this path, one small SDPA call each, because
+  copying contexts costs more there than the attention itself;
+- its blocks gathered (``index_select`` of whole blocks) into a padded batch, for all decodes
+  at once: one SDPA call, the right trade where kernel launches are dear (CUDA) or the blocks
+  are scattered;
+- a fresh prefill attends to its own new K/V directly.
+Grouped-query attention never expands K/V: a decode's query heads are folded into the query
+length (``[kv_heads, group, d]``), which is the same computation.
 """
 
 from __future__ import annotations
@@ -32,20 +43,31 @@ class PrefillSegment:
 
     start: int  # first query row in the packed sequence
     end: int  # one past the last query row
-    # Slots of the request's whole context (cached prefix + this chunk), or None when the chunk
-    # is the request's entire context (a fresh prefill): then it attends to its own K/V directly.
-    context_slots: torch.Tensor | None
+    # Where the request's whole context (cached prefix + this chunk) is: None for a fresh
+    # prefill (the chunk is the whole context: it attends to its own K/V directly), a first
+    # slot when the context is contiguous in the pool, or else the context's slots.
+    context: int | torch.Tensor | None
+    context_len: int
     # Boolean [chunk, context] mask, True where attention is allowed; None for a fresh prefill.
     mask: torch.Tensor | None
 
 
 @dataclass(frozen=True)
+class DecodeView:
+    """A single-token decode whose context is contiguous in the pool."""
+
+    row: int  # query row in the packed sequence
+    first_slot: int
+    length: int  # context length, the new token included
+
+
+@dataclass(frozen=True)
 class DecodeGroup:
-    """All single-token decodes of the step, attended in one padded batch."""
+    """Single-token decodes attended in one padded batch over their gathered blocks."""
 
     rows: torch.Tensor  # [D] query rows in the packed sequence
-    context_slots: torch.Tensor  # [D, L] slots, padded with slot 0
-    mask: torch.Tensor  # [D, 1, 1, L] True for real context positions
+    block_tables: torch.Tensor  # [D, W] block ids, padded with block 0
+    mask: torch.Tensor  # [D, 1, 1, W * block_size] True for real context positions
 
 
 @dataclass(frozen=True)
@@ -55,6 +77,7 @@ class AttentionBatch:
     pool: KVPool
     slot_mapping: torch.Tensor  # [N] where each query token's K/V is written
     prefills: tuple[PrefillSegment, ...]
+    decode_views: tuple[DecodeView, ...]
     decodes: DecodeGroup | None
 
 
@@ -72,29 +95,81 @@ def paged_attention(
     batch: AttentionBatch = kwargs["baton_batch"]
     layer = int(getattr(module, "layer_idx", 0))
     keys, values = batch.pool.keys[layer], batch.pool.values[layer]
-    new_keys, new_values = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [N, Hkv, d]
-    keys[batch.slot_mapping] = new_keys
-    values[batch.slot_mapping] = new_values
+    keys[batch.slot_mapping] = key[0].transpose(0, 1)  # [N, Hkv, d]
+    values[batch.slot_mapping] = value[0].transpose(0, 1)
     out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [N, H, d]
-    gqa = query.shape[1] != key.shape[1]
     for seg in batch.prefills:
-        q = query[:, :, seg.start : seg.end]
-        if seg.context_slots is None:
-            k, v = key[:, :, seg.start : seg.end], value[:, :, seg.start : seg.end]
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa)
-        else:
-            k = keys[seg.context_slots].transpose(0, 1).unsqueeze(0)
-            v = values[seg.context_slots].transpose(0, 1).unsqueeze(0)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=seg.mask, scale=scaling, enable_gqa=gqa)
-        out[seg.start : seg.end] = o[0].transpose(0, 1)
+        out[seg.start : seg.end] = _prefill(query, key, value, keys, values, seg, scaling)
+    if batch.decode_views:
+        _decode_views(query, keys, values, batch.decode_views, scaling, out)
     if batch.decodes is not None:
-        group = batch.decodes
-        q = query[0, :, group.rows].transpose(0, 1).unsqueeze(2)  # [D, H, 1, d]
-        k = keys[group.context_slots].transpose(1, 2)  # [D, Hkv, L, d]
-        v = values[group.context_slots].transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scaling, enable_gqa=gqa)
-        out[group.rows] = o.squeeze(2)
+        _decode_group(query, keys, values, batch.decodes, batch.pool.block_size, scaling, out)
     return out.unsqueeze(0), None
+
+
+def _prefill(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    seg: PrefillSegment,
+    scaling: float | None,
+) -> torch.Tensor:
+    """The chunk's output rows, [chunk, H, d]."""
+    q = query[:, :, seg.start : seg.end]
+    gqa = query.shape[1] != key.shape[1]
+    if seg.context is None:
+        k, v = key[:, :, seg.start : seg.end], value[:, :, seg.start : seg.end]
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa)
+        return o[0].transpose(0, 1)
+    if isinstance(seg.context, int):
+        ctx = slice(seg.context, seg.context + seg.context_len)
+        k, v = keys[ctx], values[ctx]
+    else:
+        k, v = keys[seg.context], values[seg.context]
+    k, v = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=seg.mask, scale=scaling, enable_gqa=gqa)
+    return o[0].transpose(0, 1)
+
+
+def _decode_views(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    views: tuple[DecodeView, ...],
+    scaling: float | None,
+    out: torch.Tensor,
+) -> None:
+    heads, kv_heads, dim = query.shape[1], keys.shape[1], query.shape[3]
+    rows = query[0].transpose(0, 1)  # [N, H, d]
+    for view in views:
+        q = rows[view.row].view(1, kv_heads, heads // kv_heads, dim)
+        ctx = slice(view.first_slot, view.first_slot + view.length)
+        k = keys[ctx].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, d], a view
+        v = values[ctx].transpose(0, 1).unsqueeze(0)
+        out[view.row] = F.scaled_dot_product_attention(q, k, v, scale=scaling).view(heads, dim)
+
+
+def _decode_group(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    group: DecodeGroup,
+    block_size: int,
+    scaling: float | None,
+    out: torch.Tensor,
+) -> None:
+    heads, kv_heads, dim = query.shape[1], keys.shape[1], query.shape[3]
+    count, width = group.block_tables.shape
+    tables = group.block_tables.flatten()
+    shape = (count, width * block_size, kv_heads, dim)
+    # Whole blocks are copied (contiguous runs of block_size * Hkv * d), not token by token.
+    k = keys.view(-1, block_size, kv_heads, dim).index_select(0, tables).view(shape).transpose(1, 2)
+    v = values.view(-1, block_size, kv_heads, dim).index_select(0, tables).view(shape).transpose(1, 2)
+    q = query[0, :, group.rows].transpose(0, 1).reshape(count, kv_heads, heads // kv_heads, dim)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scaling)
+    out[group.rows] = o.reshape(count, heads, dim)
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:

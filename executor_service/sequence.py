@@ -32,6 +32,11 @@ class Sequence:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
+    def final_len(self) -> int:
+        """The most tokens this sequence can reach: room the KV allocator tries to keep free after it."""
+        return len(self.prompt_ids) + self.params.max_tokens
+
+    @property
     def num_uncomputed(self) -> int:
         return self.num_tokens - self.num_computed
 

@@ -52,7 +52,7 @@ class StepScheduler:
             if size <= 0:
                 continue
             try:
-                self.allocator.grow(seq.block_table, seq.num_computed + size)
+                self.allocator.grow(seq.block_table, seq.num_computed + size, seq.final_len)
             except OutOfBlocks:
                 continue  # prefill waits for blocks; decodes above keep going
             chunks.append(ScheduledChunk(seq, size))
@@ -75,7 +75,7 @@ class StepScheduler:
         """Grow ``seq`` to ``num_tokens``, preempting from the back of ``queue`` until it fits."""
         while True:
             try:
-                self.allocator.grow(seq.block_table, num_tokens)
+                self.allocator.grow(seq.block_table, num_tokens, seq.final_len)
                 return True
             except OutOfBlocks:
                 scheduled = {id(c.seq) for c in chunks}

@@ -260,6 +260,7 @@ class ExecutorLink:
 
     # ---- reports -----------------------------------------------------------------------
     async def _on_report(self, report: pb.StepReport) -> None:
+        before = (len(self.requests), self.ready)
         self.load = report.load
         self.iteration = report.iteration
         self._metrics.observe_load(self.executor_id, report.load)
@@ -267,11 +268,12 @@ class ExecutorLink:
             self._acked_seq = max(self._acked_seq, report.plan_seq)
         writes = self._batched(self._step_writes(report))
         if writes:
-            await with_redis_retry(
+            accepted = await with_redis_retry(
                 lambda: self._store.publish_step(self.executor_id, writes, self.owner),
                 self._redis_retry_s,
                 f"recording a step of {self.executor_id}",
             )
+            await self._recover_refused(writes, accepted)
         for request_id in [*report.preempted, *(r.request_id for r in report.rejected)]:
             self.preempting.discard(request_id)
             if self.requests.pop(request_id, None) is not None:
@@ -279,13 +281,19 @@ class ExecutorLink:
                 if request_id in report.preempted:
                     self._metrics.preemptions.inc()
                 await self.hand_back(request_id)
-        self._on_change()
+        # Wake the planner only when its inputs moved: a request left (finished, handed back or
+        # refused), freeing room, or the link became ready. A step that only added tokens shrinks
+        # room, never grows it, and the planner's tick covers time-based decisions.
+        if (len(self.requests), self.ready) != before:
+            self._on_change()
 
     def _step_writes(self, report: pb.StepReport) -> list[StepWrite]:
         """Turn a report into one event per request; a finishing request's last tokens ride on its final event."""
         finished = {f.request_id: f for f in report.finished}
         stamp = now_ms()
+        now = time.monotonic()
         writes: list[StepWrite] = []
+        generated = 0
         for delta in report.tokens:
             req = self.requests.get(delta.request_id)
             if req is None:
@@ -294,7 +302,8 @@ class ExecutorLink:
                 req.first_token_ms = stamp
             fin = finished.pop(delta.request_id, None)
             tokens = tuple(delta.token_ids)
-            self._observe_tokens(req.request_id, len(tokens))
+            generated += len(tokens)
+            self._observe_tokens(req.request_id, now)
             # The executor says where these tokens sit in the output; Redis refuses them unless
             # that is exactly the next position, so a stale computation can never slip in.
             req.generated = delta.index
@@ -307,15 +316,15 @@ class ExecutorLink:
             req = self.requests.get(fin.request_id)
             if req is not None:
                 writes.append(self._final_write(req, (), fin.text, fin))
+        if generated:
+            self._metrics.generation_tokens.inc(generated)  # once per step, not per request
         return writes
 
-    def _observe_tokens(self, request_id: str, count: int) -> None:
-        now = time.monotonic()
+    def _observe_tokens(self, request_id: str, now: float) -> None:
         last = self._last_token_at.get(request_id)
         if last is not None:
             self._metrics.itl.observe(now - last)
         self._last_token_at[request_id] = now
-        self._metrics.generation_tokens.inc(count)
 
     def _final_write(
         self, req: LinkedRequest, tokens: tuple[int, ...], text: str, fin: pb.FinishedRequest
@@ -339,6 +348,32 @@ class ExecutorLink:
         """Apply the stream interval: hold back what may wait, add what has waited long enough."""
         now = time.monotonic()
         return [out for write in writes for out in self._batcher.offer(write, now)] + self._batcher.due(now)
+
+    async def _recover_refused(self, writes: list[StepWrite], accepted: list[bool]) -> None:
+        """Redis refused tokens of a request this link still drives.
+
+        Either its record is behind the executor (a write a Redis primary acknowledged, then lost
+        in a failover before replicating it) or another owner took it. Left alone, every later
+        write would be refused too and its stream would stall for good. So abort it on the
+        executor, admit nothing here until the executor confirms the abort (as when a link
+        starts), and hand it back: it resumes from what Redis recorded, and readers trim any
+        prefix a client already saw.
+        """
+        refused = [
+            w.request_id for w, ok in zip(writes, accepted, strict=True) if not ok and w.request_id in self.requests
+        ]
+        if not refused:
+            return
+        for request_id in refused:
+            del self.requests[request_id]
+            self._last_token_at.pop(request_id, None)
+            self.preempting.discard(request_id)
+            self._batcher.take(request_id)  # held tokens would be refused as well
+        self._fence_seq = self._next_seq()
+        self._outbox.put_nowait(pb.Plan(seq=self._fence_seq, abort=refused))
+        for request_id in refused:
+            log.warning("request %s: Redis refused its tokens from %s; re-queued", request_id, self.executor_id)
+            await self._store.hand_back(request_id, self.executor_id, "migrate", self.owner)
 
     async def hand_back(self, request_id: str, kind: str = "preempt") -> None:
         waiting = self._batcher.take(request_id)

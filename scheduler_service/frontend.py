@@ -24,6 +24,7 @@ from scheduler_service.dispatcher import Dispatcher
 from scheduler_service.priority import shed_limit
 from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import NewRequest, TokenEvent
+from scheduler_service.stream_mux import StreamMux
 from scheduler_service.tokenizer_source import ModelLimits, TokenizerSource
 from scheduler_service.validation import validate
 
@@ -53,6 +54,8 @@ class Frontend:
         self.dispatcher = dispatcher
         self.tokenizers = tokenizers
         self.config = config
+        # One XREAD for all followed streams (not one per client); per-client reads on a cluster.
+        self._mux = StreamMux(store.redis) if StreamMux.supported(store.redis) else None
 
     async def tokenize(self, text: str) -> list[int]:
         tokenizer, _ = await self.tokenizers.get()
@@ -147,9 +150,15 @@ class Frontend:
         log.info("request %s: repaired a gap of %d tokens from its record", request_id, len(tokens))
         return TokenEvent(start, tokens, text)
 
+    async def _read_events(self, request_id: str, last_id: str) -> list[tuple[str, TokenEvent]]:
+        if self._mux is None:
+            return await self.store.read_events(request_id, last_id, _BLOCK_MS)
+        entries = await self._mux.read(self.store.keys.output(request_id), last_id, _BLOCK_MS)
+        return [(entry_id, TokenEvent.from_fields(fields)) for entry_id, fields in entries]
+
     async def _read_with_retry(self, request_id: str, last_id: str) -> list[tuple[str, TokenEvent]]:
         return await with_redis_retry(
-            lambda: self.store.read_events(request_id, last_id, _BLOCK_MS),
+            lambda: self._read_events(request_id, last_id),
             self.config.distributed.redis_retry_s,
             f"reading {request_id}",
         )

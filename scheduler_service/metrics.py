@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from common.metrics import LATENCY_BUCKETS
 from common.pb import executor_pb2 as pb
+
+
+@dataclass(frozen=True)
+class _ExecutorChildren:
+    """One executor's labelled series, kept so a step report costs no ``labels()`` lookups."""
+
+    kv_usage: Gauge
+    step_time: Histogram
+    gpu_util: Gauge
+    gpu_memory: Gauge
+    gpu_power: Gauge
 
 
 class SchedulerMetrics:
@@ -34,9 +46,7 @@ class SchedulerMetrics:
         self.success = Counter("baton:request_success", "Finished requests", ["finished_reason"], registry=r)
         self.preemptions = Counter("baton:num_preemptions", "Requests handed back by executors", registry=r)
         self.migrations = Counter("baton:num_migrations", "Requests re-queued after losing their executor", registry=r)
-        self.shed = Counter(
-            "baton:requests_shed", "Requests refused with RESOURCE_EXHAUSTED", ["priority"], registry=r
-        )
+        self.shed = Counter("baton:requests_shed", "Requests refused with RESOURCE_EXHAUSTED", ["priority"], registry=r)
         self.deadlines = Counter(
             "baton:deadline_requests", "Finished requests that had a deadline, by outcome", ["outcome"], registry=r
         )
@@ -83,15 +93,26 @@ class SchedulerMetrics:
         self.plan_latency = Histogram(
             "baton:plan_latency_seconds", "Time to make one admission plan", buckets=LATENCY_BUCKETS, registry=r
         )
+        self._per_executor: dict[str, _ExecutorChildren] = {}
 
     def observe_load(self, executor_id: str, load: pb.Load) -> None:
+        # Called once per step report: the labelled children are looked up once per executor.
+        children = self._per_executor.get(executor_id)
+        if children is None:
+            children = self._per_executor[executor_id] = _ExecutorChildren(
+                self.kv_usage.labels(executor_id),
+                self.step_time.labels(executor_id),
+                self.gpu_util.labels(executor_id),
+                self.gpu_memory.labels(executor_id),
+                self.gpu_power.labels(executor_id),
+            )
         if load.kv_blocks_total:
-            self.kv_usage.labels(executor_id).set(load.kv_blocks_used / load.kv_blocks_total)
+            children.kv_usage.set(load.kv_blocks_used / load.kv_blocks_total)
         if load.step_time_ns:
-            self.step_time.labels(executor_id).observe(load.step_time_ns / 1e9)
-        self.gpu_util.labels(executor_id).set(load.utilization_pct)
-        self.gpu_memory.labels(executor_id).set(load.memory_used_bytes)
-        self.gpu_power.labels(executor_id).set(load.power_watts)
+            children.step_time.observe(load.step_time_ns / 1e9)
+        children.gpu_util.set(load.utilization_pct)
+        children.gpu_memory.set(load.memory_used_bytes)
+        children.gpu_power.set(load.power_watts)
 
     def observe_finish(self, reason: str, usage: dict[str, float], e2e_s: float) -> None:
         self.success.labels(reason.lower()).inc()
@@ -101,6 +122,7 @@ class SchedulerMetrics:
         self.e2e.observe(max(0.0, e2e_s))
 
     def forget_executor(self, executor_id: str) -> None:
+        self._per_executor.pop(executor_id, None)
         for gauge in (self.kv_usage, self.gpu_util, self.gpu_memory, self.gpu_power):
             with contextlib.suppress(KeyError):
                 gauge.remove(executor_id)

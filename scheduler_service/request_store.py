@@ -57,6 +57,7 @@ class RequestStore(QueueReads):
         self._claim = redis.register_script(scripts.CLAIM)
         self._append = redis.register_script(scripts.APPEND_TOKENS)
         self._finish = redis.register_script(scripts.FINISH)
+        self._record_step = redis.register_script(scripts.RECORD_STEP)
         self._requeue = redis.register_script(scripts.REQUEUE)
         self._cancel = redis.register_script(scripts.CANCEL)
 
@@ -197,26 +198,44 @@ class RequestStore(QueueReads):
     async def publish_step(self, executor_id: str, writes: Sequence[StepWrite], owner: str | None = None) -> list[bool]:
         """Record one executor step, then publish what was accepted to the clients' streams.
 
-        Two round trips on purpose: the guarded scripts decide first, so an executor that no
+        Two round trips on purpose: the guarded script decides first, so an executor that no
         longer owns a request (it was re-queued elsewhere) can never reach that client's stream.
         The streams live outside the hash tag, which keeps them spread over a cluster's shards.
+        The first is one RECORD_STEP call for the whole step (APPEND_TOKENS, then FINISH, per request).
         """
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for write in writes:
-                if write.event.token_ids:
-                    await self.append_tokens(pipe, write.request_id, owner or executor_id, write.event)
-                if write.event.finish_reason is not FinishReason.NONE:
-                    reason = write.event.finish_reason
-                    await self.finish(pipe, write.request_id, executor_id, reason, write.error, owner)
-            results = iter(await pipe.execute())
-        accepted = []
+        keys = [
+            self.keys.running(executor_id),
+            self.keys.pending,
+            self.keys.tenants_waiting,
+            self.keys.tenant_counters,
+            self.keys.tenant_running,
+            self.keys.estimator,
+        ]
+        finish_owner = executor_id if owner is None else owner
+        args: list[EncodableT] = [
+            owner or executor_id,
+            finish_owner,
+            now_ms(),
+            self.ttl_s,
+            self.keys.tenant_queue_prefix,
+            self.estimator_alpha,
+        ]
+        none = FinishReason.NONE
         for write in writes:
-            ok = True
-            if write.event.token_ids:
-                ok = int(next(results)) > 0
-            if write.event.finish_reason is not FinishReason.NONE:
-                # 2: a retried finish whose first attempt landed; its final event must still go out.
-                ok = int(next(results)) in (1, 2) and ok
+            event = write.event
+            keys += (self.keys.request(write.request_id), self.keys.tokens(write.request_id))
+            args += (write.request_id, event.index, len(event.token_ids), *event.token_ids)
+            if event.finish_reason is none:
+                args += ("", "", "")
+            else:
+                args += (terminal_state_for(event.finish_reason).name, event.finish_reason.name, write.error)
+        results = await self._record_step(keys=keys, args=args)
+        accepted = []
+        for i, write in enumerate(writes):
+            # FINISH's 2: a retried finish whose first attempt landed; its final event must still go out.
+            ok = not write.event.token_ids or int(results[2 * i]) > 0
+            if write.event.finish_reason is not none:
+                ok = int(results[2 * i + 1]) in (1, 2) and ok
             accepted.append(ok)
         async with self.redis.pipeline(transaction=False) as pipe:
             for write, ok in zip(writes, accepted, strict=True):

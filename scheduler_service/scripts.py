@@ -34,7 +34,9 @@ end
 # KEYS: req, pending, waiting, counters, vclock. ARGV: shed_limit, score, id, tenant_queue_prefix,
 # tenant, field, value, ... The whole queue is refused at the request's shed limit (lower for
 # lower priorities), so room stays for important work and nothing accepted is ever dropped.
-ENQUEUE = _TENANT_LIB + """
+ENQUEUE = (
+    _TENANT_LIB
+    + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
 if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[1]) then return -2 end
 redis.call('HSET', KEYS[1], 'tenant', ARGV[5], unpack(ARGV, 6))
@@ -42,13 +44,16 @@ redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 join_tenant(ARGV[4] .. ARGV[5], KEYS[3], KEYS[4], KEYS[5], ARGV[5], ARGV[2], ARGV[3], true)
 return 1
 """
+)
 
 # QUEUED -> ASSIGNED. KEYS: pending, req, running, tokens, waiting, counters, vclock, tenant_running.
 # ARGV: id, executor, now_ms, owner, tenant_queue_prefix.
 # The owner names this one assignment (executor and the link driving it): every later write
 # must present it, so a stale driver of the same executor is fenced off. The tenant's counter is
 # charged the request's expected cost once (a re-queued request is not charged again).
-CLAIM = _TENANT_LIB + """
+CLAIM = (
+    _TENANT_LIB
+    + """
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return false end
 local t = redis.call('HGET', KEYS[2], 'tenant') or 'default'
 leave_tenant(ARGV[5] .. t, KEYS[5], t, ARGV[1])
@@ -70,93 +75,154 @@ local out = redis.call('LRANGE', KEYS[4], 0, -1)
 return {f[1], f[2], f[3], f[4], f[5], f[6] or '', f[7], table.concat(out, ','), f[8] or '', t,
   f[9] or '0', f[10] or '0', f[11] or '0', f[12] or '0'}
 """
+)
 
-# Record tokens; ASSIGNED -> RUNNING on the first. KEYS: req, tokens. ARGV: owner, index, now_ms, id...
-# Returns the new token count (also for an exact replay of the last write), -1 if the owner no longer
-# holds the request, -2 if the index is not the next output position (a gap or a stale computation).
-APPEND_TOKENS = """
-local st = redis.call('HMGET', KEYS[1], 'state', 'owner')
-if st[2] ~= ARGV[1] then return -1 end
-local have = redis.call('LLEN', KEYS[2])
-local index = tonumber(ARGV[2])
-if have ~= index then
-  -- A retried write whose first attempt landed (the reply was lost with the connection) is a
-  -- success, so its event still gets published; anything else is a gap or a stale computation.
-  local n = #ARGV - 3
-  if have == index + n then
-    local tail = redis.call('LRANGE', KEYS[2], index, have - 1)
-    for i = 1, n do
-      if tail[i] ~= ARGV[3 + i] then return -2 end
+# Record tokens; ASSIGNED -> RUNNING on the first. append_tokens(req, tokens, owner, index, now_ms,
+# argv, first, last) pushes argv[first..last]. Returns the new token count (also for an exact replay
+# of the last write), -1 if the owner no longer holds the request, -2 if the index is not the next
+# output position (a gap or a stale computation).
+_APPEND_LIB = """
+local function append_tokens(req, toks, owner, index, now, argv, first, last)
+  local st = redis.call('HMGET', req, 'state', 'owner')
+  if st[2] ~= owner then return -1 end
+  local have = redis.call('LLEN', toks)
+  if have ~= index then
+    -- A retried write whose first attempt landed (the reply was lost with the connection) is a
+    -- success, so its event still gets published; anything else is a gap or a stale computation.
+    local n = last - first + 1
+    if have == index + n then
+      local tail = redis.call('LRANGE', toks, index, have - 1)
+      for i = 1, n do
+        if tail[i] ~= argv[first + i - 1] then return -2 end
+      end
+      return have
     end
-    return have
+    return -2
   end
-  return -2
+  if st[1] ~= 'ASSIGNED' and st[1] ~= 'RUNNING' then return -1 end
+  if st[1] == 'ASSIGNED' then
+    -- First write since (re)assignment; only then can first_token_ms be missing (HSETNX keeps a
+    -- resumed request's original), so steady decoding pays no extra command for it.
+    redis.call('HSET', req, 'state', 'RUNNING')
+    redis.call('HSETNX', req, 'first_token_ms', now)
+  end
+  return redis.call('RPUSH', toks, unpack(argv, first, last))
 end
-if st[1] ~= 'ASSIGNED' and st[1] ~= 'RUNNING' then return -1 end
-if st[1] == 'ASSIGNED' then
-  -- First write since (re)assignment; only then can first_token_ms be missing (HSETNX keeps a
-  -- resumed request's original), so steady decoding pays no extra command for it.
-  redis.call('HSET', KEYS[1], 'state', 'RUNNING')
-  redis.call('HSETNX', KEYS[1], 'first_token_ms', ARGV[3])
-end
-return redis.call('RPUSH', KEYS[2], unpack(ARGV, 4))
 """
 
-# Any live state -> FINISHED/CANCELLED/FAILED. KEYS: req, running, tokens, pending, waiting,
-# counters, tenant_running, estimator. ARGV: id, owner ('' = any), state, finish_reason, now_ms,
-# ttl_s, error, tenant_queue_prefix, estimator_alpha.
+# Any live state -> FINISHED/CANCELLED/FAILED. finish(k, id, owner ('' = any), state, finish_reason,
+# now_ms, ttl_s, error, tenant_queue_prefix, estimator_alpha), where k holds the keys req, running,
+# tokens, pending, waiting, counters, tenant_running, estimator.
 # It also settles fairness (the tenant's counter is corrected from the expected output to the
 # real one) and teaches the length estimator the real output length of a completed request.
-FINISH = _TENANT_LIB + """
-local st = redis.call('HMGET', KEYS[1], 'state', 'owner', 'executor')
-if not st[1] then return -1 end
-if st[1] == 'FINISHED' or st[1] == 'CANCELLED' or st[1] == 'FAILED' then
-  -- 2: this very finish already landed (a retry); 0: something else ended it first.
-  if st[1] == ARGV[3] and redis.call('HGET', KEYS[1], 'finish_reason') == ARGV[4] then return 2 end
-  return 0
-end
-if ARGV[2] ~= '' and st[2] ~= ARGV[2] then return -1 end
-redis.call('HSET', KEYS[1], 'state', ARGV[3], 'finish_reason', ARGV[4], 'finished_ms', ARGV[5], 'error', ARGV[7])
-redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('SREM', KEYS[2], ARGV[1])
-local f = redis.call('HMGET', KEYS[1], 'tenant', 'est_out', 'fair_out_w', 'est_key', 'fair_cost')
-local t = f[1] or 'default'
-if st[1] == 'QUEUED' then
-  leave_tenant(ARGV[8] .. t, KEYS[5], t, ARGV[1])
-elseif st[1] == 'ASSIGNED' or st[1] == 'RUNNING' then
-  redis.call('HINCRBY', KEYS[7], t, -1)
-end
-local n = redis.call('LLEN', KEYS[3])
-local est = tonumber(f[2])
-if est and tonumber(f[5]) == 0 and tonumber(f[3]) then
-  local c = redis.call('HINCRBYFLOAT', KEYS[6], t, (n - est) * tonumber(f[3]))
-  if redis.call('ZSCORE', KEYS[5], t) then redis.call('ZADD', KEYS[5], c, t) end
-end
-if est and f[4] and (ARGV[4] == 'STOP' or ARGV[4] == 'LENGTH') then
-  local k = f[4]
-  local e = redis.call('HMGET', KEYS[8], k .. ':n', k .. ':mean', k .. ':err')
-  local a = tonumber(ARGV[9])
-  local err = math.abs(n - est)
-  if e[1] then
-    local mean = tonumber(e[2]) + a * (n - tonumber(e[2]))
-    err = tonumber(e[3]) + a * (err - tonumber(e[3]))
-    redis.call('HSET', KEYS[8], k .. ':mean', mean, k .. ':err', err)
-  else
-    redis.call('HSET', KEYS[8], k .. ':mean', n, k .. ':err', err)
+# Returns 1 ended here, 2 this very finish already landed (a retry), 0 something else ended it
+# first, -1 no such request or another owner holds it.
+_FINISH_LIB = """
+local function finish(k, id, owner, state, reason, now, ttl, err_msg, prefix, alpha)
+  local st = redis.call('HMGET', k[1], 'state', 'owner', 'executor')
+  if not st[1] then return -1 end
+  if st[1] == 'FINISHED' or st[1] == 'CANCELLED' or st[1] == 'FAILED' then
+    if st[1] == state and redis.call('HGET', k[1], 'finish_reason') == reason then return 2 end
+    return 0
   end
-  redis.call('HINCRBY', KEYS[8], k .. ':n', 1)
+  if owner ~= '' and st[2] ~= owner then return -1 end
+  redis.call('HSET', k[1], 'state', state, 'finish_reason', reason, 'finished_ms', now, 'error', err_msg)
+  redis.call('ZREM', k[4], id)
+  redis.call('SREM', k[2], id)
+  local f = redis.call('HMGET', k[1], 'tenant', 'est_out', 'fair_out_w', 'est_key', 'fair_cost')
+  local t = f[1] or 'default'
+  if st[1] == 'QUEUED' then
+    leave_tenant(prefix .. t, k[5], t, id)
+  elseif st[1] == 'ASSIGNED' or st[1] == 'RUNNING' then
+    redis.call('HINCRBY', k[7], t, -1)
+  end
+  local n = redis.call('LLEN', k[3])
+  local est = tonumber(f[2])
+  if est and tonumber(f[5]) == 0 and tonumber(f[3]) then
+    local c = redis.call('HINCRBYFLOAT', k[6], t, (n - est) * tonumber(f[3]))
+    if redis.call('ZSCORE', k[5], t) then redis.call('ZADD', k[5], c, t) end
+  end
+  if est and f[4] and (reason == 'STOP' or reason == 'LENGTH') then
+    local ek = f[4]
+    local e = redis.call('HMGET', k[8], ek .. ':n', ek .. ':mean', ek .. ':err')
+    local a = tonumber(alpha)
+    local err = math.abs(n - est)
+    if e[1] then
+      local mean = tonumber(e[2]) + a * (n - tonumber(e[2]))
+      err = tonumber(e[3]) + a * (err - tonumber(e[3]))
+      redis.call('HSET', k[8], ek .. ':mean', mean, ek .. ':err', err)
+    else
+      redis.call('HSET', k[8], ek .. ':mean', n, ek .. ':err', err)
+    end
+    redis.call('HINCRBY', k[8], ek .. ':n', 1)
+  end
+  redis.call('EXPIRE', k[1], ttl)
+  redis.call('EXPIRE', k[3], ttl)
+  return 1
 end
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('EXPIRE', KEYS[3], ARGV[6])
-return 1
 """
+
+# KEYS: req, tokens. ARGV: owner, index, now_ms, id... See append_tokens.
+APPEND_TOKENS = (
+    _APPEND_LIB
+    + """
+return append_tokens(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV, 4, #ARGV)
+"""
+)
+
+# KEYS: req, running, tokens, pending, waiting, counters, tenant_running, estimator. ARGV: id,
+# owner ('' = any), state, finish_reason, now_ms, ttl_s, error, tenant_queue_prefix,
+# estimator_alpha. See finish.
+FINISH = (
+    _TENANT_LIB
+    + _FINISH_LIB
+    + """
+return finish(KEYS, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+"""
+)
+
+# One executor step for all its requests in one call: exactly APPEND_TOKENS then FINISH for each,
+# in order (a finish runs even when its append was refused, as two separate calls would).
+# KEYS: running, pending, waiting, counters, tenant_running, estimator, then req_i, tokens_i per
+# request. ARGV: append_owner, finish_owner ('' = any), now_ms, ttl_s, tenant_queue_prefix,
+# estimator_alpha, then per request: id, index, n, n token ids, state ('' = not finishing),
+# finish_reason, error. Returns {append_i, finish_i, ...}: each result as its own script's,
+# 0 where a request had no tokens or did not finish.
+RECORD_STEP = (
+    _TENANT_LIB
+    + _APPEND_LIB
+    + _FINISH_LIB
+    + """
+local out = {}
+local a = 7
+local k = {'', KEYS[1], '', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}
+for w = 1, (#KEYS - 6) / 2 do
+  local req, toks = KEYS[5 + 2 * w], KEYS[6 + 2 * w]
+  local id, index, n = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local appended = 0
+  if n > 0 then appended = append_tokens(req, toks, ARGV[1], index, ARGV[3], ARGV, a + 3, a + 2 + n) end
+  a = a + 3 + n
+  local finished = 0
+  if ARGV[a] ~= '' then
+    k[1], k[3] = req, toks
+    finished = finish(k, id, ARGV[2], ARGV[a], ARGV[a + 1], ARGV[3], ARGV[4], ARGV[a + 2], ARGV[5], ARGV[6])
+  end
+  a = a + 3
+  out[#out + 1] = appended
+  out[#out + 1] = finished
+end
+return out
+"""
+)
 
 # ASSIGNED/RUNNING -> QUEUED, keeping the tokens. KEYS: req, running, pending, waiting, counters,
 # vclock, tenant_running. ARGV: id, owner ('' = any), now_ms, kind ('preempt' or 'migrate'),
 # max_migrations, tenant_queue_prefix.
 # Returns 1 re-queued, 2 a cancel was pending, 3 past the migration limit (the caller ends
 # either), 0 not active, -1 owned by another executor.
-REQUEUE = _TENANT_LIB + """
+REQUEUE = (
+    _TENANT_LIB
+    + """
 local st = redis.call('HMGET', KEYS[1], 'state', 'owner', 'score', 'cancel', 'tenant')
 if st[1] ~= 'ASSIGNED' and st[1] ~= 'RUNNING' then redis.call('SREM', KEYS[2], ARGV[1]) return 0 end
 if ARGV[2] ~= '' and st[2] ~= ARGV[2] then return -1 end
@@ -175,11 +241,14 @@ redis.call('ZADD', KEYS[3], st[3], ARGV[1])
 join_tenant(ARGV[6] .. t, KEYS[4], KEYS[5], KEYS[6], t, st[3], ARGV[1], false)
 return 1
 """
+)
 
 # Cancel. KEYS: req, pending, tokens, waiting. ARGV: id, now_ms, ttl_s, tenant_queue_prefix.
 # Returns {state, executor, token count, '1' if this call ended it}: QUEUED requests end here;
 # running ones get a cancel flag and their executor's replica aborts them.
-CANCEL = _TENANT_LIB + """
+CANCEL = (
+    _TENANT_LIB
+    + """
 local st = redis.call('HMGET', KEYS[1], 'state', 'executor', 'tenant')
 if not st[1] then return {'MISSING', '', 0, '0'} end
 local n = redis.call('LLEN', KEYS[3])
@@ -197,6 +266,7 @@ if st[1] == 'ASSIGNED' or st[1] == 'RUNNING' then
 end
 return {st[1], '', n, '0'}
 """
+)
 
 # Renew a lease only if we still hold it. KEYS: lease. ARGV: holder, ttl_ms.
 RENEW_LEASE = """

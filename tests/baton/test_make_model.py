@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -105,10 +106,31 @@ def test_unknown_size_raises(tmp_path: Path) -> None:
 
 
 def test_sizes_registry() -> None:
-    assert set(mm.SIZES) == {"tiny", "small"}
+    assert set(mm.SIZES) == {"tiny", "small", "1b"}
     small = mm.SIZES["small"]
     assert (small.hidden_size, small.num_hidden_layers, small.num_attention_heads) == (768, 12, 12)
-    assert small.vocab_size == mm.SIZES["tiny"].vocab_size == 8192
+    assert small.vocab_size == mm.SIZES["tiny"].vocab_size == mm.SIZES["1b"].vocab_size == 8192
+
+
+def test_1b_size_has_about_a_billion_parameters() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    spec = mm.SIZES["1b"]
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        model = LlamaForCausalLM(LlamaConfig(**dataclasses.asdict(spec), tie_word_embeddings=False))
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 0.95e9 <= n_params <= 1.1e9
+    assert spec.num_attention_heads % spec.num_key_value_heads == 0
+
+
+def test_bfloat16_weights_are_the_float32_ones_rounded(tmp_path: Path, tiny_model_dir: Path) -> None:
+    out = mm.make_model(tmp_path / "bf16", size="tiny", seed=0, dtype="bfloat16")
+    bf16 = AutoModelForCausalLM.from_pretrained(out, dtype="auto")
+    assert all(p.dtype == torch.bfloat16 for p in bf16.parameters())
+    fp32 = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert torch.equal(bf16.lm_head.weight, fp32.lm_head.weight.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="dtype"):
+        mm.make_model(tmp_path / "x", dtype="int8")
 
 
 @torch.no_grad()

@@ -51,8 +51,17 @@ def run_to_end(engine: Engine, arrivals: dict[int, list[AdmitSpec]], max_steps: 
     raise AssertionError(f"unfinished after {max_steps} steps: {expected - done}")
 
 
-def test_staggered_batch_matches_generate_alone(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("kv_read", ["in_place", "gathered", "scattered"])
+def test_staggered_batch_matches_generate_alone(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, kv_read: str
+) -> None:
+    """Every way attention reads the cache gives the same tokens: views of contiguous blocks
+    (CPU decodes), one gathered batch (CUDA decodes), and blocks scattered over the pool."""
     engine = make_engine(tiny_model_dir)
+    if kv_read != "in_place":
+        monkeypatch.setattr(engine.runner, "decode_in_place", False)
+    if kv_read == "scattered":
+        monkeypatch.setattr(engine.allocator, "contiguous_start", lambda table: None)
     reference_model = load_reference_model(tiny_model_dir)
     rng = random.Random(7)
     specs = [admit(f"r{i}", p, rng.randrange(4, 40)) for i, p in enumerate(prompts(16))]

@@ -233,3 +233,21 @@ async def test_reader_repairs_tokens_recorded_but_never_published(stack: Stack) 
     events = [e async for e in frontend.events("gap-1")]
     assert [(e.index, e.token_ids) for e in events] == [(0, (11, 12, 13)), (3, (14,))]
     assert events[-1].finish_reason is FinishReason.LENGTH
+
+
+async def test_a_token_write_lost_by_redis_is_recovered_exactly(stack: Stack, tiny_model_dir: Path) -> None:
+    """A failover can lose a write the old primary acknowledged: Redis then holds fewer tokens than
+    the executor has made, and refuses every later write as a gap. The link must re-queue the
+    request, which resumes from Redis's record; the client sees each token once, all correct."""
+    from common.keys import KeySchema
+
+    redis = stack.scheduler.frontend.store.redis
+    prompt = [1, 21, 22, 23, 24]
+    call = stack.stub.Generate(greedy(prompt, 90, request_id="loses-a-write"))
+    first = await _first_chunks(call, 4)
+    await redis.rpop(KeySchema().tokens("loses-a-write"), 2)  # the acknowledged writes that vanished
+    rest = [chunk async for chunk in call]
+    got = joined_tokens(first + rest)
+    assert_matches_reference(got, reference_greedy(load_reference_model(tiny_model_dir), prompt, 90), "recovered")
+    assert [c.index for c in first + rest] == sorted({c.index for c in first + rest})
+    assert int(await redis.hget(KeySchema().request("loses-a-write"), "migrations")) >= 1

@@ -467,3 +467,39 @@ async def test_a_retried_step_whose_first_attempt_landed_is_still_published(stor
     await store.claim("r2", "e1")
     assert await append(store, "r2", "e1", 0, (5,)) == 1
     assert await append(store, "r2", "e1", 0, (9,)) == -2
+
+
+async def test_one_step_judges_each_request_on_its_own(store: RequestStore) -> None:
+    """publish_step records a whole step in one script call; each request keeps its own verdict."""
+    for request_id in ("ok", "gap", "theirs", "done", "queued"):
+        await enqueue(store, request_id)
+    for request_id in ("ok", "gap", "done"):
+        await store.claim(request_id, "e1")
+    await store.claim("theirs", "e2")
+    usage = {"prompt_tokens": 3.0, "completion_tokens": 2.0}
+    writes = [
+        StepWrite("ok", TokenEvent(0, (5, 6), "ab")),
+        StepWrite("gap", TokenEvent(2, (7,), "c")),  # position 0 is next: refused
+        StepWrite("theirs", TokenEvent(0, (8,), "d")),  # another executor holds it
+        StepWrite("done", TokenEvent(0, (9, 10), "ef", FinishReason.LENGTH, usage)),
+        StepWrite("queued", TokenEvent(0, (11,), "g")),  # never assigned
+    ]
+    assert await store.publish_step("e1", writes) == [True, False, False, True, False]
+    assert await tokens_of(store.redis, "ok") == ["5", "6"]
+    assert await tokens_of(store.redis, "gap") == []
+    assert await tokens_of(store.redis, "theirs") == []
+    assert await tokens_of(store.redis, "done") == ["9", "10"]
+    records = {rid: await store.get(rid) or {} for rid in ("ok", "gap", "theirs", "done", "queued")}
+    assert records["ok"]["state"] == "RUNNING" and records["ok"]["first_token_ms"]
+    assert records["gap"]["state"] == "ASSIGNED" and "first_token_ms" not in records["gap"]
+    assert records["theirs"]["state"] == "ASSIGNED"
+    assert (records["done"]["state"], records["done"]["finish_reason"]) == ("FINISHED", "LENGTH")
+    assert records["queued"]["state"] == "QUEUED"
+    assert await store.running_ids("e1") == {"ok", "gap"}
+    assert [e for _, e in await store.read_events("ok", "0", 10)] == [TokenEvent(0, (5, 6), "ab")]
+    assert await store.read_events("gap", "0", 10) == []
+    assert await store.read_events("theirs", "0", 10) == []
+    # The same step again (a retry whose reply was lost): the exact replays are accepted once more.
+    replay = [writes[0], writes[3]]
+    assert await store.publish_step("e1", replay) == [True, True]
+    assert await tokens_of(store.redis, "ok") == ["5", "6"]

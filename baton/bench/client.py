@@ -1,0 +1,106 @@
+"""Drives Baton's public gRPC API with a workload and records what each request saw, chunk by chunk."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from baton.bench.stats import RequestTiming
+from baton.bench.workload import RequestSpec
+from common.pb import generate_pb2 as pb
+from common.pb.generate_pb2_grpc import GenerationStub
+
+WARM_PROMPT, WARM_TOKENS = (1, 5, 6, 7, 8, 9, 10, 11), 4
+# A few channels spread a thousand streams over several HTTP/2 connections.
+STREAMS_PER_CHANNEL = 256
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How to send a workload."""
+
+    max_concurrency: int  # most requests in flight; the rest wait client-side
+    offsets: Sequence[float] | None = None  # send times from the start (s); None sends as fast as allowed
+    timeout_s: float = 600.0  # gRPC deadline of each request
+    metadata: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency < 1:
+            raise ValueError(f"max concurrency must be at least 1, got {self.max_concurrency}")
+
+
+def request_pb(spec: RequestSpec) -> pb.GenerateRequest:
+    params = pb.SamplingParams(max_tokens=spec.output_len, ignore_eos=True, temperature=0.0)
+    return pb.GenerateRequest(prompt_token_ids=spec.prompt_ids, params=params)
+
+
+async def stream_one(stub: GenerationStub, spec: RequestSpec, plan: RunPlan, timing: RequestTiming) -> None:
+    """Send one request and time every token-carrying chunk; errors are recorded, not raised."""
+    timing.sent = time.perf_counter()
+    try:
+        call = stub.Generate(request_pb(spec), timeout=plan.timeout_s, metadata=plan.metadata or None)
+        async for chunk in call:
+            if chunk.token_ids:
+                timing.chunk_times.append(time.perf_counter())
+                timing.output_len += len(chunk.token_ids)
+            if chunk.finish_reason not in (pb.FINISH_REASON_NONE, pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP):
+                timing.error = pb.FinishReason.Name(chunk.finish_reason)
+    except grpc.aio.AioRpcError as exc:
+        timing.error = f"{exc.code().name}: {exc.details()}"
+    if not timing.chunk_times and not timing.error:
+        timing.error = "no tokens"
+
+
+async def wait_until_serving(stub: GenerationStub, timeout_s: float = 120.0) -> None:
+    """Send a short warm-up request until one succeeds: UNAVAILABLE until an executor has attached."""
+    deadline = time.monotonic() + timeout_s
+    warm = RequestSpec(WARM_PROMPT, WARM_TOKENS)
+    while True:
+        try:
+            async for _ in stub.Generate(request_pb(warm), timeout=timeout_s):
+                pass
+            return
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def run_workload(
+    target: str,
+    specs: Sequence[RequestSpec],
+    plan: RunPlan,
+    on_done: Callable[[RequestTiming], None] | None = None,
+    warm_up: bool = True,
+) -> tuple[list[RequestTiming], float]:
+    """Send ``specs`` per ``plan``; return their timings and the seconds from the first send to the last finish."""
+    channels = [
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(max(1, min(plan.max_concurrency, len(specs)) // STREAMS_PER_CHANNEL + 1))
+    ]
+    try:
+        stubs = [GenerationStub(channel) for channel in channels]
+        if warm_up:
+            await wait_until_serving(stubs[0])
+        timings = [RequestTiming(len(s.prompt_ids), s.output_len) for s in specs]
+        slots = asyncio.Semaphore(plan.max_concurrency)
+        started = time.perf_counter()
+
+        async def one(i: int) -> None:
+            if plan.offsets is not None:
+                await asyncio.sleep(max(0.0, started + plan.offsets[i] - time.perf_counter()))
+            async with slots:
+                await stream_one(stubs[i % len(stubs)], specs[i], plan, timings[i])
+            if on_done is not None:
+                on_done(timings[i])
+
+        await asyncio.gather(*(one(i) for i in range(len(specs))))
+        finished = max((t.chunk_times[-1] for t in timings if t.chunk_times), default=time.perf_counter())
+        return timings, finished - started
+    finally:
+        for channel in channels:
+            await channel.close()

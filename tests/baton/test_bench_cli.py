@@ -1,0 +1,74 @@
+"""Smoke tests of ``baton bench`` and ``baton bench serve`` against a real stack, with tiny sizes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from baton.bench.client import RunPlan, run_workload
+from baton.bench.stats import summarize
+from baton.bench.workload import WorkloadSpec, arrival_offsets
+from tests.stack import Stack, stack_config, start_stack
+
+
+@pytest.fixture
+async def stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
+    running = await start_stack(stack_config(redis_url, tiny_model_dir))
+    yield running
+    await running.stop()
+
+
+async def test_run_workload_times_every_request(stack: Stack) -> None:
+    specs = WorkloadSpec(6, (4, 20), (2, 5), seed=3).build()
+    plan = RunPlan(max_concurrency=3, offsets=arrival_offsets(len(specs), 50.0, 1.0, seed=3))
+    done = []
+    timings, seconds = await run_workload(stack.target, specs, plan, done.append)
+    assert len(done) == len(specs) and seconds > 0
+    for spec, timing in zip(specs, timings, strict=True):
+        assert timing.ok, timing.error
+        assert timing.output_len == spec.output_len
+        assert 0 < timing.ttft <= timing.e2el
+    summary = summarize(timings, seconds, {"ttft": 60_000})
+    assert summary.completed == 6 and summary.failed == 0 and summary.short_requests == 0
+    assert summary.output_tokens == sum(s.output_len for s in specs)
+    assert summary.request_goodput == pytest.approx(6 / seconds)
+    for value in (summary.output_throughput, summary.ttft.p99, summary.tpot.p50, summary.itl.p90, summary.e2el.mean):
+        assert math.isfinite(value) and value > 0
+
+
+async def _baton(*argv: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "baton.cli", *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    return proc.returncode or 0, out.decode()
+
+
+async def test_bench_prints_a_table_and_writes_json(stack: Stack, tmp_path: Path) -> None:
+    result = tmp_path / "bench.json"
+    argv = ["bench", "--target", stack.target, "--scenario", "short", "--num-requests", "4", "--batch-size", "2"]
+    code, out = await _baton(*argv, "--output-len", "3", "--no-progress", "--json", str(result))
+    assert code == 0, out
+    assert "output tok/s" in out and "TTFT p99 ms" in out and "short" in out
+    (row,) = json.loads(result.read_text())["results"]
+    assert row["name"] == "short" and row["summary"]["completed"] == 4
+    assert row["summary"]["total_output_tokens"] == 12 and row["summary"]["output_throughput"] > 0
+
+
+async def test_bench_serve_saves_vllm_style_results(stack: Stack, tmp_path: Path) -> None:
+    argv = ["bench", "serve", "--target", stack.target, "--num-prompts", "5", "--input-len", "8", "--output-len", "4"]
+    argv += ["--request-rate", "20", "--burstiness", "0.5", "--max-concurrency", "3", "--goodput", "ttft:60000"]
+    code, out = await _baton(*argv, "--no-progress", "--save-result", "--result-dir", str(tmp_path))
+    assert code == 0, out
+    assert "Serving Benchmark Result" in out and "P99 ITL (ms):" in out
+    (saved,) = tmp_path.glob("baton-bench-serve-*.json")
+    data = json.loads(saved.read_text())
+    assert data["completed"] == 5 and data["failed"] == 0 and data["total_output_tokens"] == 20
+    assert data["request_rate"] == 20 and data["burstiness"] == 0.5 and data["max_concurrency"] == 3
+    assert data["request_goodput"] > 0 and data["p99_ttft_ms"] >= data["median_ttft_ms"] > 0

@@ -1,0 +1,71 @@
+"""Smoke tests of bench/throughput.py: its setup plumbing and the in-process engine phase on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from tests.bench import load_script
+
+tp = load_script("throughput")
+watch = load_script("device_watch")
+
+
+def test_kv_memory_follows_the_model_dtype(tmp_path: Path) -> None:
+    wl = tp.make_workload(64, 0)
+    sizes = {}
+    for dtype in ("float32", "bfloat16"):
+        model = tmp_path / dtype
+        model.mkdir()
+        config = {"num_attention_heads": 32, "hidden_size": 2048, "num_hidden_layers": 22, "num_key_value_heads": 8}
+        (model / "config.json").write_text(json.dumps(config | {"dtype": dtype}))
+        sizes[dtype] = tp.kv_memory_mb(model, wl)
+    assert sizes["bfloat16"] < sizes["float32"] <= 2 * sizes["bfloat16"] + 256
+
+
+def test_stack_env_carries_the_setup() -> None:
+    setup = tp.Setup(
+        device="cpu", dtype="bfloat16", max_batch=8, token_budget=64, executor_threads=1, stream_interval=4
+    )
+    env = tp.stack_env(setup, kv_mb=300, metrics_port=9999)
+    assert env["BATON_EXECUTOR__DTYPE"] == "bfloat16" and env["BATON_EXECUTOR__DEVICE"] == "cpu"
+    assert env["BATON_EXECUTOR__MAX_BATCH_SIZE"] == env["BATON_SCHEDULER__BATCH_LEVEL__MAX_BATCH_SIZE"] == "8"
+    assert env["BATON_SCHEDULER__TOKEN_LEVEL__TOKEN_BUDGET"] == "64"
+    assert env["BATON_EXECUTOR__TORCH_THREADS"] == "1" and env["BATON_EXECUTOR__KV_CACHE_MEMORY_MB"] == "300"
+    assert env["BATON_DISTRIBUTED__STREAM_INTERVAL_TOKENS"] == "4"
+    assert env["BATON_MONITORING__EXECUTOR_METRICS_PORT"] == "9999"
+
+
+def test_device_watch_summarises_its_samples() -> None:
+    readings = iter([{"util_pct": 50.0, "memory_bytes": 2.0**30, "power_w": 100.0}] * 1000)
+    with watch.DeviceWatch(lambda: next(readings), interval_s=0.005) as w:
+        time.sleep(0.1)
+    summary = w.summary()
+    assert summary["samples"] >= 2
+    assert summary["util_pct_mean"] == 50.0 and summary["memory_gib_max"] == 1.0 and summary["power_w_max"] == 100.0
+
+
+def test_engine_phase_runs_the_workload(tiny_model_dir: Path) -> None:
+    wl = tp.make_workload(3, 5)
+    threads = torch.get_num_threads()
+    result = tp.run_engine(tiny_model_dir, wl, 64, tp.Setup(max_batch=2, token_budget=128))
+    assert torch.get_num_threads() == threads  # restored for the HF phases
+    assert result.useful_tokens == sum(wl.max_tokens) and result.tok_s and result.tok_s > 0
+    assert [len(o) for o in result.outputs] == wl.max_tokens
+    assert "torch threads" in result.note
+
+
+def test_metrics_reader_reads_the_executor_gauges() -> None:
+    from common.metrics import serve_metrics
+    from executor_service.metrics import ExecutorMetrics
+    from tests.conftest import free_port
+
+    metrics = ExecutorMetrics()
+    metrics.gpu_util.set(87.5)
+    metrics.gpu_memory.set(3 * 2**30)
+    metrics.gpu_power.set(412.0)
+    port = serve_metrics(metrics.registry, free_port(), host="127.0.0.1")
+    assert watch.metrics_reader(port)() == {"util_pct": 87.5, "memory_bytes": 3 * 2**30, "power_w": 412.0}

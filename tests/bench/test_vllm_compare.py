@@ -1,0 +1,29 @@
+"""bench/vllm_compare.py never runs in CI (it needs a vLLM venv and minutes); only its flags are checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bench import load_script
+
+compare = load_script("vllm_compare")
+
+
+def test_defaults_alternate_three_pairs_on_both_models_and_dtypes() -> None:
+    args = compare.parse_args([])
+    assert args.sizes == ["tiny", "small"] and args.dtypes == ["bfloat16", "float32"]
+    assert args.pairs == 3 and args.num_requests == 64 and args.threads == 1
+    assert not args.vllm_multiprocess
+
+
+def test_flags() -> None:
+    args = compare.parse_args(["--sizes", "tiny", "--dtypes", "float32", "--pairs", "5", "--threads", "2"])
+    assert (args.sizes, args.dtypes, args.pairs, args.threads) == (["tiny"], ["float32"], 5, 2)
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--pairs", "0"])
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--sizes", "huge"])
+
+
+def test_same_openmp_settings_for_both_sides() -> None:
+    assert compare.omp_env(2) == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
