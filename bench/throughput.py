@@ -20,7 +20,6 @@ import math
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +36,8 @@ from device_watch import DeviceWatch, metrics_reader, sampler_reader
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from baton.dev import _free_port, _start_redis, _wait_healthy, stop_processes
+from baton.bench.local_stack import local_stack
+from baton.dev import _free_port
 from baton.make_model import SIZES, make_model
 from common.config import ExecutorConfig
 from common.pb import generate_pb2 as pb
@@ -133,11 +133,6 @@ def finish(label: str, seconds: float, outputs: list[list[int]], wl: Workload, c
 
 
 # ---- (a) Baton end to end ------------------------------------------------------------------
-def spawn(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-
 def stack_env(setup: Setup, kv_mb: int, metrics_port: int) -> dict[str, str]:
     env = dict(os.environ, BATON_EXECUTOR__KV_CACHE_MEMORY_MB=str(kv_mb))
     env["BATON_EXECUTOR__TORCH_THREADS"] = str(setup.executor_threads)
@@ -155,28 +150,12 @@ def stack_env(setup: Setup, kv_mb: int, metrics_port: int) -> dict[str, str]:
 def run_baton_e2e(model_dir: Path, wl: Workload, kv_mb: int, logs: Path, setup: Setup | None = None) -> Result:
     setup = setup or Setup()
     metrics_port = _free_port() if setup.watch_device else 0
-    env = stack_env(setup, kv_mb, metrics_port)
-    baton = [sys.executable, "-m", "baton.cli"]
-    procs: list[subprocess.Popen[bytes]] = []
-    with tempfile.TemporaryDirectory(prefix="redis-", dir=logs) as redis_dir:
-        try:
-            redis_proc, redis_url = _start_redis(Path(redis_dir))
-            procs.append(redis_proc)
-            ex_port, sched_port = _free_port(), _free_port()
-            say(f"(a) starting executor and scheduler (logs in {logs})")
-            ex_args = ["--model", str(model_dir), "--host", "127.0.0.1", "--port", str(ex_port)]
-            procs.append(spawn([*baton, "executor", "--redis-url", redis_url, *ex_args], logs / "executor.log", env))
-            _wait_healthy(f"127.0.0.1:{ex_port}", procs[-1], 300)
-            sched_args = ["--redis-url", redis_url, "--host", "127.0.0.1", "--port", str(sched_port)]
-            procs.append(spawn([*baton, "scheduler", *sched_args], logs / "scheduler.log", env))
-            _wait_healthy(f"127.0.0.1:{sched_port}", procs[-1], 60)
-            pids = dict(zip(("redis", "executor", "scheduler"), (p.pid for p in procs), strict=True))
-            with DeviceWatch(metrics_reader(metrics_port) if metrics_port else None) as watch:
-                result = asyncio.run(drive_grpc(f"127.0.0.1:{sched_port}", wl, pids | {"client": os.getpid()}))
-            result.device_load = watch.summary()
-            return result
-        finally:
-            stop_processes(procs)
+    say(f"(a) starting executor and scheduler (logs in {logs})")
+    with local_stack(model_dir, logs, overrides=stack_env(setup, kv_mb, metrics_port)) as stack:
+        with DeviceWatch(metrics_reader(metrics_port) if metrics_port else None) as watch:
+            result = asyncio.run(drive_grpc(stack.target, wl, stack.pids | {"client": os.getpid()}))
+        result.device_load = watch.summary()
+        return result
 
 
 async def stream_one(stub: GenerationStub, prompt: list[int], max_tokens: int, bar: tqdm | None = None) -> list[int]:
