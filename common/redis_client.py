@@ -65,15 +65,19 @@ def connect(url: str, max_connections: int = 512) -> aioredis.Redis:
         return _connect_cluster(target, max_connections)
     if target.kind is RedisKind.SENTINEL:
         return _connect_sentinel(target, max_connections)
-    return aioredis.Redis.from_url(
+    # A blocking pool: past max_connections a caller waits for a free connection (up to 30 s)
+    # instead of failing with "Too many connections", which a burst of 1,000 clients hit.
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
         decode_responses=True,
         max_connections=max_connections,
+        timeout=30,
         health_check_interval=15,
         socket_connect_timeout=2.0,
         retry=_retry(),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 def _connect_cluster(target: RedisTarget, max_connections: int) -> aioredis.Redis:

@@ -69,3 +69,19 @@ def test_metrics_reader_reads_the_executor_gauges() -> None:
     metrics.gpu_power.set(412.0)
     port = serve_metrics(metrics.registry, free_port(), host="127.0.0.1")
     assert watch.metrics_reader(port)() == {"util_pct": 87.5, "memory_bytes": 3 * 2**30, "power_w": 412.0}
+
+
+def test_engine_profile_accounts_for_the_step(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "model-tiny").symlink_to(tiny_model_dir)
+    script = Path(__file__).resolve().parents[2] / "bench" / "engine_profile.py"
+    args = ["--size", "tiny", "--num-requests", "2", "--workdir", str(tmp_path), "--json"]
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = report["rows"]
+    assert report["tokens"] == sum(tp.make_workload(64, 0).max_tokens[:2])
+    assert rows["model forward: attention"] > 0 and rows["sampling"] > 0
+    assert abs(sum(rows.values()) - report["cpu_s"]) < 1e-6  # the stages add up to the whole
