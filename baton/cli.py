@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import faulthandler
 import sys
 from collections.abc import Callable
 
@@ -149,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # A crash inside a C extension (grpc, torch, hiredis) then leaves every thread's Python stack
+    # in the service's log instead of a silent exit (where stderr is a real file).
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        faulthandler.enable()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return int(func(args) or 0)

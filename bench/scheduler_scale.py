@@ -144,7 +144,10 @@ class Feeder:
 
 async def feed(target: str, in_flight: int, prompt_len: int, output_len: int, feeder: Feeder) -> None:
     """Keep ``in_flight`` Complete calls going until ``feeder.stop``."""
-    channels = [grpc.aio.insecure_channel(target) for _ in range(max(1, in_flight // 200))]
+    # Each channel its own connection (a local subchannel pool): channels to one target otherwise
+    # share a single HTTP/2 connection, whose concurrent-stream limit then caps the load.
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(max(1, in_flight // 50))]
     prompt = [1] + [5 + i % 7000 for i in range(prompt_len - 1)]
     params = pb.SamplingParams(max_tokens=output_len, ignore_eos=True)
 

@@ -27,6 +27,7 @@ from redis.sentinel import Sentinel as SyncSentinel
 
 from common.errors import NotReady
 from common.redis_cluster import BatonRedisCluster
+from common.redis_packing import use_c_packing
 from common.redis_url import TLS_OPTIONS, RedisKind, RedisTarget, parse_redis_url
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def connect(url: str, max_connections: int = 512) -> aioredis.Redis:
         retry=_retry(),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
     )
-    return aioredis.Redis.from_pool(pool)
+    return aioredis.Redis.from_pool(use_c_packing(pool))
 
 
 def _connect_cluster(target: RedisTarget, max_connections: int) -> aioredis.Redis:

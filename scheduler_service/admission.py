@@ -77,11 +77,10 @@ class Admission:
         by_id = {link.executor_id: link for link in links}
         placements = place(candidates, capacities) if room else []
         admitted = 0
-        for placement in placements:
-            link = by_id[placement.executor_id]
-            claimed = await self.store.claim(placement.request_id, placement.executor_id, link.owner)
+        claims = [(p.request_id, p.executor_id, by_id[p.executor_id].owner) for p in placements]
+        for placement, claimed in zip(placements, await self.store.claim_many(claims), strict=True):
             if claimed is not None:
-                link.admit(claimed)
+                by_id[placement.executor_id].admit(claimed)
                 admitted += 1
         placed = {p.request_id for p in placements}
         if self._promised is not None and self._promised.request_id in placed:

@@ -1,7 +1,8 @@
 """One scheduler replica's bidi ``Run`` stream to one executor: plans out, step reports in.
 
-The link keeps the replica's view of the executor (its requests and latest load), turns each
-StepReport into Redis writes (one pipeline per report) and each admission into plan deltas.
+The link keeps the replica's view of the executor (its requests and latest load), turns step
+reports into Redis writes (one script call and one stream pipeline per batch of reports: every
+report that arrived while the previous batch was written) and each admission into plan deltas.
 Plans are sent as soon as they are made; the executor applies them at its next iteration
 boundary, so planning overlaps the model step instead of sitting on its critical path.
 """
@@ -14,7 +15,6 @@ import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 import grpc
 
@@ -24,62 +24,15 @@ from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
 from common.redis_client import with_redis_retry
 from common.security import channel_credentials
+from scheduler_service.link_state import CHANNEL_OPTIONS, LinkedRequest, read_reports, sampling_to_pb
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import ExecutorCapacity, blocks_for
 from scheduler_service.preemption import RunningRequest
 from scheduler_service.request_store import RequestStore, StepWrite, now_ms, usage_of
-from scheduler_service.requests import ClaimedRequest, RequestParams, TokenEvent
-from scheduler_service.stream_batching import StreamBatcher, StreamInterval
+from scheduler_service.requests import ClaimedRequest, TokenEvent
+from scheduler_service.stream_batching import StreamBatcher, StreamInterval, coalesce
 
 log = logging.getLogger(__name__)
-
-CHANNEL_OPTIONS = [
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-]
-
-
-@dataclass
-class LinkedRequest:
-    """The replica's view of one request on this executor."""
-
-    request_id: str
-    prompt_len: int
-    generated: int
-    arrival_ms: int
-    assigned_ms: int
-    first_token_ms: int | None
-    priority: int = 0
-    preemptions: int = 0
-    deadline_ms: int = 0
-    expected_output: int = 0  # the estimator's guess at enqueue (else max_tokens)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt_len + self.generated
-
-    @property
-    def remaining(self) -> int:
-        """Output tokens still expected: what length-aware merging compares."""
-        return max(1, self.expected_output - self.generated)
-
-
-def sampling_to_pb(params: RequestParams) -> pb.ExecSampling:
-    msg = pb.ExecSampling(
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        stop=list(params.stop),
-        stop_token_ids=list(params.stop_token_ids),
-        ignore_eos=params.ignore_eos,
-    )
-    if params.seed is not None:
-        msg.seed = params.seed
-    return msg
 
 
 class ExecutorLink:
@@ -143,8 +96,27 @@ class ExecutorLink:
             self._outbox.put_nowait(pb.Plan(seq=self._fence_seq, abort=sorted(abort_first)))
         stub = executor_pb2_grpc.ExecutorStub(self._channel)
         call = stub.Run(self._plans())
-        async for report in call:
-            await self._on_report(report)
+        inbox: asyncio.Queue[pb.StepReport | BaseException | None] = asyncio.Queue()
+        reader = asyncio.create_task(read_reports(call, inbox), name=f"reports-{self.executor_id}")
+        try:
+            while True:
+                # Group commit: every report that arrived while the last batch was being written
+                # goes into the next one. Idle, that is one report, written at once; behind, a
+                # few steps' tokens share one script call and one stream entry per request, so
+                # the cost per report falls exactly when the replica is short of CPU.
+                batch = [await inbox.get()]
+                while not inbox.empty():
+                    batch.append(inbox.get_nowait())
+                reports = [r for r in batch if isinstance(r, pb.StepReport)]
+                if reports:
+                    await self._on_reports(reports)
+                end = batch[-1]
+                if isinstance(end, BaseException):
+                    raise end
+                if end is None:
+                    return
+        finally:
+            reader.cancel()
 
     async def close(self) -> None:
         self._outbox.put_nowait(None)
@@ -259,14 +231,18 @@ class ExecutorLink:
         self._pending = pb.Plan()
 
     # ---- reports -----------------------------------------------------------------------
-    async def _on_report(self, report: pb.StepReport) -> None:
+    async def _on_reports(self, reports: list[pb.StepReport]) -> None:
+        """One or more consecutive step reports: record them together, then hand back what left."""
         before = (len(self.requests), self.ready)
-        self.load = report.load
-        self.iteration = report.iteration
-        self._metrics.observe_load(self.executor_id, report.load)
-        if self._base_seq <= report.plan_seq <= self._seq:
-            self._acked_seq = max(self._acked_seq, report.plan_seq)
-        writes = self._batched(self._step_writes(report))
+        writes: list[StepWrite] = []
+        for report in reports:
+            self.load = report.load
+            self.iteration = report.iteration
+            self._metrics.observe_load(self.executor_id, report.load)
+            if self._base_seq <= report.plan_seq <= self._seq:
+                self._acked_seq = max(self._acked_seq, report.plan_seq)
+            writes += self._step_writes(report)
+        writes = self._batched(coalesce(writes) if len(reports) > 1 else writes)
         if writes:
             accepted = await with_redis_retry(
                 lambda: self._store.publish_step(self.executor_id, writes, self.owner),
@@ -274,13 +250,14 @@ class ExecutorLink:
                 f"recording a step of {self.executor_id}",
             )
             await self._recover_refused(writes, accepted)
-        for request_id in [*report.preempted, *(r.request_id for r in report.rejected)]:
-            self.preempting.discard(request_id)
-            if self.requests.pop(request_id, None) is not None:
-                self._last_token_at.pop(request_id, None)
-                if request_id in report.preempted:
-                    self._metrics.preemptions.inc()
-                await self.hand_back(request_id)
+        for report in reports:
+            for request_id in [*report.preempted, *(r.request_id for r in report.rejected)]:
+                self.preempting.discard(request_id)
+                if self.requests.pop(request_id, None) is not None:
+                    self._last_token_at.pop(request_id, None)
+                    if request_id in report.preempted:
+                        self._metrics.preemptions.inc()
+                    await self.hand_back(request_id)
         # Wake the planner only when its inputs moved: a request left (finished, handed back or
         # refused), freeing room, or the link became ready. A step that only added tokens shrinks
         # room, never grows it, and the planner's tick covers time-based decisions.
@@ -346,6 +323,8 @@ class ExecutorLink:
 
     def _batched(self, writes: list[StepWrite]) -> list[StepWrite]:
         """Apply the stream interval: hold back what may wait, add what has waited long enough."""
+        if not self._batcher.interval.batching:
+            return writes  # every write goes out as it comes (the default); nothing ever waits
         now = time.monotonic()
         return [out for write in writes for out in self._batcher.offer(write, now)] + self._batcher.due(now)
 

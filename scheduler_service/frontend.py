@@ -56,6 +56,8 @@ class Frontend:
         self.config = config
         # One XREAD for all followed streams (not one per client); per-client reads on a cluster.
         self._mux = StreamMux(store.redis) if StreamMux.supported(store.redis) else None
+        # This replica's links tell the mux what they publish: its readers get it without an XREAD.
+        store.listener = self._mux
 
     async def tokenize(self, text: str) -> list[int]:
         tokenizer, _ = await self.tokenizers.get()

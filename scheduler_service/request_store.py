@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
@@ -13,6 +13,7 @@ from redis.typing import EncodableT, FieldT
 from common.errors import AlreadyExists, Overloaded
 from common.keys import KeySchema
 from common.lifecycle import FinishReason, RequestState, terminal_state_for
+from common.redis_client import is_cluster
 from scheduler_service import scripts
 from scheduler_service.queue_view import QueueReads
 from scheduler_service.requests import ClaimedRequest, NewRequest, RequestParams, TokenEvent, parse_ids
@@ -39,6 +40,14 @@ class CancelOutcome:
     ended_here: bool  # it was queued, and this cancel ended it
 
 
+class StreamListener(Protocol):
+    """Told of this process's own stream writes (``StreamMux``: hands them to local readers)."""
+
+    def published(self, key: str, entry_id: str, fields: dict[str, str], final: bool) -> None: ...
+
+    def released(self, key: str) -> None: ...
+
+
 class RequestStore(QueueReads):
     def __init__(
         self,
@@ -60,6 +69,8 @@ class RequestStore(QueueReads):
         self._record_step = redis.register_script(scripts.RECORD_STEP)
         self._requeue = redis.register_script(scripts.REQUEUE)
         self._cancel = redis.register_script(scripts.CANCEL)
+        self.listener: StreamListener | None = None
+        self._cluster = is_cluster(redis)
 
     async def enqueue(
         self,
@@ -110,44 +121,29 @@ class RequestStore(QueueReads):
 
     async def claim(self, request_id: str, executor_id: str, owner: str | None = None) -> ClaimedRequest | None:
         """QUEUED -> ASSIGNED on ``executor_id``; ``owner`` (default: the executor id) fences later writes."""
-        keys = [
-            self.keys.pending,
-            self.keys.request(request_id),
-            self.keys.running(executor_id),
-            self.keys.tokens(request_id),
-            self.keys.tenants_waiting,
-            self.keys.tenant_counters,
-            self.keys.tenant_vclock,
-            self.keys.tenant_running,
-        ]
-        args: list[EncodableT] = [
-            request_id,
-            executor_id,
-            now_ms(),
-            owner or executor_id,
-            self.keys.tenant_queue_prefix,
-        ]
-        row = await self._claim(keys=keys, args=args)
-        if not row:
-            return None
-        prompt, params, score, arrival, assigned, first_token, _, out, traceparent, *rest = row
-        tenant, priority, preemptions, deadline, est_out = rest
-        return ClaimedRequest(
-            request_id=request_id,
-            prompt_ids=parse_ids(prompt),
-            output_ids=parse_ids(out),
-            params=RequestParams.from_json(params),
-            score=float(score),
-            arrival_ms=int(arrival),
-            assigned_ms=int(assigned),
-            first_token_ms=int(first_token) if first_token else None,
-            traceparent=traceparent or "",
-            tenant=tenant,
-            priority=int(priority),
-            preemptions=int(preemptions),
-            deadline_ms=int(deadline),
-            expected_output=int(est_out),
-        )
+        (claimed,) = await self.claim_many([(request_id, executor_id, owner or executor_id)])
+        return claimed
+
+    async def claim_many(self, claims: Sequence[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
+        """``claim`` for each (request id, executor id, owner), in one pipeline: one round trip
+        for a whole admission round instead of one per request. Each claim is still its own
+        script, judged on its own (None: no longer queued)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for request_id, executor_id, owner in claims:
+                keys = [
+                    self.keys.pending,
+                    self.keys.request(request_id),
+                    self.keys.running(executor_id),
+                    self.keys.tokens(request_id),
+                    self.keys.tenants_waiting,
+                    self.keys.tenant_counters,
+                    self.keys.tenant_vclock,
+                    self.keys.tenant_running,
+                ]
+                args: list[EncodableT] = [request_id, executor_id, now_ms(), owner, self.keys.tenant_queue_prefix]
+                await self._claim(keys=keys, args=args, client=pipe)
+            rows = await pipe.execute()
+        return [_claimed(request_id, row) for (request_id, _, _), row in zip(claims, rows, strict=True)]
 
     async def append_tokens(
         self, pipe: aioredis.client.Pipeline, request_id: str, owner: str, event: TokenEvent
@@ -198,11 +194,13 @@ class RequestStore(QueueReads):
     async def publish_step(self, executor_id: str, writes: Sequence[StepWrite], owner: str | None = None) -> list[bool]:
         """Record one executor step, then publish what was accepted to the clients' streams.
 
-        Two round trips on purpose: the guarded script decides first, so an executor that no
-        longer owns a request (it was re-queued elsewhere) can never reach that client's stream.
-        The streams live outside the hash tag, which keeps them spread over a cluster's shards.
-        The first is one RECORD_STEP call for the whole step (APPEND_TOKENS, then FINISH, per request).
+        The guarded script decides first, so an executor that no longer owns a request (it was
+        re-queued elsewhere) can never reach that client's stream. One RECORD_STEP call covers
+        the whole step (APPEND_TOKENS, then FINISH, per request) and, on a single Redis, the
+        stream entries too. On a cluster the streams live outside the hash tag (spread over the
+        shards), so they are written by a second round trip.
         """
+        publish_here = not self._cluster
         keys = [
             self.keys.running(executor_id),
             self.keys.pending,
@@ -219,9 +217,11 @@ class RequestStore(QueueReads):
             self.ttl_s,
             self.keys.tenant_queue_prefix,
             self.estimator_alpha,
+            "1" if publish_here else "0",
         ]
         none = FinishReason.NONE
-        for write in writes:
+        fields = [write.event.to_fields() for write in writes]
+        for write, entry in zip(writes, fields, strict=True):
             event = write.event
             keys += (self.keys.request(write.request_id), self.keys.tokens(write.request_id))
             args += (write.request_id, event.index, len(event.token_ids), *event.token_ids)
@@ -229,23 +229,48 @@ class RequestStore(QueueReads):
                 args += ("", "", "")
             else:
                 args += (terminal_state_for(event.finish_reason).name, event.finish_reason.name, write.error)
+            if publish_here:
+                keys.append(self.keys.output(write.request_id))
+                args += (2 * len(entry), *(item for pair in entry.items() for item in pair))
         results = await self._record_step(keys=keys, args=args)
         accepted = []
         for i, write in enumerate(writes):
             # FINISH's 2: a retried finish whose first attempt landed; its final event must still go out.
-            ok = not write.event.token_ids or int(results[2 * i]) > 0
+            ok = not write.event.token_ids or int(results[3 * i]) > 0
             if write.event.finish_reason is not none:
-                ok = int(results[2 * i + 1]) in (1, 2) and ok
+                ok = int(results[3 * i + 1]) in (1, 2) and ok
             accepted.append(ok)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for write, ok in zip(writes, accepted, strict=True):
-                if ok:
-                    self._publish(pipe, write.request_id, write.event)
-            await pipe.execute()
+        if publish_here:
+            entry_ids = [str(results[3 * i + 2]) for i in range(len(writes))]
+        else:
+            entry_ids = await self._publish_all(writes, fields, accepted)
+        if self.listener is not None:
+            for write, entry, entry_id in zip(writes, fields, entry_ids, strict=True):
+                if entry_id:
+                    final = write.event.finish_reason is not none
+                    self.listener.published(self.keys.output(write.request_id), entry_id, entry, final)
         return accepted
 
-    def _publish(self, pipe: aioredis.client.Pipeline, request_id: str, event: TokenEvent) -> None:
-        pipe.xadd(self.keys.output(request_id), cast(dict[FieldT, EncodableT], event.to_fields()))
+    async def _publish_all(
+        self, writes: Sequence[StepWrite], fields: list[dict[str, str]], accepted: list[bool]
+    ) -> list[str]:
+        """XADD each accepted event to its stream (a cluster's second round trip); their entry ids."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for write, entry, ok in zip(writes, fields, accepted, strict=True):
+                if ok:
+                    self._add_entry(pipe, write.request_id, write.event, entry)
+            replies = iter(await pipe.execute())
+        entry_ids = []
+        for write, ok in zip(writes, accepted, strict=True):
+            entry_ids.append(str(next(replies)) if ok else "")
+            if ok and write.event.finish_reason is not FinishReason.NONE:
+                next(replies)  # the EXPIRE's reply
+        return entry_ids
+
+    def _add_entry(
+        self, pipe: aioredis.client.Pipeline, request_id: str, event: TokenEvent, fields: dict[str, str]
+    ) -> None:
+        pipe.xadd(self.keys.output(request_id), cast(dict[FieldT, EncodableT], fields))
         if event.finish_reason is not FinishReason.NONE:
             pipe.expire(self.keys.output(request_id), self.ttl_s)
 
@@ -257,8 +282,11 @@ class RequestStore(QueueReads):
         if int(result) != 1:
             return False
         async with self.redis.pipeline(transaction=False) as pipe:
-            self._publish(pipe, request_id, event)
-            await pipe.execute()
+            fields = event.to_fields()
+            self._add_entry(pipe, request_id, event, fields)
+            entry_id, _ = await pipe.execute()
+        if self.listener is not None:
+            self.listener.published(self.keys.output(request_id), str(entry_id), fields, final=True)
         return True
 
     async def requeue(self, request_id: str, executor_id: str, kind: str = "preempt", owner: str | None = None) -> int:
@@ -291,6 +319,8 @@ class RequestStore(QueueReads):
         A pending cancel ends it as CANCELLED instead, and a request past the migration limit
         ends as FAILED: a request that keeps killing executors must not take the fleet down.
         """
+        if self.listener is not None:  # first, so a Redis error below cannot leave it unfollowed
+            self.listener.released(self.keys.output(request_id))
         result = await self.requeue(request_id, executor_id, kind, owner)
         if result not in (2, 3):
             return
@@ -339,6 +369,29 @@ class RequestStore(QueueReads):
             return []
         _, entries = reply[0]
         return [(entry_id, TokenEvent.from_fields(fields)) for entry_id, fields in entries]
+
+
+def _claimed(request_id: str, row: list[str] | None) -> ClaimedRequest | None:
+    if not row:
+        return None
+    prompt, params, score, arrival, assigned, first_token, _, out, traceparent, *rest = row
+    tenant, priority, preemptions, deadline, est_out = rest
+    return ClaimedRequest(
+        request_id=request_id,
+        prompt_ids=parse_ids(prompt),
+        output_ids=parse_ids(out),
+        params=RequestParams.from_json(params),
+        score=float(score),
+        arrival_ms=int(arrival),
+        assigned_ms=int(assigned),
+        first_token_ms=int(first_token) if first_token else None,
+        traceparent=traceparent or "",
+        tenant=tenant,
+        priority=int(priority),
+        preemptions=int(preemptions),
+        deadline_ms=int(deadline),
+        expected_output=int(est_out),
+    )
 
 
 def usage_of(

@@ -183,33 +183,52 @@ return finish(KEYS, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7
 
 # One executor step for all its requests in one call: exactly APPEND_TOKENS then FINISH for each,
 # in order (a finish runs even when its append was refused, as two separate calls would).
-# KEYS: running, pending, waiting, counters, tenant_running, estimator, then req_i, tokens_i per
-# request. ARGV: append_owner, finish_owner ('' = any), now_ms, ttl_s, tenant_queue_prefix,
-# estimator_alpha, then per request: id, index, n, n token ids, state ('' = not finishing),
-# finish_reason, error. Returns {append_i, finish_i, ...}: each result as its own script's,
-# 0 where a request had no tokens or did not finish.
+# KEYS: running, pending, waiting, counters, tenant_running, estimator, then req_i, tokens_i (and
+# stream_i when publishing) per request. ARGV: append_owner, finish_owner ('' = any), now_ms,
+# ttl_s, tenant_queue_prefix, estimator_alpha, publish ('1': XADD here), then per request: id,
+# index, n, n token ids, state ('' = not finishing), finish_reason, error, and when publishing
+# m then m stream field/value strings. Returns {append_i, finish_i, entry_i, ...}: each result as
+# its own script's (0 where a request had no tokens or did not finish), and the stream entry id
+# of an accepted event when publishing ('' otherwise).
+# Publishing in the script saves the second round trip, but only a single Redis can do it: on a
+# cluster the streams live in other slots (outside the hash tag) and the caller XADDs afterwards.
 RECORD_STEP = (
     _TENANT_LIB
     + _APPEND_LIB
     + _FINISH_LIB
     + """
 local out = {}
-local a = 7
+local a = 8
+local publish = ARGV[7] == '1'
+local stride = publish and 3 or 2
 local k = {'', KEYS[1], '', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}
-for w = 1, (#KEYS - 6) / 2 do
-  local req, toks = KEYS[5 + 2 * w], KEYS[6 + 2 * w]
+for w = 1, (#KEYS - 6) / stride do
+  local base = 6 + stride * (w - 1)
+  local req, toks = KEYS[base + 1], KEYS[base + 2]
   local id, index, n = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local appended = 0
   if n > 0 then appended = append_tokens(req, toks, ARGV[1], index, ARGV[3], ARGV, a + 3, a + 2 + n) end
   a = a + 3 + n
   local finished = 0
-  if ARGV[a] ~= '' then
+  local final = ARGV[a] ~= ''
+  if final then
     k[1], k[3] = req, toks
     finished = finish(k, id, ARGV[2], ARGV[a], ARGV[a + 1], ARGV[3], ARGV[4], ARGV[a + 2], ARGV[5], ARGV[6])
   end
   a = a + 3
+  local entry = ''
+  if publish then
+    local m = tonumber(ARGV[a])
+    local ok = (n == 0 or appended > 0) and (not final or finished == 1 or finished == 2)
+    if ok then
+      entry = redis.call('XADD', KEYS[base + 3], '*', unpack(ARGV, a + 1, a + m))
+      if final then redis.call('EXPIRE', KEYS[base + 3], ARGV[4]) end
+    end
+    a = a + 1 + m
+  end
   out[#out + 1] = appended
   out[#out + 1] = finished
+  out[#out + 1] = entry
 end
 return out
 """

@@ -124,3 +124,31 @@ class StreamBatcher:
         if len(waiting.tokens) >= self.interval.tokens:
             return True
         return self.interval.ms > 0 and (now - waiting.since) * 1000 >= self.interval.ms
+
+
+def coalesce(writes: list[StepWrite]) -> list[StepWrite]:
+    """Merge each request's contiguous events (from several step reports) into one write.
+
+    Order is kept (a request's merged write sits where its first one was); events that are not
+    contiguous, or that follow a final event, stay separate so Redis judges each on its own.
+    """
+    out: list[StepWrite] = []
+    last: dict[str, int] = {}  # request id -> its newest write's position in ``out``
+    for write in writes:
+        at = last.get(write.request_id)
+        prev = out[at].event if at is not None else None
+        if (
+            at is None
+            or prev is None
+            or prev.finish_reason is not FinishReason.NONE
+            or prev.index + len(prev.token_ids) != write.event.index
+        ):
+            last[write.request_id] = len(out)
+            out.append(write)
+            continue
+        event = write.event
+        merged = TokenEvent(
+            prev.index, (*prev.token_ids, *event.token_ids), prev.text + event.text, event.finish_reason, event.usage
+        )
+        out[at] = StepWrite(write.request_id, merged, write.error)
+    return out

@@ -10,6 +10,14 @@ The read runs on a connection of its own, so a client that starts following a st
 read is blocked can cut it short (CLIENT UNBLOCK) instead of waiting for the next step.
 A Redis Cluster spreads streams over shards, where a multi-key XREAD is refused: there each
 client keeps its own read (``StreamMux.supported``).
+
+Streams written by a link in this same process skip the read altogether: the store tells the mux
+what it just added (``published``), with the ids Redis gave the entries, and the mux hands them to
+their waiters at once. Redis still holds every entry first, so readers elsewhere (another replica,
+a later ``Resume``) see the same stream. A stream counts as written here from its newest
+publication until its final event, until its request is handed back (``released``), or until
+nothing was published for ``LOCAL_GRACE_S``; then the shared XREAD covers it again, so a request
+whose link died without a word is still followed.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -28,6 +37,11 @@ log = logging.getLogger(__name__)
 
 Entry = tuple[str, dict[str, str]]
 
+LOCAL_GRACE_S = 2.0
+# Waiters' timeouts are checked by one task on this tick, not by a timer per read: a streaming
+# client reads once per token, and a timer each time was a real share of the replica's CPU.
+EXPIRY_TICK_S = 0.1
+
 
 def _stream_id(entry_id: str) -> tuple[int, ...]:
     """ "1700000000000-3" -> (1700000000000, 3); "0" -> (0,): Redis orders ids this way."""
@@ -37,6 +51,7 @@ def _stream_id(entry_id: str) -> tuple[int, ...]:
 @dataclass
 class _Waiter:
     after: str  # entries strictly after this id
+    deadline: float  # monotonic seconds: then it gets [] (checked every EXPIRY_TICK_S)
     future: asyncio.Future[list[Entry]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -46,10 +61,13 @@ class StreamMux:
         self._block_ms = block_ms
         self._waiting: dict[str, list[_Waiter]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
         self._reader: aioredis.Redis | None = None
         self._reader_id: int | None = None
         self._in_flight: frozenset[str] = frozenset()  # keys the blocked XREAD covers
         self._unblocked = False  # one CLIENT UNBLOCK per blocked XREAD is enough
+        # Streams a link in this process writes: key -> (newest entry id published, when).
+        self._local: dict[str, tuple[str, float]] = {}
 
     @staticmethod
     def supported(redis: aioredis.Redis) -> bool:
@@ -57,16 +75,22 @@ class StreamMux:
 
     async def read(self, key: str, after: str, block_ms: int) -> list[Entry]:
         """Entries of stream ``key`` after id ``after``, waiting up to ``block_ms`` for the first."""
-        waiter = _Waiter(after)
+        local = self._local.get(key)
+        if local is not None and _stream_id(local[0]) > _stream_id(after):
+            # Published here before this reader came to wait: fetch what it missed, once.
+            reply: Any = await self._redis.xread({key: after}, count=512)
+            missed = _entries(reply)
+            if missed:
+                return missed[0][1]
+        now = time.monotonic()
+        waiter = _Waiter(after, now + block_ms / 1000)
         self._waiting.setdefault(key, []).append(waiter)
-        if self._task is None:
-            self._task = asyncio.create_task(self._run())
-        elif key not in self._in_flight:
-            await self._unblock()
+        if self._ticker is None:
+            self._ticker = asyncio.create_task(self._expire_waiters())
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter.future), block_ms / 1000)
-        except TimeoutError:
-            return []
+            if not self._is_local(key, now):
+                await self._follow(key)
+            return await waiter.future
         finally:
             waiters = self._waiting.get(key, [])
             if waiter in waiters:
@@ -74,12 +98,51 @@ class StreamMux:
                 if not waiters:
                     del self._waiting[key]
 
+    def published(self, key: str, entry_id: str, fields: dict[str, str], final: bool) -> None:
+        """This process just added ``entry_id`` to stream ``key``: hand it to the waiters now."""
+        if final:
+            self._local.pop(key, None)
+        else:
+            self._local[key] = (entry_id, time.monotonic())
+        if key in self._waiting:
+            self._deliver([(key, [(entry_id, fields)])])
+
+    def released(self, key: str) -> None:
+        """``key``'s request left this process's links: follow it through the shared read again."""
+        if self._local.pop(key, None) is not None and key in self._waiting and self._task is None:
+            self._task = asyncio.create_task(self._run())  # a running read covers it next round
+
+    def _is_local(self, key: str, now: float) -> bool:
+        local = self._local.get(key)
+        return local is not None and now - local[1] < LOCAL_GRACE_S
+
+    async def _follow(self, key: str) -> None:
+        """Make sure the shared read covers ``key``: start it, or cut a blocked one short."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run())
+        elif key not in self._in_flight:
+            await self._unblock()
+
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._ticker):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._drop_reader()
+
+    async def _expire_waiters(self) -> None:
+        """Answer [] to each waiter whose wait is over; stop once nobody waits."""
+        try:
+            while self._waiting:
+                await asyncio.sleep(EXPIRY_TICK_S)
+                now = time.monotonic()
+                for waiters in self._waiting.values():
+                    for waiter in waiters:
+                        if now >= waiter.deadline and not waiter.future.done():
+                            waiter.future.set_result([])
+        finally:
+            self._ticker = None
 
     async def _run(self) -> None:
         try:
@@ -88,9 +151,15 @@ class StreamMux:
                 # first, so the next read covers them all.
                 for _ in range(3):
                     await asyncio.sleep(0)
-                if not self._waiting:
-                    return
-                self._deliver(await self._read_all())
+                now = time.monotonic()
+                streams = {
+                    key: min((w.after for w in ws), key=_stream_id)
+                    for key, ws in self._waiting.items()
+                    if not self._is_local(key, now)
+                }
+                if not streams:
+                    return  # the local ones are handed their entries; a read() starts it again
+                self._deliver(await self._read_all(streams))
         except asyncio.CancelledError:
             await self._drop_reader()  # shutting down: give the connection back, closed
             raise
@@ -104,19 +173,16 @@ class StreamMux:
         finally:
             self._task = None
 
-    async def _read_all(self) -> list[tuple[str, list[Entry]]]:
+    async def _read_all(self, streams: dict[str, str]) -> list[tuple[str, list[Entry]]]:
         if self._reader is None:
             self._reader = aioredis.Redis(connection_pool=self._redis.connection_pool, single_connection_client=True)
             self._reader_id = int(await self._reader.client_id())
-        streams = {key: min((w.after for w in ws), key=_stream_id) for key, ws in self._waiting.items()}
         self._in_flight, self._unblocked = frozenset(streams), False
         try:
             reply: Any = await self._reader.xread(streams, count=512, block=self._block_ms)  # type: ignore[arg-type]
         finally:
             self._in_flight = frozenset()
-        if isinstance(reply, dict):  # RESP3 answers {key: entries}
-            return [(key, list(entries)) for key, entries in reply.items()]
-        return cast(list[tuple[str, list[Entry]]], list(reply or []))
+        return _entries(reply)
 
     def _deliver(self, reply: list[tuple[str, list[Entry]]]) -> None:
         for key, entries in reply:
@@ -147,3 +213,9 @@ class StreamMux:
         if reader is not None:
             with contextlib.suppress(Exception):
                 await reader.aclose()
+
+
+def _entries(reply: Any) -> list[tuple[str, list[Entry]]]:
+    if isinstance(reply, dict):  # RESP3 answers {key: entries}
+        return [(key, list(entries)) for key, entries in reply.items()]
+    return cast(list[tuple[str, list[Entry]]], list(reply or []))

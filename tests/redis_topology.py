@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
 from tests.conftest import RedisServer, free_port
 
 
@@ -195,6 +197,18 @@ class SentinelGroup:
         """SIGKILL the primary; return the new primary's port once the sentinel promoted the replica."""
         assert self.primary is not None
         old = self.primary.port
+        # Replication is asynchronous, and right after a full sync the primary only streams to the
+        # replica once the replica's first acknowledgement arrives (up to a second later). Killed
+        # in that window, the primary takes every write so far with it, and the test would be
+        # about Redis losing data rather than about Baton riding out a failover. So the replica
+        # first acknowledges what was written until now; later writes may still be lost, which
+        # Baton must handle (a record behind its executor).
+        # WAIT counts from the calling connection's own last write, hence the probe first.
+        with redis.Redis(port=old) as direct:
+            direct.set("failover-probe", "1")
+            acked = direct.wait(1, 10_000)
+        if acked != 1:
+            raise RuntimeError("the replica did not acknowledge the primary's writes within 10 s")
         self.primary.stop(signal.SIGKILL)
         _wait(lambda: self.master_port() not in (old, -1), "the sentinel to promote the replica", timeout=30)
         new = self.master_port()

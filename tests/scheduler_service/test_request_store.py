@@ -111,6 +111,17 @@ async def test_peek_pending_returns_lowest_scores_first(store: RequestStore) -> 
     assert await store.queue_position("late") == 3
 
 
+async def test_claim_many_judges_each_claim_in_one_round_trip(store: RequestStore) -> None:
+    await enqueue(store, "m1")
+    await enqueue(store, "m2")
+    claims = [("m1", "e1", "e1#a"), ("gone", "e1", "e1#a"), ("m2", "e2", "e2#b"), ("m1", "e2", "e2#b")]
+    got = await store.claim_many(claims)
+    assert [c.request_id if c else None for c in got] == ["m1", None, "m2", None]  # m1 only once
+    assert await store.running_ids("e1") == {"m1"}
+    assert await store.running_ids("e2") == {"m2"}
+    assert await store.queue_length() == 0
+
+
 async def test_peek_pending_of_an_empty_queue_is_empty(store: RequestStore) -> None:
     assert await store.peek_pending(5) == []
 

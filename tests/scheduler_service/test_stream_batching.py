@@ -16,7 +16,7 @@ from common.redis_client import connect
 from scheduler_service.executor_link import ExecutorLink
 from scheduler_service.request_store import RequestStore, StepWrite
 from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
-from scheduler_service.stream_batching import StreamBatcher, StreamInterval
+from scheduler_service.stream_batching import StreamBatcher, StreamInterval, coalesce
 from tests.conftest import RedisServer
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts
@@ -146,7 +146,9 @@ async def test_handed_back_request_keeps_the_tokens_that_waited(redis_url: str) 
         assert claimed is not None
         link.admit(claimed)
         for i in range(5):
-            await link._on_report(epb.StepReport(tokens=[epb.TokenDelta(request_id="hb", token_ids=[40 + i], index=i)]))
+            await link._on_reports(
+                [epb.StepReport(tokens=[epb.TokenDelta(request_id="hb", token_ids=[40 + i], index=i)])]
+            )
         assert await store.tokens_between("hb", 0, 50) == (40,)  # only the first went out
         link.requests.pop("hb")
         await link.hand_back("hb")
@@ -195,3 +197,21 @@ async def test_batched_streams_match_the_unbatched_and_greedy_reference(
         assert batched_entries[i] <= 2 + (n - 1) // 8, (i, batched_entries[i], n)
         assert batched_chunks[i] == batched_entries[i]
     assert sum(batched_entries) * 3 < sum(plain_entries), (batched_entries, plain_entries)
+
+
+def test_coalesce_merges_each_requests_contiguous_events_in_order() -> None:
+    usage = {"completion_tokens": 3}
+    writes = [
+        StepWrite("a", TokenEvent(0, (1,), "x")),
+        StepWrite("b", TokenEvent(4, (7,), "p")),
+        StepWrite("a", TokenEvent(1, (2,), "y")),
+        StepWrite("b", TokenEvent(9, (8,), "q")),  # not contiguous: Redis judges it on its own
+        StepWrite("a", TokenEvent(2, (3,), "z", FinishReason.LENGTH, usage)),
+        StepWrite("a", TokenEvent(3, (4,), "late")),  # after a final event: kept apart
+    ]
+    assert coalesce(writes) == [
+        StepWrite("a", TokenEvent(0, (1, 2, 3), "xyz", FinishReason.LENGTH, usage)),
+        StepWrite("b", TokenEvent(4, (7,), "p")),
+        StepWrite("b", TokenEvent(9, (8,), "q")),
+        StepWrite("a", TokenEvent(3, (4,), "late")),
+    ]

@@ -49,3 +49,49 @@ async def test_nothing_new_returns_empty_after_the_wait(redis_url: str) -> None:
     assert 0.25 < time.monotonic() - started < 2.0
     await mux.close()
     await redis.aclose()
+
+
+async def test_a_stream_published_here_reaches_its_reader_without_a_read(redis_url: str) -> None:
+    redis = connect(redis_url)
+    mux = StreamMux(redis, block_ms=5000)
+    first = await redis.xadd("s:local", {"n": "1"})
+    mux.published("s:local", first, {"n": "1"}, final=False)
+    waiting = asyncio.create_task(mux.read("s:local", first, 8000))
+    await asyncio.sleep(0.1)
+    # Never written to Redis: only the local hand-over can deliver it.
+    mux.published("s:local", "99999999999999-0", {"n": "2"}, final=False)
+    assert [f["n"] for _, f in await asyncio.wait_for(waiting, 1.0)] == ["2"]
+    await mux.close()
+    await redis.aclose()
+
+
+async def test_a_late_reader_of_a_local_stream_gets_what_it_missed(redis_url: str) -> None:
+    redis = connect(redis_url)
+    mux = StreamMux(redis, block_ms=5000)
+    for n in ("1", "2"):
+        mux.published("s:late", await redis.xadd("s:late", {"n": n}), {"n": n}, final=False)
+    assert [f["n"] for _, f in await mux.read("s:late", "0", 2000)] == ["1", "2"]
+    await mux.close()
+    await redis.aclose()
+
+
+async def test_a_released_or_silent_local_stream_is_read_from_redis_again(redis_url: str, monkeypatch) -> None:
+    redis = connect(redis_url)
+    mux = StreamMux(redis, block_ms=300)
+    released = await redis.xadd("s:gone", {"n": "1"})
+    mux.published("s:gone", released, {"n": "1"}, final=False)
+    mux.released("s:gone")  # handed back: another replica's link may write it now
+    waiting = asyncio.create_task(mux.read("s:gone", released, 8000))
+    await asyncio.sleep(0.1)
+    await redis.xadd("s:gone", {"n": "2"})
+    assert [f["n"] for _, f in await asyncio.wait_for(waiting, 2.0)] == ["2"]
+
+    monkeypatch.setattr("scheduler_service.stream_mux.LOCAL_GRACE_S", 0.2)
+    silent = await redis.xadd("s:silent", {"n": "1"})
+    mux.published("s:silent", silent, {"n": "1"}, final=False)  # its link then dies without a word
+    await redis.xadd("s:silent", {"n": "2"})
+    await asyncio.sleep(0.3)
+    got = await asyncio.wait_for(mux.read("s:silent", silent, 8000), 2.0)
+    assert [f["n"] for _, f in got] == ["2"]
+    await mux.close()
+    await redis.aclose()
