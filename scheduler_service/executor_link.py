@@ -28,8 +28,9 @@ from scheduler_service.link_state import CHANNEL_OPTIONS, LinkedRequest, read_re
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import ExecutorCapacity, blocks_for
 from scheduler_service.preemption import RunningRequest
-from scheduler_service.request_store import RequestStore, StepWrite, now_ms, usage_of
+from scheduler_service.request_store import RequestStore, usage_of
 from scheduler_service.requests import ClaimedRequest, TokenEvent
+from scheduler_service.step_publishing import StepWrite, now_ms
 from scheduler_service.stream_batching import StreamBatcher, StreamInterval, coalesce
 
 log = logging.getLogger(__name__)

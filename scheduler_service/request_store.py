@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import cast
 
 import redis.asyncio as aioredis
-from redis.typing import EncodableT, FieldT
+from redis.typing import EncodableT
 
 from common.errors import AlreadyExists, Overloaded
 from common.keys import KeySchema
@@ -17,19 +16,7 @@ from common.redis_client import is_cluster
 from scheduler_service import scripts
 from scheduler_service.queue_view import QueueReads
 from scheduler_service.requests import ClaimedRequest, NewRequest, RequestParams, TokenEvent, parse_ids
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-@dataclass(frozen=True)
-class StepWrite:
-    """One request's share of an executor step: its event, and an error message if it failed."""
-
-    request_id: str
-    event: TokenEvent
-    error: str = ""
+from scheduler_service.step_publishing import StepPublishing, StreamListener, now_ms
 
 
 @dataclass(frozen=True)
@@ -40,15 +27,7 @@ class CancelOutcome:
     ended_here: bool  # it was queued, and this cancel ended it
 
 
-class StreamListener(Protocol):
-    """Told of this process's own stream writes (``StreamMux``: hands them to local readers)."""
-
-    def published(self, key: str, entry_id: str, fields: dict[str, str], final: bool) -> None: ...
-
-    def released(self, key: str) -> None: ...
-
-
-class RequestStore(QueueReads):
+class RequestStore(QueueReads, StepPublishing):
     def __init__(
         self,
         redis: aioredis.Redis,
@@ -69,7 +48,7 @@ class RequestStore(QueueReads):
         self._record_step = redis.register_script(scripts.RECORD_STEP)
         self._requeue = redis.register_script(scripts.REQUEUE)
         self._cancel = redis.register_script(scripts.CANCEL)
-        self.listener: StreamListener | None = None
+        self.listener: StreamListener | None = None  # told of this process's own stream writes
         self._cluster = is_cluster(redis)
 
     async def enqueue(
@@ -190,89 +169,6 @@ class RequestStore(QueueReads):
             self.estimator_alpha,
         ]
         await self._finish(keys=keys, args=args, client=pipe)
-
-    async def publish_step(self, executor_id: str, writes: Sequence[StepWrite], owner: str | None = None) -> list[bool]:
-        """Record one executor step, then publish what was accepted to the clients' streams.
-
-        The guarded script decides first, so an executor that no longer owns a request (it was
-        re-queued elsewhere) can never reach that client's stream. One RECORD_STEP call covers
-        the whole step (APPEND_TOKENS, then FINISH, per request) and, on a single Redis, the
-        stream entries too. On a cluster the streams live outside the hash tag (spread over the
-        shards), so they are written by a second round trip.
-        """
-        publish_here = not self._cluster
-        keys = [
-            self.keys.running(executor_id),
-            self.keys.pending,
-            self.keys.tenants_waiting,
-            self.keys.tenant_counters,
-            self.keys.tenant_running,
-            self.keys.estimator,
-        ]
-        finish_owner = executor_id if owner is None else owner
-        args: list[EncodableT] = [
-            owner or executor_id,
-            finish_owner,
-            now_ms(),
-            self.ttl_s,
-            self.keys.tenant_queue_prefix,
-            self.estimator_alpha,
-            "1" if publish_here else "0",
-        ]
-        none = FinishReason.NONE
-        fields = [write.event.to_fields() for write in writes]
-        for write, entry in zip(writes, fields, strict=True):
-            event = write.event
-            keys += (self.keys.request(write.request_id), self.keys.tokens(write.request_id))
-            args += (write.request_id, event.index, len(event.token_ids), *event.token_ids)
-            if event.finish_reason is none:
-                args += ("", "", "")
-            else:
-                args += (terminal_state_for(event.finish_reason).name, event.finish_reason.name, write.error)
-            if publish_here:
-                keys.append(self.keys.output(write.request_id))
-                args += (2 * len(entry), *(item for pair in entry.items() for item in pair))
-        results = await self._record_step(keys=keys, args=args)
-        accepted = []
-        for i, write in enumerate(writes):
-            # FINISH's 2: a retried finish whose first attempt landed; its final event must still go out.
-            ok = not write.event.token_ids or int(results[3 * i]) > 0
-            if write.event.finish_reason is not none:
-                ok = int(results[3 * i + 1]) in (1, 2) and ok
-            accepted.append(ok)
-        if publish_here:
-            entry_ids = [str(results[3 * i + 2]) for i in range(len(writes))]
-        else:
-            entry_ids = await self._publish_all(writes, fields, accepted)
-        if self.listener is not None:
-            for write, entry, entry_id in zip(writes, fields, entry_ids, strict=True):
-                if entry_id:
-                    final = write.event.finish_reason is not none
-                    self.listener.published(self.keys.output(write.request_id), entry_id, entry, final)
-        return accepted
-
-    async def _publish_all(
-        self, writes: Sequence[StepWrite], fields: list[dict[str, str]], accepted: list[bool]
-    ) -> list[str]:
-        """XADD each accepted event to its stream (a cluster's second round trip); their entry ids."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for write, entry, ok in zip(writes, fields, accepted, strict=True):
-                if ok:
-                    self._add_entry(pipe, write.request_id, write.event, entry)
-            replies = iter(await pipe.execute())
-        entry_ids = []
-        for write, ok in zip(writes, accepted, strict=True):
-            entry_ids.append(str(next(replies)) if ok else "")
-            if ok and write.event.finish_reason is not FinishReason.NONE:
-                next(replies)  # the EXPIRE's reply
-        return entry_ids
-
-    def _add_entry(
-        self, pipe: aioredis.client.Pipeline, request_id: str, event: TokenEvent, fields: dict[str, str]
-    ) -> None:
-        pipe.xadd(self.keys.output(request_id), cast(dict[FieldT, EncodableT], fields))
-        if event.finish_reason is not FinishReason.NONE:
-            pipe.expire(self.keys.output(request_id), self.ttl_s)
 
     async def finish_now(self, request_id: str, executor_id: str, event: TokenEvent, error: str = "") -> bool:
         """End a request outside a step (cancelled while re-queued, lost executor); publish if it ended here."""

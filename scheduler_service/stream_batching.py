@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.lifecycle import FinishReason
-from scheduler_service.request_store import StepWrite
 from scheduler_service.requests import TokenEvent
+from scheduler_service.step_publishing import StepWrite
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ from common.lifecycle import FinishReason
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from common.redis_client import connect, is_cluster
-from scheduler_service.request_store import RequestStore, StepWrite
+from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
 from scheduler_service.server import start_scheduler
+from scheduler_service.step_publishing import StepWrite
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.redis_topology import RedisClusterProcesses, redis_cli
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts

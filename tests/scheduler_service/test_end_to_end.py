@@ -215,8 +215,9 @@ async def test_reader_repairs_tokens_recorded_but_never_published(stack: Stack) 
     from common.keys import KeySchema
     from common.lifecycle import FinishReason
     from scheduler_service.frontend import Frontend
-    from scheduler_service.request_store import RequestStore, StepWrite
+    from scheduler_service.request_store import RequestStore
     from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
+    from scheduler_service.step_publishing import StepWrite
 
     live = stack.scheduler.frontend
     # Its own key prefix, so the running scheduler cannot claim the request first.

@@ -11,8 +11,9 @@ from common.errors import AlreadyExists, Overloaded
 from common.keys import KeySchema
 from common.lifecycle import FinishReason, RequestState
 from common.redis_client import connect
-from scheduler_service.request_store import RequestStore, StepWrite
+from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
+from scheduler_service.step_publishing import StepWrite
 
 KEYS = KeySchema("baton")
 TTL_S = 60

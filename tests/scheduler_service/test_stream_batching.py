@@ -14,8 +14,9 @@ from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as epb
 from common.redis_client import connect
 from scheduler_service.executor_link import ExecutorLink
-from scheduler_service.request_store import RequestStore, StepWrite
+from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
+from scheduler_service.step_publishing import StepWrite
 from scheduler_service.stream_batching import StreamBatcher, StreamInterval, coalesce
 from tests.conftest import RedisServer
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
