@@ -23,6 +23,12 @@ from tests.process_stack import ProcessStack
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts
 
 MAX_TOKENS = 40
+_SERVER_GONE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+)
 
 
 @pytest.fixture
@@ -120,7 +126,9 @@ async def test_scheduler_sigkill_then_resume_on_another_replica(processes: Proce
             try:
                 await clients.stream(stub_1, i)
             except grpc.aio.AioRpcError as exc:
-                assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), exc
+                # A server killed mid-stream shows up as whatever its dropped connection looked
+                # like: UNAVAILABLE or CANCELLED mostly, INTERNAL or UNKNOWN when a frame was cut.
+                assert exc.code() in _SERVER_GONE, f"{exc.code()}: {exc.details()}"
                 await clients.resume(stub_2, clients.ids[i])
 
         tasks = [asyncio.create_task(stream_then_resume(i)) for i in range(10)]
