@@ -196,9 +196,15 @@ async def test_past_max_pending_low_priority_is_shed_first_with_a_retry_hint(
     try:
         blocker = await block(stack)
 
+        redis = stack.scheduler.frontend.store.redis
+
         async def submit(rid: str, priority: int) -> asyncio.Future[pb.CompleteResponse]:
             task = asyncio.ensure_future(stack.stub.Complete(request(rid, 2, priority)))
-            await asyncio.sleep(0.05)
+
+            async def arrived() -> bool:  # queued or refused: the next one sees the queue it left
+                return task.done() or bool(await redis.exists(KEYS.request(rid)))
+
+            await eventually(arrived, f"{rid} to be queued or refused")
             return task
 
         low = [await submit(f"low{i}", 0) for i in range(8)]  # priority 0 is refused at 5 queued

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 from common.redis_client import connect
 from scheduler_service.stream_mux import StreamMux
+from tests.stack import eventually
+
+
+def waiting_on(mux: StreamMux, key: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return key in mux._waiting
+
+    return check
 
 
 async def test_each_follower_gets_the_entries_after_its_position(redis_url: str) -> None:
@@ -29,7 +38,11 @@ async def test_a_newcomer_cuts_a_blocked_read_short(redis_url: str) -> None:
     redis = connect(redis_url)
     mux = StreamMux(redis, block_ms=5000)  # without CLIENT UNBLOCK the newcomer would wait 5 s
     idle = asyncio.create_task(mux.read("s:idle", "0", 8000))
-    await asyncio.sleep(0.2)  # the reader is now blocked on s:idle alone
+
+    async def blocked_on_idle_alone() -> bool:
+        return mux._in_flight == {"s:idle"}
+
+    await eventually(blocked_on_idle_alone, "the shared read to block on s:idle")
     await redis.xadd("s:new", {"n": "1"})
     started = time.monotonic()
     got = await mux.read("s:new", "0", 8000)
@@ -57,7 +70,7 @@ async def test_a_stream_published_here_reaches_its_reader_without_a_read(redis_u
     first = await redis.xadd("s:local", {"n": "1"})
     mux.published("s:local", first, {"n": "1"}, final=False)
     waiting = asyncio.create_task(mux.read("s:local", first, 8000))
-    await asyncio.sleep(0.1)
+    await eventually(waiting_on(mux, "s:local"), "the reader to wait")
     # Never written to Redis: only the local hand-over can deliver it.
     mux.published("s:local", "99999999999999-0", {"n": "2"}, final=False)
     assert [f["n"] for _, f in await asyncio.wait_for(waiting, 1.0)] == ["2"]
@@ -82,7 +95,7 @@ async def test_a_released_or_silent_local_stream_is_read_from_redis_again(redis_
     mux.published("s:gone", released, {"n": "1"}, final=False)
     mux.released("s:gone")  # handed back: another replica's link may write it now
     waiting = asyncio.create_task(mux.read("s:gone", released, 8000))
-    await asyncio.sleep(0.1)
+    await eventually(waiting_on(mux, "s:gone"), "the reader to wait")
     await redis.xadd("s:gone", {"n": "2"})
     assert [f["n"] for _, f in await asyncio.wait_for(waiting, 2.0)] == ["2"]
 
@@ -90,7 +103,11 @@ async def test_a_released_or_silent_local_stream_is_read_from_redis_again(redis_
     silent = await redis.xadd("s:silent", {"n": "1"})
     mux.published("s:silent", silent, {"n": "1"}, final=False)  # its link then dies without a word
     await redis.xadd("s:silent", {"n": "2"})
-    await asyncio.sleep(0.3)
+
+    async def gone_silent() -> bool:
+        return not mux._is_local("s:silent", time.monotonic())
+
+    await eventually(gone_silent, "the grace to pass")
     got = await asyncio.wait_for(mux.read("s:silent", silent, 8000), 2.0)
     assert [f["n"] for _, f in got] == ["2"]
     await mux.close()
