@@ -16,6 +16,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 ARG TORCH_SPEC="torch==2.13.0"
 RUN pip install ${TORCH_SPEC}
 
+# A C compiler: on CPU the executor builds its native decode-attention kernel on first start
+# (about a second; executor_service/kernels). Without one it falls back to torch SDPA.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 WORKDIR /opt/baton
 
 # Dependencies next, from pyproject.toml alone, so that editing the source does not

@@ -168,6 +168,8 @@ class PairResult:
     baton_tok_s: float
     vllm_idle_cpu_s: float  # CPU the idle vLLM used during Baton's run
     baton_idle_cpu_s: float  # CPU the idle Baton services used during vLLM's run
+    vllm_cpu_s: float  # CPU vLLM used during its own run (more than its wall time: more than one core)
+    baton_cpu_s: dict[str, float]  # CPU each Baton service used during Baton's run
     load: float
 
     @property
@@ -211,20 +213,29 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
                 baton_outputs = asyncio.run(drive_grpc(stack.target, wl, pids)).outputs or []
                 pairs: list[PairResult] = []
                 for i in range(args.pairs):
-                    idle_before = sum(stack.cpu_seconds().values())
+                    idle_before, vllm_before = stack.cpu_seconds(), worker.cpu_seconds()
                     got = worker.run()
-                    baton_idle = sum(stack.cpu_seconds().values()) - idle_before
-                    vllm_before = worker.cpu_seconds()
+                    baton_idle = sum(stack.cpu_seconds().values()) - sum(idle_before.values())
+                    vllm_cpu = worker.cpu_seconds() - vllm_before
+                    vllm_before, baton_before = worker.cpu_seconds(), stack.cpu_seconds()
                     res = asyncio.run(drive_grpc(stack.target, wl, pids))
                     vllm_idle = worker.cpu_seconds() - vllm_before
+                    baton_cpu = {k: v - baton_before.get(k, 0.0) for k, v in stack.cpu_seconds().items()}
                     pair = PairResult(
-                        wanted / got["seconds"], res.tok_s or 0.0, vllm_idle, baton_idle, os.getloadavg()[0]
+                        wanted / got["seconds"],
+                        res.tok_s or 0.0,
+                        vllm_idle,
+                        baton_idle,
+                        vllm_cpu,
+                        baton_cpu,
+                        os.getloadavg()[0],
                     )
                     pairs.append(pair)
                     say(
                         f"pair {i + 1}: vLLM {pair.vllm_tok_s:.1f} tok/s, Baton {pair.baton_tok_s:.1f} tok/s, "
-                        f"Baton/vLLM {pair.ratio:.3f} (idle CPU s: vLLM {vllm_idle:.1f}, Baton {baton_idle:.1f}; "
-                        f"load {pair.load:.1f})"
+                        f"Baton/vLLM {pair.ratio:.3f} (CPU s of the run: vLLM {vllm_cpu:.1f}, Baton "
+                        + ", ".join(f"{k} {v:.1f}" for k, v in baton_cpu.items())
+                        + f"; idle CPU s: vLLM {vllm_idle:.1f}, Baton {baton_idle:.1f}; load {pair.load:.1f})"
                     )
         finally:
             worker.stop()

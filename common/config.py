@@ -248,6 +248,10 @@ class ExecutorConfig:
     # Worker threads torch may use; 0: on CPU all cores but one (left to the rest of the stack),
     # on CUDA torch's default.
     torch_threads: int = 0
+    # On CPU: compile (once, with the system C compiler) and use the native paged decode-attention
+    # kernel, and run float32 linear layers through oneDNN with prepacked weights. False (or no
+    # compiler, for the kernel) keeps the plain torch paths.
+    native_kernels: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16", "bfloat16"):

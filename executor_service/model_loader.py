@@ -14,6 +14,7 @@ from common.config import ExecutorConfig
 from executor_service.engine import Engine, EngineLimits
 from executor_service.kv_cache import BlockAllocator, KVGeometry, KVPool
 from executor_service.model_runner import ModelRunner
+from executor_service.packed_linear import pack_linears
 from executor_service.paged_attention import register
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,8 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
     model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype, attn_implementation=register())
     # transformers wraps .to with functools.wraps; typeshed's _Wrapped has no __get__, so mypy binds no self.
     model.to(device).eval()  # type: ignore[arg-type]
+    if config.native_kernels:
+        pack_linears(model)
     geometry = kv_geometry(model, dtype)
     num_blocks = geometry.num_blocks_for(config.kv_cache_memory_mb * 1024 * 1024, config.block_size)
     allocator = BlockAllocator(num_blocks, config.block_size)
@@ -106,6 +109,6 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         config.block_size,
         limits.max_model_len,
     )
-    engine = Engine(ModelRunner(model, pool, allocator, device), allocator, tokenizer, limits)
+    engine = Engine(ModelRunner(model, pool, allocator, device, config.native_kernels), allocator, tokenizer, limits)
     vocab = int(model.get_output_embeddings().weight.shape[0])
     return LoadedModel(engine, tokenizer, config.model, device, config.dtype, vocab)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from executor_service.kernels.decode_attention import PagedDecodes, available
 from executor_service.kv_cache import BlockAllocator, KVPool
 from executor_service.paged_attention import AttentionBatch, DecodeGroup, DecodeView, PrefillSegment
 from executor_service.sequence import Sequence
@@ -28,13 +29,22 @@ class ScheduledChunk:
 class ModelRunner:
     """Owns the model and the KV pool; turns chunks into one forward pass."""
 
-    def __init__(self, model: torch.nn.Module, pool: KVPool, allocator: BlockAllocator, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pool: KVPool,
+        allocator: BlockAllocator,
+        device: torch.device,
+        native_kernels: bool = True,
+    ) -> None:
         self.model = model
         self.pool = pool
         self.allocator = allocator
         self.device = device
-        # On CPU a contiguous context is read in place, one SDPA call per decode; on CUDA the
+        # On CPU every decode goes to the native paged kernel, one call per layer, when it builds.
+        # Without it a contiguous context is read in place, one SDPA call per decode; on CUDA the
         # per-call launch cost outweighs the copy, so every decode joins one gathered batch.
+        self.native_decode = native_kernels and available(device, pool.keys.dtype)
         self.decode_in_place = device.type == "cpu"
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
@@ -71,6 +81,9 @@ class ModelRunner:
         views: list[DecodeView] = []
         decode_rows: list[int] = []
         decode_seqs: list[Sequence] = []
+        native_rows: list[int] = []
+        native_lengths: list[int] = []
+        native_tables: list[list[int]] = []
         sample_rows: list[int] = []
         block_size = self.pool.block_size
         for chunk in chunks:
@@ -84,7 +97,11 @@ class ModelRunner:
             else:
                 slots += self.pool.slots(seq.block_table, start, end)
             if chunk.num_tokens == 1 and start > 0:
-                if first is not None and self.decode_in_place:
+                if self.native_decode:
+                    native_rows.append(row)
+                    native_lengths.append(end)
+                    native_tables.append(seq.block_table)
+                elif first is not None and self.decode_in_place:
                     views.append(DecodeView(row, first * block_size, end))
                 else:
                     decode_rows.append(row)
@@ -99,6 +116,7 @@ class ModelRunner:
             prefills=tuple(prefills),
             decode_views=tuple(views),
             decodes=self._decode_group(decode_rows, decode_seqs) if decode_seqs else None,
+            native_decodes=PagedDecodes.build(native_rows, native_lengths, native_tables) if native_rows else None,
         )
         output = self.model(
             input_ids=self._tensor(input_ids)[None],

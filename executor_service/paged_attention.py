@@ -10,8 +10,10 @@ The model runs one packed sequence [1, N] per step; the model computes Q/K/V and
 the pool and attends per request. Step metadata arrives through the ``baton_batch`` kwarg,
 which transformers passes down to attention untouched.
 
-Three ways to read a request's context, chosen per step by the model runner:
-- a view of the pool, when the request's blocks are consecutive: nothing is copied. On CPU
+Four ways to read a request's context, chosen per step by the model runner:
+- on CPU, every single-token decode of the step in one call of the native kernel
+  (``executor_service.kernels``), which reads each context through its block table in place;
+- without that kernel, a view of the pool, when the request's blocks are consecutive: nothing is copied. On CPU
   every decode with a contiguous context takes this path, one small SDPA call each, because
   copying contexts costs more there than the attention itself;
 - its blocks gathered (``index_select`` of whole blocks) into a padded batch, for all decodes
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from executor_service.kernels.decode_attention import PagedDecodes, decode_attention
 from executor_service.kv_cache import KVPool
 
 ATTENTION_NAME = "baton_paged"
@@ -79,6 +82,7 @@ class AttentionBatch:
     prefills: tuple[PrefillSegment, ...]
     decode_views: tuple[DecodeView, ...]
     decodes: DecodeGroup | None
+    native_decodes: PagedDecodes | None = None
 
 
 def paged_attention(
@@ -100,6 +104,9 @@ def paged_attention(
     out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [N, H, d]
     for seg in batch.prefills:
         out[seg.start : seg.end] = _prefill(query, key, value, keys, values, seg, scaling)
+    if batch.native_decodes is not None:
+        scale = scaling if scaling is not None else query.shape[3] ** -0.5
+        decode_attention(query, keys, values, batch.native_decodes, batch.pool.block_size, scale, out)
     if batch.decode_views:
         _decode_views(query, keys, values, batch.decode_views, scaling, out)
     if batch.decodes is not None:

@@ -51,16 +51,20 @@ def run_to_end(engine: Engine, arrivals: dict[int, list[AdmitSpec]], max_steps: 
     raise AssertionError(f"unfinished after {max_steps} steps: {expected - done}")
 
 
-@pytest.mark.parametrize("kv_read", ["in_place", "gathered", "scattered"])
+@pytest.mark.parametrize("kv_read", ["native", "native_scattered", "in_place", "gathered", "scattered"])
 def test_staggered_batch_matches_generate_alone(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, kv_read: str
 ) -> None:
-    """Every way attention reads the cache gives the same tokens: views of contiguous blocks
-    (CPU decodes), one gathered batch (CUDA decodes), and blocks scattered over the pool."""
+    """Every way attention reads the cache gives the same tokens: the native paged kernel (CPU
+    decodes), views of contiguous blocks (CPU without it), one gathered batch (CUDA decodes), and
+    blocks scattered over the pool."""
     engine = make_engine(tiny_model_dir)
-    if kv_read != "in_place":
+    assert engine.runner.native_decode, "the native decode kernel did not build on this machine"
+    if not kv_read.startswith("native"):
+        monkeypatch.setattr(engine.runner, "native_decode", False)
+    if kv_read in ("gathered", "scattered"):
         monkeypatch.setattr(engine.runner, "decode_in_place", False)
-    if kv_read == "scattered":
+    if kv_read.endswith("scattered"):
         monkeypatch.setattr(engine.allocator, "contiguous_start", lambda table: None)
     reference_model = load_reference_model(tiny_model_dir)
     rng = random.Random(7)

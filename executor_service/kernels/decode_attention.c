@@ -1,0 +1,233 @@
+/*
+ * Paged decode attention on the CPU: one query token per request, attending to the request's whole
+ * context where it lies in the KV pool (read through its block table, nothing copied).
+ *
+ * Why a kernel of our own: the torch path makes one SDPA call per request per layer, and on a small
+ * model that call's dispatch (~30 us) costs more than its arithmetic. Here one call per layer covers
+ * every decode of the step. Grouped-query attention reads each key and value once for all query
+ * heads of its group. Sums are in float32 whatever the storage type (float32 or bfloat16).
+ *
+ * Layouts (strides in elements):
+ *   query  q + row * q_row_stride + head * q_head_stride, head_dim contiguous
+ *   pool   k/v + slot * slot_stride + kv_head * kv_head_stride, head_dim contiguous
+ *   out    out + row * out_row_stride + head * out_head_stride
+ * Request i: query row rows[i], context length lengths[i], block table
+ * tables[table_offsets[i] .. table_offsets[i + 1]); token t lives in slot
+ * table[t / block_size] * block_size + t % block_size.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 8
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t bits = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN stays NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u); /* round to nearest even, as torch does */
+    return (uint16_t)(bits >> 16);
+}
+
+/* Dot product with LANES independent partial sums, so the compiler can vectorise it without
+ * reassociating a single sum (no -ffast-math needed). */
+static inline float dot(const float *a, const float *b, int64_t n) {
+    float acc[LANES] = {0};
+    int64_t t = 0;
+    for (; t + LANES <= n; t += LANES)
+        for (int u = 0; u < LANES; ++u) acc[u] += a[t + u] * b[t + u];
+    float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; t < n; ++t) sum += a[t] * b[t];
+    return sum;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VECTOR 1
+
+/* Eight dot products q . rows[0..7] (rows `stride` floats apart), dim % 8 == 0, written to out[0..7].
+ * Each row gets its own vector of partial sums; one transpose-and-add reduces all eight at once. */
+static inline void dot8(const float *q, const float *rows, int64_t stride, int64_t dim, float scale, float *out) {
+    __m256 a[8];
+    for (int r = 0; r < 8; ++r) a[r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < dim; c += 8) {
+        __m256 qc = _mm256_loadu_ps(q + c);
+        for (int r = 0; r < 8; ++r) a[r] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(rows + r * stride + c), a[r]);
+    }
+    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+    _mm256_storeu_ps(out, _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
+}
+
+/* exp for x <= 0 (scores minus their maximum): Cephes' expf polynomial, about 1 ulp. */
+static inline __m256 exp_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+/* acc[0..64) += sum_j p[j] * rows[j][0..64): eight accumulators stay in registers across tokens. */
+static inline void weighted_sum64(float *acc, const float *p, const float *rows, int64_t stride, int64_t count) {
+    __m256 a[8];
+    for (int c = 0; c < 8; ++c) a[c] = _mm256_loadu_ps(acc + 8 * c);
+    for (int64_t j = 0; j < count; ++j) {
+        __m256 w = _mm256_broadcast_ss(p + j);
+        const float *row = rows + j * stride;
+        for (int c = 0; c < 8; ++c) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * c), a[c]);
+    }
+    for (int c = 0; c < 8; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
+}
+#else
+#define VECTOR 0
+#endif
+
+static inline void axpy(float *y, float a, const float *x, int64_t n) {
+    for (int64_t t = 0; t < n; ++t) y[t] += a * x[t];
+}
+
+/* Scores of one query against `count` rows `stride` floats apart. */
+static void score_rows(const float *q, const float *rows, int64_t stride, int64_t count, int64_t dim, float scale,
+                       float *out) {
+    int64_t j = 0;
+#if VECTOR
+    if (dim % 8 == 0)
+        for (; j + 8 <= count; j += 8) dot8(q, rows + j * stride, stride, dim, scale, out + j);
+#endif
+    for (; j < count; ++j) out[j] = dot(q, rows + j * stride, dim) * scale;
+}
+
+/* acc[0..dim) += sum_j p[j] * rows[j]. */
+static void accumulate_rows(float *acc, const float *p, const float *rows, int64_t stride, int64_t count,
+                            int64_t dim) {
+    int64_t t = 0;
+#if VECTOR
+    for (; t + 64 <= dim; t += 64) weighted_sum64(acc + t, p, rows + t, stride, count);
+#endif
+    if (t < dim)
+        for (int64_t j = 0; j < count; ++j) axpy(acc + t, p[j], rows + j * stride + t, dim - t);
+}
+
+/* s[0..n) = exp(s - peak), returning their sum. */
+static float softmax_numerators(float *s, int64_t n) {
+    float peak = -INFINITY, total = 0.0f;
+    for (int64_t j = 0; j < n; ++j) peak = s[j] > peak ? s[j] : peak;
+    int64_t j = 0;
+#if VECTOR
+    __m256 sums = _mm256_setzero_ps(), top = _mm256_set1_ps(peak);
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), top));
+        _mm256_storeu_ps(s + j, e);
+        sums = _mm256_add_ps(sums, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, sums);
+    total = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+#endif
+    for (; j < n; ++j) {
+        s[j] = expf(s[j] - peak);
+        total += s[j];
+    }
+    return total;
+}
+
+/* Rows of one block run as float32: the pool itself for float32, else converted into `staging`. */
+static const float *block_rows(const void *pool, int64_t offset, int64_t slot_stride, int64_t count, int64_t dim,
+                               int is_bf16, float *staging, int64_t *stride) {
+    if (!is_bf16) {
+        *stride = slot_stride;
+        return (const float *)pool + offset;
+    }
+    const uint16_t *src = (const uint16_t *)pool + offset;
+    for (int64_t j = 0; j < count; ++j)
+        for (int64_t t = 0; t < dim; ++t) staging[j * dim + t] = bf16_to_f32(src[j * slot_stride + t]);
+    *stride = dim;
+    return staging;
+}
+
+/* One (request, kv head) pair: its `group` query heads against its context, read block by block
+ * through the block table. Returns 0, or -1 when its scratch memory could not be had. */
+static int attend_one(const void *q, int64_t q_row_stride, int64_t q_head_stride, const void *k, const void *v,
+                      int64_t slot_stride, int64_t kv_head_stride, void *out, int64_t out_row_stride,
+                      int64_t out_head_stride, int64_t row, int64_t length, const int64_t *table,
+                      int64_t block_size, int64_t kv_head, int64_t group, int64_t dim, float scale, int is_bf16) {
+    size_t floats = (size_t)(group * length + 2 * group * dim + group + block_size * dim);
+    float *scores = malloc(sizeof(float) * floats);
+    if (scores == NULL) return -1;
+    float *qf = scores + group * length; /* [group, dim] the queries in float32 */
+    float *acc = qf + group * dim;       /* [group, dim] weighted sums of values */
+    float *totals = acc + group * dim;   /* [group] softmax denominators */
+    float *staging = totals + group;     /* [block_size, dim] one bf16 block in float32 */
+    for (int64_t g = 0; g < group; ++g) {
+        int64_t offset = row * q_row_stride + (kv_head * group + g) * q_head_stride;
+        for (int64_t t = 0; t < dim; ++t)
+            qf[g * dim + t] = is_bf16 ? bf16_to_f32(((const uint16_t *)q)[offset + t]) : ((const float *)q)[offset + t];
+    }
+    int64_t stride;
+    for (int64_t start = 0; start < length; start += block_size) {
+        int64_t count = length - start < block_size ? length - start : block_size;
+        int64_t offset = table[start / block_size] * block_size * slot_stride + kv_head * kv_head_stride;
+        const float *rows = block_rows(k, offset, slot_stride, count, dim, is_bf16, staging, &stride);
+        for (int64_t g = 0; g < group; ++g)
+            score_rows(qf + g * dim, rows, stride, count, dim, scale, scores + g * length + start);
+    }
+    for (int64_t g = 0; g < group; ++g) totals[g] = softmax_numerators(scores + g * length, length);
+    memset(acc, 0, sizeof(float) * (size_t)(group * dim));
+    for (int64_t start = 0; start < length; start += block_size) {
+        int64_t count = length - start < block_size ? length - start : block_size;
+        int64_t offset = table[start / block_size] * block_size * slot_stride + kv_head * kv_head_stride;
+        const float *rows = block_rows(v, offset, slot_stride, count, dim, is_bf16, staging, &stride);
+        for (int64_t g = 0; g < group; ++g)
+            accumulate_rows(acc + g * dim, scores + g * length + start, rows, stride, count, dim);
+    }
+    for (int64_t g = 0; g < group; ++g) {
+        int64_t offset = row * out_row_stride + (kv_head * group + g) * out_head_stride;
+        float norm = 1.0f / totals[g];
+        for (int64_t t = 0; t < dim; ++t) {
+            if (is_bf16)
+                ((uint16_t *)out)[offset + t] = f32_to_bf16(acc[g * dim + t] * norm);
+            else
+                ((float *)out)[offset + t] = acc[g * dim + t] * norm;
+        }
+    }
+    free(scores);
+    return 0;
+}
+
+/* Returns 0 on success, -1 if memory ran out (the caller falls back to the torch path). */
+int baton_decode_attention(const void *q, int64_t q_row_stride, int64_t q_head_stride, const void *k, const void *v,
+                           int64_t slot_stride, int64_t kv_head_stride, void *out, int64_t out_row_stride,
+                           int64_t out_head_stride, const int64_t *rows, const int64_t *lengths,
+                           const int64_t *table_offsets, const int64_t *tables, int64_t count, int64_t block_size,
+                           int64_t heads, int64_t kv_heads, int64_t dim, float scale, int is_bf16, int threads) {
+    int64_t group = heads / kv_heads;
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1) reduction(| : failed)
+    for (int64_t task = 0; task < count * kv_heads; ++task) {
+        int64_t i = task / kv_heads, kv_head = task % kv_heads;
+        failed |= attend_one(q, q_row_stride, q_head_stride, k, v, slot_stride, kv_head_stride, out, out_row_stride,
+                             out_head_stride, rows[i], lengths[i], tables + table_offsets[i], block_size, kv_head,
+                             group, dim, scale, is_bf16) != 0;
+    }
+    return failed ? -1 : 0;
+}

@@ -1,0 +1,108 @@
+"""The native paged decode-attention kernel against torch SDPA on the same contexts."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from executor_service import kernels
+from executor_service.kernels.decode_attention import PagedDecodes, available, decode_attention
+
+
+def reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: list[torch.Tensor]) -> torch.Tensor:
+    """SDPA per request over its gathered context, GQA by repeating K/V: [D, H, d] in float32."""
+    heads, kv_heads = query.shape[1], keys.shape[1]
+    outs = []
+    for i, context in enumerate(slots):
+        q = query[0, :, i].float()[None, :, None]  # [1, H, 1, d]
+        k = keys[context].float().transpose(0, 1).repeat_interleave(heads // kv_heads, 0)[None]
+        v = values[context].float().transpose(0, 1).repeat_interleave(heads // kv_heads, 0)[None]
+        outs.append(F.scaled_dot_product_attention(q, k, v)[0, :, 0])
+    return torch.stack(outs)
+
+
+def scattered_tables(lengths: list[int], block_size: int, num_blocks: int, rng: random.Random) -> list[list[int]]:
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    return [[free.pop() for _ in range(-(-n // block_size))] for n in lengths]
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "block_size", "dtype"),
+    [
+        (4, 2, 64, 16, torch.float32),  # the tiny model's shape
+        (12, 12, 64, 16, torch.float32),  # no GQA
+        (8, 2, 128, 16, torch.float32),  # two 64-wide tiles
+        (6, 3, 80, 5, torch.float32),  # a head dim and block size off the vector widths
+        (4, 1, 32, 16, torch.float32),
+        (4, 2, 64, 16, torch.bfloat16),
+    ],
+)
+def test_matches_sdpa_over_scattered_blocks(
+    heads: int, kv_heads: int, dim: int, block_size: int, dtype: torch.dtype
+) -> None:
+    if not available(torch.device("cpu"), dtype):
+        pytest.skip("no C compiler here")
+    rng = random.Random(heads * dim + block_size)
+    torch.manual_seed(0)
+    lengths = [1, 7, 8, 9, 33, 200, rng.randrange(1, 300)]
+    num_blocks = sum(-(-n // block_size) for n in lengths) + 8
+    keys = torch.randn(num_blocks * block_size, kv_heads, dim).to(dtype)
+    values = torch.randn(num_blocks * block_size, kv_heads, dim).to(dtype)
+    tables = scattered_tables(lengths, block_size, num_blocks, rng)
+    # Query rows as transformers hands them over: [1, H, N, d], a transposed view.
+    rows = [3 * i + 1 for i in range(len(lengths))]
+    packed = torch.randn(1, max(rows) + 1, heads, dim).to(dtype).transpose(1, 2)
+    out = torch.full((packed.shape[2], heads, dim), float("nan"), dtype=dtype)
+    decode_attention(packed, keys, values, PagedDecodes.build(rows, lengths, tables), block_size, dim**-0.5, out)
+
+    slots = [
+        torch.tensor([table[t // block_size] * block_size + t % block_size for t in range(n)])
+        for table, n in zip(tables, lengths, strict=True)
+    ]
+    expected = reference(packed[:, :, rows], keys, values, slots)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out[rows].float(), expected, atol=tolerance, rtol=tolerance)
+    untouched = [r for r in range(out.shape[0]) if r not in rows]
+    assert torch.isnan(out[untouched]).all(), "rows other than the decodes' were written"
+
+
+def test_rejects_a_pool_in_another_dtype() -> None:
+    if not available(torch.device("cpu"), torch.float32):
+        pytest.skip("no C compiler here")
+    query = torch.randn(1, 2, 1, 8)
+    pool = torch.randn(16, 2, 8, dtype=torch.bfloat16)
+    decodes = PagedDecodes.build([0], [3], [[0]])
+    with pytest.raises(ValueError, match="keys"):
+        decode_attention(query, pool, pool, decodes, 16, 1.0, torch.empty(1, 2, 8))
+
+
+def test_build_caches_by_source_and_reports_compiler_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not available(torch.device("cpu"), torch.float32):
+        pytest.skip("no C compiler here")
+    monkeypatch.setenv("BATON_KERNEL_CACHE", str(tmp_path / "cache"))
+    good = tmp_path / "ok.c"
+    good.write_text("int answer(void) { return 42; }\n")
+    first = kernels.build(good)
+    assert first.exists() and kernels.build(good) == first
+    good.write_text("int answer(void) { return 43; }\n")
+    assert kernels.build(good) != first, "a changed source must not reuse the old library"
+    bad = tmp_path / "bad.c"
+    bad.write_text("this is not C\n")
+    with pytest.raises(OSError, match="failed"):
+        kernels.build(bad)
+    assert not list((tmp_path / "cache").glob("*.partial")), "a failed build left a partial file"
+
+
+def test_without_a_compiler_the_engine_keeps_the_torch_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("BATON_KERNEL_CACHE", str(tmp_path / "cache"))
+    kernels.decode_attention_library.cache_clear()
+    try:
+        assert not available(torch.device("cpu"), torch.float32)
+    finally:
+        kernels.decode_attention_library.cache_clear()
