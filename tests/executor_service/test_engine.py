@@ -51,15 +51,15 @@ def run_to_end(engine: Engine, arrivals: dict[int, list[AdmitSpec]], max_steps: 
     raise AssertionError(f"unfinished after {max_steps} steps: {expected - done}")
 
 
-@pytest.mark.parametrize("kv_read", ["native", "native_scattered", "in_place", "gathered", "scattered"])
+@pytest.mark.parametrize("kv_read", ["native", "native_scattered", "in_place", "gathered", "scattered", "torch_only"])
 def test_staggered_batch_matches_generate_alone(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, kv_read: str
 ) -> None:
     """Every way attention reads the cache gives the same tokens: the native paged kernel (CPU
     decodes), views of contiguous blocks (CPU without it), one gathered batch (CUDA decodes), and
-    blocks scattered over the pool."""
-    engine = make_engine(tiny_model_dir)
-    assert engine.runner.native_decode, "the native decode kernel did not build on this machine"
+    blocks scattered over the pool. ``torch_only``: no native kernel and no packed linears."""
+    engine = make_engine(tiny_model_dir, native_kernels=kv_read != "torch_only")
+    assert engine.runner.native_decode == (kv_read != "torch_only"), "the native decode kernel did not build here"
     if not kv_read.startswith("native"):
         monkeypatch.setattr(engine.runner, "native_decode", False)
     if kv_read in ("gathered", "scattered"):

@@ -1,0 +1,30 @@
+"""oneDNN-packed linear layers: same results as nn.Linear, swapped in only where they apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from executor_service.packed_linear import PackedLinear, can_pack, pack_linears
+
+pytestmark = pytest.mark.skipif(
+    not can_pack(torch.device("cpu"), torch.float32), reason="this torch build has no oneDNN linear"
+)
+
+
+def test_packed_linear_matches_linear_for_any_row_count() -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 80, bias=True)
+    packed = PackedLinear(linear)
+    for shape in [(1, 48), (1, 7, 48), (2, 64, 48)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-5)
+    assert packed.weight is linear.weight, "the original weight stays the module's weight"
+
+
+def test_pack_linears_swaps_float32_layers_and_leaves_others() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 8, bias=False)), nn.Linear(8, 8).bfloat16())
+    assert pack_linears(model) == 2
+    assert isinstance(model[0], PackedLinear) and isinstance(model[1][0], PackedLinear)
+    assert type(model[2]) is nn.Linear, "bfloat16 stays with torch's own path"
