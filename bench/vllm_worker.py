@@ -23,6 +23,12 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-num-batched-tokens", type=int, default=0, help="0: vLLM's default")
     parser.add_argument("--enforce-eager", action="store_true", help="no torch.compile")
+    parser.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="vLLM's prefix cache (off by default: the workload repeats run after run, so it would reuse "
+        "the previous run's prompts, which a workload without shared prefixes never offers)",
+    )
     args = parser.parse_args()
 
     import torch
@@ -42,6 +48,7 @@ def main() -> int:
         "max_model_len": args.max_model_len,
         "seed": 0,
         "enforce_eager": args.enforce_eager,
+        "enable_prefix_caching": args.prefix_caching,
     }
     if args.max_num_batched_tokens:
         options["max_num_batched_tokens"] = args.max_num_batched_tokens

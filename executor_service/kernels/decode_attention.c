@@ -151,8 +151,9 @@ static float softmax_numerators(float *s, int64_t n) {
     return total;
 }
 
-/* Rows of one block run as float32: the pool itself for float32, else converted into `staging`. */
-static const float *block_rows(const void *pool, int64_t offset, int64_t slot_stride, int64_t count, int64_t dim,
+/* The first `width` values of `count` pool rows as float32: the pool itself for float32, else
+ * converted into `staging`; `*stride` is set to the distance between the returned rows. */
+static const float *block_rows(const void *pool, int64_t offset, int64_t slot_stride, int64_t count, int64_t width,
                                int is_bf16, float *staging, int64_t *stride) {
     if (!is_bf16) {
         *stride = slot_stride;
@@ -160,54 +161,60 @@ static const float *block_rows(const void *pool, int64_t offset, int64_t slot_st
     }
     const uint16_t *src = (const uint16_t *)pool + offset;
     for (int64_t j = 0; j < count; ++j)
-        for (int64_t t = 0; t < dim; ++t) staging[j * dim + t] = bf16_to_f32(src[j * slot_stride + t]);
-    *stride = dim;
+        for (int64_t t = 0; t < width; ++t) staging[j * width + t] = bf16_to_f32(src[j * slot_stride + t]);
+    *stride = width;
     return staging;
 }
 
-/* One (request, kv head) pair: its `group` query heads against its context, read block by block
- * through the block table. Returns 0, or -1 when its scratch memory could not be had. */
-static int attend_one(const void *q, int64_t q_row_stride, int64_t q_head_stride, const void *k, const void *v,
-                      int64_t slot_stride, int64_t kv_head_stride, void *out, int64_t out_row_stride,
-                      int64_t out_head_stride, int64_t row, int64_t length, const int64_t *table,
-                      int64_t block_size, int64_t kv_head, int64_t group, int64_t dim, float scale, int is_bf16) {
-    size_t floats = (size_t)(group * length + 2 * group * dim + group + block_size * dim);
+/* One request: every query head against its context, read block by block through the block table.
+ * All KV heads are handled together so that each token's row (kv_heads * dim values) is read once,
+ * front to back: the context streams through memory in order. Returns 0, or -1 when its scratch
+ * memory could not be had. */
+static int attend_request(const void *q, int64_t q_row_stride, int64_t q_head_stride, const void *k, const void *v,
+                          int64_t slot_stride, int64_t kv_head_stride, void *out, int64_t out_row_stride,
+                          int64_t out_head_stride, int64_t row, int64_t length, const int64_t *table,
+                          int64_t block_size, int64_t heads, int64_t kv_heads, int64_t dim, float scale,
+                          int is_bf16) {
+    int64_t group = heads / kv_heads, row_width = kv_heads * kv_head_stride;
+    size_t floats = (size_t)(heads * length + 2 * heads * dim + heads + block_size * row_width);
     float *scores = malloc(sizeof(float) * floats);
     if (scores == NULL) return -1;
-    float *qf = scores + group * length; /* [group, dim] the queries in float32 */
-    float *acc = qf + group * dim;       /* [group, dim] weighted sums of values */
-    float *totals = acc + group * dim;   /* [group] softmax denominators */
-    float *staging = totals + group;     /* [block_size, dim] one bf16 block in float32 */
-    for (int64_t g = 0; g < group; ++g) {
-        int64_t offset = row * q_row_stride + (kv_head * group + g) * q_head_stride;
+    float *qf = scores + heads * length; /* [heads, dim] the queries in float32 */
+    float *acc = qf + heads * dim;       /* [heads, dim] weighted sums of values */
+    float *totals = acc + heads * dim;   /* [heads] softmax denominators */
+    float *staging = totals + heads;     /* [block_size, row_width] one bf16 block in float32 */
+    for (int64_t h = 0; h < heads; ++h) {
+        int64_t offset = row * q_row_stride + h * q_head_stride;
         for (int64_t t = 0; t < dim; ++t)
-            qf[g * dim + t] = is_bf16 ? bf16_to_f32(((const uint16_t *)q)[offset + t]) : ((const float *)q)[offset + t];
+            qf[h * dim + t] = is_bf16 ? bf16_to_f32(((const uint16_t *)q)[offset + t]) : ((const float *)q)[offset + t];
     }
     int64_t stride;
     for (int64_t start = 0; start < length; start += block_size) {
         int64_t count = length - start < block_size ? length - start : block_size;
-        int64_t offset = table[start / block_size] * block_size * slot_stride + kv_head * kv_head_stride;
-        const float *rows = block_rows(k, offset, slot_stride, count, dim, is_bf16, staging, &stride);
-        for (int64_t g = 0; g < group; ++g)
-            score_rows(qf + g * dim, rows, stride, count, dim, scale, scores + g * length + start);
+        int64_t offset = table[start / block_size] * block_size * slot_stride;
+        const float *rows = block_rows(k, offset, slot_stride, count, row_width, is_bf16, staging, &stride);
+        for (int64_t h = 0; h < heads; ++h)
+            score_rows(qf + h * dim, rows + (h / group) * kv_head_stride, stride, count, dim, scale,
+                       scores + h * length + start);
     }
-    for (int64_t g = 0; g < group; ++g) totals[g] = softmax_numerators(scores + g * length, length);
-    memset(acc, 0, sizeof(float) * (size_t)(group * dim));
+    for (int64_t h = 0; h < heads; ++h) totals[h] = softmax_numerators(scores + h * length, length);
+    memset(acc, 0, sizeof(float) * (size_t)(heads * dim));
     for (int64_t start = 0; start < length; start += block_size) {
         int64_t count = length - start < block_size ? length - start : block_size;
-        int64_t offset = table[start / block_size] * block_size * slot_stride + kv_head * kv_head_stride;
-        const float *rows = block_rows(v, offset, slot_stride, count, dim, is_bf16, staging, &stride);
-        for (int64_t g = 0; g < group; ++g)
-            accumulate_rows(acc + g * dim, scores + g * length + start, rows, stride, count, dim);
+        int64_t offset = table[start / block_size] * block_size * slot_stride;
+        const float *rows = block_rows(v, offset, slot_stride, count, row_width, is_bf16, staging, &stride);
+        for (int64_t h = 0; h < heads; ++h)
+            accumulate_rows(acc + h * dim, scores + h * length + start, rows + (h / group) * kv_head_stride, stride,
+                            count, dim);
     }
-    for (int64_t g = 0; g < group; ++g) {
-        int64_t offset = row * out_row_stride + (kv_head * group + g) * out_head_stride;
-        float norm = 1.0f / totals[g];
+    for (int64_t h = 0; h < heads; ++h) {
+        int64_t offset = row * out_row_stride + h * out_head_stride;
+        float norm = 1.0f / totals[h];
         for (int64_t t = 0; t < dim; ++t) {
             if (is_bf16)
-                ((uint16_t *)out)[offset + t] = f32_to_bf16(acc[g * dim + t] * norm);
+                ((uint16_t *)out)[offset + t] = f32_to_bf16(acc[h * dim + t] * norm);
             else
-                ((float *)out)[offset + t] = acc[g * dim + t] * norm;
+                ((float *)out)[offset + t] = acc[h * dim + t] * norm;
         }
     }
     free(scores);
@@ -220,14 +227,11 @@ int baton_decode_attention(const void *q, int64_t q_row_stride, int64_t q_head_s
                            int64_t out_head_stride, const int64_t *rows, const int64_t *lengths,
                            const int64_t *table_offsets, const int64_t *tables, int64_t count, int64_t block_size,
                            int64_t heads, int64_t kv_heads, int64_t dim, float scale, int is_bf16, int threads) {
-    int64_t group = heads / kv_heads;
     int failed = 0;
 #pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1) reduction(| : failed)
-    for (int64_t task = 0; task < count * kv_heads; ++task) {
-        int64_t i = task / kv_heads, kv_head = task % kv_heads;
-        failed |= attend_one(q, q_row_stride, q_head_stride, k, v, slot_stride, kv_head_stride, out, out_row_stride,
-                             out_head_stride, rows[i], lengths[i], tables + table_offsets[i], block_size, kv_head,
-                             group, dim, scale, is_bf16) != 0;
-    }
+    for (int64_t i = 0; i < count; ++i)
+        failed |= attend_request(q, q_row_stride, q_head_stride, k, v, slot_stride, kv_head_stride, out,
+                                 out_row_stride, out_head_stride, rows[i], lengths[i], tables + table_offsets[i],
+                                 block_size, heads, kv_heads, dim, scale, is_bf16) != 0;
     return failed ? -1 : 0;
 }

@@ -14,6 +14,7 @@ def test_defaults_alternate_three_pairs_on_both_models_and_dtypes() -> None:
     assert args.sizes == ["tiny", "small"] and args.dtypes == ["bfloat16", "float32"]
     assert args.pairs == 3 and args.num_requests == 64 and args.threads == 1
     assert not args.vllm_multiprocess
+    assert not args.vllm_prefix_caching, "the repeated workload would hit the previous run's prompts"
 
 
 def test_flags() -> None:
