@@ -27,7 +27,7 @@ from transformers import AttentionInterface
 
 from baton.make_model import SIZES, make_model
 from common.config import ExecutorConfig
-from executor_service import detokenizer, engine, model_runner, paged_attention, sampling, step_scheduler
+from executor_service import detokenizer, engine, fast_llama, model_runner, paged_attention, sampling, step_scheduler
 from executor_service.model_loader import load_engine
 
 spent: collections.Counter[str] = collections.Counter()
@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     model = eng.runner.model
     model.forward = timed("forward", model.forward)  # type: ignore[method-assign]
+    if eng.runner.fast_forward is not None:  # the lean Llama forward: time it and its attention calls
+        eng.runner.fast_forward = timed("forward", eng.runner.fast_forward)  # type: ignore[assignment]
+        fast_llama.paged_attention = timed("attention", fast_llama.paged_attention)
     head = model.get_output_embeddings()
     head.forward = timed("lm_head", head.forward)  # type: ignore[method-assign]
     AttentionInterface.register(paged_attention.ATTENTION_NAME, timed("attention", paged_attention.paged_attention))

@@ -248,10 +248,11 @@ class ExecutorConfig:
     # Worker threads torch may use; 0: on CPU all cores but one (left to the rest of the stack),
     # on CUDA torch's default.
     torch_threads: int = 0
-    # On CPU: compile (once, with the system C compiler) and use the native paged decode-attention
-    # kernel, and run float32 linear layers through oneDNN with prepacked weights. False (or no
-    # compiler, for the kernel) keeps the plain torch paths.
-    native_kernels: bool = True
+    # The engine's fast paths: a lean forward with fused projections for Llama-layout models;
+    # on CPU the native paged decode-attention kernel (compiled once with the system C compiler)
+    # and float32 linear layers through oneDNN with prepacked weights. False keeps transformers'
+    # forward and plain torch ops (so does a missing compiler, for the kernel alone).
+    fast_paths: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16", "bfloat16"):

@@ -88,7 +88,7 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
     model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype, attn_implementation=register())
     # transformers wraps .to with functools.wraps; typeshed's _Wrapped has no __get__, so mypy binds no self.
     model.to(device).eval()  # type: ignore[arg-type]
-    if config.native_kernels:
+    if config.fast_paths:
         pack_linears(model)
     geometry = kv_geometry(model, dtype)
     num_blocks = geometry.num_blocks_for(config.kv_cache_memory_mb * 1024 * 1024, config.block_size)
@@ -109,6 +109,6 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         config.block_size,
         limits.max_model_len,
     )
-    engine = Engine(ModelRunner(model, pool, allocator, device, config.native_kernels), allocator, tokenizer, limits)
+    engine = Engine(ModelRunner(model, pool, allocator, device, config.fast_paths), allocator, tokenizer, limits)
     vocab = int(model.get_output_embeddings().weight.shape[0])
     return LoadedModel(engine, tokenizer, config.model, device, config.dtype, vocab)

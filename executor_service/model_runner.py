@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from executor_service.fast_llama import FastLlamaForward, supports
 from executor_service.kernels.decode_attention import PagedDecodes, available
 from executor_service.kv_cache import BlockAllocator, KVPool
 from executor_service.paged_attention import AttentionBatch, DecodeGroup, DecodeView, PrefillSegment
@@ -35,7 +36,7 @@ class ModelRunner:
         pool: KVPool,
         allocator: BlockAllocator,
         device: torch.device,
-        native_kernels: bool = True,
+        fast_paths: bool = True,
     ) -> None:
         self.model = model
         self.pool = pool
@@ -44,8 +45,10 @@ class ModelRunner:
         # On CPU every decode goes to the native paged kernel, one call per layer, when it builds.
         # Without it a contiguous context is read in place, one SDPA call per decode; on CUDA the
         # per-call launch cost outweighs the copy, so every decode joins one gathered batch.
-        self.native_decode = native_kernels and available(device, pool.keys.dtype)
+        self.native_decode = fast_paths and available(device, pool.keys.dtype)
         self.decode_in_place = device.type == "cpu"
+        # Llama-layout models run a lean forward with fused projections; others transformers' own.
+        self.fast_forward = FastLlamaForward(model) if fast_paths and supports(model) else None
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -118,12 +121,12 @@ class ModelRunner:
             decodes=self._decode_group(decode_rows, decode_seqs) if decode_seqs else None,
             native_decodes=PagedDecodes.build(native_rows, native_lengths, native_tables) if native_rows else None,
         )
-        output = self.model(
-            input_ids=self._tensor(input_ids)[None],
-            position_ids=self._tensor(positions)[None],
-            use_cache=False,
-            logits_to_keep=self._tensor(sample_rows or [0]),
-            baton_batch=batch,
-        )
-        logits = output.logits[0]
+        ids, places, keep = self._tensor(input_ids), self._tensor(positions), self._tensor(sample_rows or [0])
+        if self.fast_forward is not None:
+            logits = self.fast_forward(ids, places, keep, batch)
+        else:
+            output = self.model(
+                input_ids=ids[None], position_ids=places[None], use_cache=False, logits_to_keep=keep, baton_batch=batch
+            )
+            logits = output.logits[0]
         return logits.float() if sample_rows else logits[:0].float()

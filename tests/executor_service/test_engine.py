@@ -51,16 +51,21 @@ def run_to_end(engine: Engine, arrivals: dict[int, list[AdmitSpec]], max_steps: 
     raise AssertionError(f"unfinished after {max_steps} steps: {expected - done}")
 
 
-@pytest.mark.parametrize("kv_read", ["native", "native_scattered", "in_place", "gathered", "scattered", "torch_only"])
+@pytest.mark.parametrize(
+    "kv_read", ["native", "native_scattered", "hf_forward", "in_place", "gathered", "scattered", "torch_only"]
+)
 def test_staggered_batch_matches_generate_alone(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, kv_read: str
 ) -> None:
     """Every way attention reads the cache gives the same tokens: the native paged kernel (CPU
     decodes), views of contiguous blocks (CPU without it), one gathered batch (CUDA decodes), and
-    blocks scattered over the pool. ``torch_only``: no native kernel and no packed linears."""
-    engine = make_engine(tiny_model_dir, native_kernels=kv_read != "torch_only")
+    blocks scattered over the pool. ``hf_forward``: transformers' forward instead of the lean Llama
+    one; ``torch_only``: no fast path at all (no native kernel, no packed linears, no lean forward)."""
+    engine = make_engine(tiny_model_dir, fast_paths=kv_read != "torch_only")
     assert engine.runner.native_decode == (kv_read != "torch_only"), "the native decode kernel did not build here"
-    if not kv_read.startswith("native"):
+    if kv_read == "hf_forward":
+        monkeypatch.setattr(engine.runner, "fast_forward", None)
+    elif not kv_read.startswith("native"):
         monkeypatch.setattr(engine.runner, "native_decode", False)
     if kv_read in ("gathered", "scattered"):
         monkeypatch.setattr(engine.runner, "decode_in_place", False)

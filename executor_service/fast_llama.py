@@ -1,0 +1,134 @@
+"""A lean forward pass for Llama-architecture models, over the model's own modules and weights.
+
+Why: transformers' forward spends a large part of a small model's step outside the arithmetic:
+module dispatch, keyword plumbing, mask bookkeeping, and three projections (q, k, v) plus two
+(gate, up) that each read the same input. This forward runs the same computation with the
+projections that share an input fused into one matmul, and the final norm applied only to the rows
+that are sampled. Everything else (embedding, rotary tables, RMSNorm, attention through
+``paged_attention``) calls the model's own modules, so the numbers are those of the model;
+greedy outputs are tested against ``model.generate``.
+
+Used for ``LlamaForCausalLM`` and ``MistralForCausalLM`` (same layout) with SiLU MLPs and no
+sliding window; any other model keeps transformers' forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from executor_service.packed_linear import can_pack
+from executor_service.paged_attention import AttentionBatch, paged_attention
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+
+
+class FusedLinear:
+    """One matmul for linear layers that read the same input; returns each layer's slice of the output."""
+
+    def __init__(self, linears: list[nn.Module]) -> None:
+        weight = torch.cat([layer.weight.detach() for layer in linears])
+        self.sizes = [int(layer.weight.shape[0]) for layer in linears]
+        biases = [layer.bias for layer in linears]
+        self.bias = None
+        if any(b is not None for b in biases):
+            pairs = zip(biases, self.sizes, strict=True)
+            self.bias = torch.cat([b.detach() if b is not None else weight.new_zeros(n) for b, n in pairs])
+        self.packed = can_pack(weight.device, weight.dtype)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight) if self.packed else weight
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.packed:
+            y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        else:
+            y = F.linear(x, self.weight, self.bias)
+        return y.split(self.sizes, dim=-1)
+
+
+@dataclass(frozen=True)
+class LayerParts:
+    attention: nn.Module  # the model's attention module (paged_attention reads its layer_idx)
+    input_norm: nn.Module
+    qkv: FusedLinear
+    o_proj: nn.Module
+    post_norm: nn.Module
+    gate_up: FusedLinear
+    down_proj: nn.Module
+    scaling: float
+
+
+def supports(model: nn.Module) -> bool:
+    config = model.config
+    return (
+        getattr(config, "model_type", "") in SUPPORTED_MODEL_TYPES
+        and getattr(config, "hidden_act", "") == "silu"
+        and getattr(config, "sliding_window", None) is None
+        and hasattr(model, "model")
+        and hasattr(model, "lm_head")
+    )
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class FastLlamaForward:
+    """``logits = forward(input_ids [N], positions [N], sample_rows [S], batch)``, float32 [S, vocab] or model dtype."""
+
+    def __init__(self, model: nn.Module) -> None:
+        inner = model.model
+        config = model.config
+        self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
+        self.lm_head = model.lm_head
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.layers = [
+            LayerParts(
+                attention=layer.self_attn,
+                input_norm=layer.input_layernorm,
+                qkv=FusedLinear([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+                o_proj=layer.self_attn.o_proj,
+                post_norm=layer.post_attention_layernorm,
+                gate_up=FusedLinear([layer.mlp.gate_proj, layer.mlp.up_proj]),
+                down_proj=layer.mlp.down_proj,
+                scaling=float(layer.self_attn.scaling),
+            )
+            for layer in inner.layers[: config.num_hidden_layers]
+        ]
+
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, sample_rows: torch.Tensor, batch: AttentionBatch
+    ) -> torch.Tensor:
+        count = input_ids.shape[0]
+        hidden = self.embed(input_ids)  # [N, hidden]
+        cos, sin = self.rotary(hidden, positions[None])  # [1, N, head_dim] each
+        cos, sin = cos[0, :, None], sin[0, :, None]  # [N, 1, head_dim]: broadcast over heads
+        for layer in self.layers:
+            residual = hidden
+            q, k, v = layer.qkv(layer.input_norm(hidden))
+            q = q.view(count, self.heads, self.head_dim)
+            k = k.view(count, self.kv_heads, self.head_dim)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            v = v.view(count, self.kv_heads, self.head_dim)
+            # paged_attention takes transformers' layout, [1, heads, N, head_dim]: views, nothing copied.
+            out, _ = paged_attention(
+                layer.attention,
+                q.transpose(0, 1)[None],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
+                None,
+                scaling=layer.scaling,
+                baton_batch=batch,
+            )
+            hidden = residual + layer.o_proj(out.view(count, self.heads * self.head_dim))
+            residual = hidden
+            gate, up = layer.gate_up(layer.post_norm(hidden))
+            hidden = residual + layer.down_proj(F.silu(gate) * up)
+        # RMSNorm works row by row, so norming only the sampled rows gives the same values.
+        return self.lm_head(self.norm(hidden[sample_rows]))

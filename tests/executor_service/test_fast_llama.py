@@ -1,0 +1,33 @@
+"""The lean Llama forward: fused projections equal the separate ones; it applies only where it can."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from executor_service.fast_llama import FusedLinear, supports
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_linear_returns_each_layers_output(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    layers = [nn.Linear(32, 48, bias=True), nn.Linear(32, 16, bias=False), nn.Linear(32, 8, bias=True)]
+    layers = [layer.to(dtype) for layer in layers]
+    fused = FusedLinear(layers)
+    x = torch.randn(5, 32, dtype=dtype)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    for got, layer in zip(fused(x), layers, strict=True):
+        torch.testing.assert_close(got, layer(x), atol=tolerance, rtol=tolerance)
+
+
+def test_supports_llama_layouts_only(tiny_model_dir: Path) -> None:
+    assert supports(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    assert not supports(LlamaForCausalLM(LlamaConfig(**small, hidden_act="gelu")))
+    gpt2 = nn.Module()
+    gpt2.config = type("Config", (), {"model_type": "gpt2", "hidden_act": "gelu_new"})()
+    assert not supports(gpt2)
