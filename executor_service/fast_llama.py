@@ -14,22 +14,28 @@ sliding window; any other model keeps transformers' forward.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executor_service.packed_linear import can_pack
+from executor_service.packed_linear import PackedLinear, can_pack
 from executor_service.paged_attention import AttentionBatch, paged_attention
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")
 
 
 class FusedLinear:
-    """One matmul for linear layers that read the same input; returns each layer's slice of the output."""
+    """One matmul for linear layers that read the same input; returns each layer's slice of the output.
 
-    def __init__(self, linears: list[nn.Module]) -> None:
+    No weight is held twice: on CPU float32 the fused weight is packed for oneDNN and the layers'
+    own packed copies are dropped; elsewhere the layers' weights become views of the fused one.
+    """
+
+    def __init__(self, linears: Sequence[Any]) -> None:  # nn.Linear or PackedLinear
         weight = torch.cat([layer.weight.detach() for layer in linears])
         self.sizes = [int(layer.weight.shape[0]) for layer in linears]
         biases = [layer.bias for layer in linears]
@@ -38,7 +44,15 @@ class FusedLinear:
             pairs = zip(biases, self.sizes, strict=True)
             self.bias = torch.cat([b.detach() if b is not None else weight.new_zeros(n) for b, n in pairs])
         self.packed = can_pack(weight.device, weight.dtype)
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight) if self.packed else weight
+        if self.packed:
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
+            for layer in linears:
+                if isinstance(layer, PackedLinear):
+                    layer.release_packed()
+        else:
+            self.weight = weight
+            for layer, part in zip(linears, weight.split(self.sizes), strict=True):
+                layer.weight = nn.Parameter(part, requires_grad=False)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.packed:
@@ -60,7 +74,7 @@ class LayerParts:
     scaling: float
 
 
-def supports(model: nn.Module) -> bool:
+def supports(model: Any) -> bool:
     config = model.config
     return (
         getattr(config, "model_type", "") in SUPPORTED_MODEL_TYPES
@@ -79,14 +93,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class FastLlamaForward:
     """``logits = forward(input_ids [N], positions [N], sample_rows [S], batch)``, float32 [S, vocab] or model dtype."""
 
-    def __init__(self, model: nn.Module) -> None:
-        inner = model.model
-        config = model.config
+    def __init__(self, model: Any) -> None:  # a transformers LlamaForCausalLM or MistralForCausalLM
+        inner, config = model.model, model.config
         self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
         self.lm_head = model.lm_head
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.heads: int = config.num_attention_heads
+        self.kv_heads: int = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim: int = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.layers = [
             LayerParts(
                 attention=layer.self_attn,

@@ -121,12 +121,16 @@ class ModelRunner:
             decodes=self._decode_group(decode_rows, decode_seqs) if decode_seqs else None,
             native_decodes=PagedDecodes.build(native_rows, native_lengths, native_tables) if native_rows else None,
         )
-        ids, places, keep = self._tensor(input_ids), self._tensor(positions), self._tensor(sample_rows or [0])
-        if self.fast_forward is not None:
-            logits = self.fast_forward(ids, places, keep, batch)
-        else:
-            output = self.model(
-                input_ids=ids[None], position_ids=places[None], use_cache=False, logits_to_keep=keep, baton_batch=batch
-            )
-            logits = output.logits[0]
+        keep = self._tensor(sample_rows or [0])
+        logits = self._forward(self._tensor(input_ids), self._tensor(positions), keep, batch)
         return logits.float() if sample_rows else logits[:0].float()
+
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, batch: AttentionBatch
+    ) -> torch.Tensor:
+        """Logits of the ``keep`` rows, [len(keep), vocab]."""
+        if self.fast_forward is not None:
+            return self.fast_forward(input_ids, positions, keep, batch)
+        ids, places = input_ids[None], positions[None]
+        output = self.model(input_ids=ids, position_ids=places, use_cache=False, logits_to_keep=keep, baton_batch=batch)
+        return output.logits[0]

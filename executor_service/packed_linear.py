@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,13 @@ class PackedLinear(nn.Module):
         packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
         self.register_buffer("packed", packed, persistent=False)
 
+    def release_packed(self) -> None:
+        """Drop the packed copy (its weight is packed elsewhere, fused with others); forward uses ``weight``."""
+        self.packed = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 

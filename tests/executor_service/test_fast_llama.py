@@ -10,6 +10,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from executor_service.fast_llama import FusedLinear, supports
+from executor_service.packed_linear import PackedLinear, can_pack
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -31,3 +32,19 @@ def test_supports_llama_layouts_only(tiny_model_dir: Path) -> None:
     gpt2 = nn.Module()
     gpt2.config = type("Config", (), {"model_type": "gpt2", "hidden_act": "gelu_new"})()
     assert not supports(gpt2)
+
+
+def test_fused_linear_holds_no_weight_twice() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, 16)
+    plain = [nn.Linear(16, 8).bfloat16(), nn.Linear(16, 4).bfloat16()]
+    fused = FusedLinear(plain)
+    assert plain[0].weight.data_ptr() == fused.weight.data_ptr(), "bfloat16 layers become views of the fused weight"
+    assert plain[1].weight.data_ptr() == fused.weight[8:].data_ptr()
+    if can_pack(torch.device("cpu"), torch.float32):
+        packed = [PackedLinear(nn.Linear(16, 8)), PackedLinear(nn.Linear(16, 4))]
+        expected = [layer(x) for layer in packed]
+        FusedLinear(packed)
+        assert all(layer.packed is None for layer in packed), "the fused packed copy replaces the layers' own"
+        for layer, want in zip(packed, expected, strict=True):
+            torch.testing.assert_close(layer(x), want, atol=1e-5, rtol=1e-5)
