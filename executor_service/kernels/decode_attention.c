@@ -151,13 +151,20 @@ static float softmax_numerators(float *s, int64_t n) {
     return total;
 }
 
-/* The first `width` values of `count` pool rows as float32: the pool itself for float32, else
- * converted into `staging`; `*stride` is set to the distance between the returned rows. */
+/* The first `width` values of `count` pool rows, as float32, in `staging`; `*stride` is set to the
+ * distance between the returned rows.
+ *
+ * Why copy float32 rows that could be read in place: the copy is one plain sequential read, which
+ * the hardware prefetchers stream at full speed, and the arithmetic then reads L1. Computing
+ * straight from the pool left memory latency exposed: 64 decodes over 700-900-token contexts took
+ * 5.5 ms in place and 3.4 ms with the copy (a bare sequential sum over the same blocks: 1.6 ms);
+ * prefetching the next block as well made no further difference. */
 static const float *block_rows(const void *pool, int64_t offset, int64_t slot_stride, int64_t count, int64_t width,
                                int is_bf16, float *staging, int64_t *stride) {
     if (!is_bf16) {
+        memcpy(staging, (const float *)pool + offset, sizeof(float) * (size_t)(count * slot_stride));
         *stride = slot_stride;
-        return (const float *)pool + offset;
+        return staging;
     }
     const uint16_t *src = (const uint16_t *)pool + offset;
     for (int64_t j = 0; j < count; ++j)
@@ -176,13 +183,14 @@ static int attend_request(const void *q, int64_t q_row_stride, int64_t q_head_st
                           int64_t block_size, int64_t heads, int64_t kv_heads, int64_t dim, float scale,
                           int is_bf16) {
     int64_t group = heads / kv_heads, row_width = kv_heads * kv_head_stride;
-    size_t floats = (size_t)(heads * length + 2 * heads * dim + heads + block_size * row_width);
+    /* The staging block holds whole pool rows (slot_stride >= row_width): float32 blocks are copied as they lie. */
+    size_t floats = (size_t)(heads * length + 2 * heads * dim + heads + block_size * slot_stride);
     float *scores = malloc(sizeof(float) * floats);
     if (scores == NULL) return -1;
     float *qf = scores + heads * length; /* [heads, dim] the queries in float32 */
     float *acc = qf + heads * dim;       /* [heads, dim] weighted sums of values */
     float *totals = acc + heads * dim;   /* [heads] softmax denominators */
-    float *staging = totals + heads;     /* [block_size, row_width] one bf16 block in float32 */
+    float *staging = totals + heads;     /* [block_size, slot_stride] one block, in float32 */
     for (int64_t h = 0; h < heads; ++h) {
         int64_t offset = row * q_row_stride + h * q_head_stride;
         for (int64_t t = 0; t < dim; ++t)
