@@ -12,7 +12,7 @@ which transformers passes down to attention untouched.
 
 Four ways to read a request's context, chosen per step by the model runner:
 - on CPU, every single-token decode of the step in one call of the native kernel
-  (``executor_service.kernels``), which reads each context through its block table in place;
+  (``executor_service.kernels``), which reads each context block by block through its block table;
 - without that kernel, a view of the pool, when the request's blocks are consecutive: nothing is copied. On CPU
   every decode with a contiguous context takes this path, one small SDPA call each, because
   copying contexts costs more there than the attention itself;

@@ -1,6 +1,7 @@
 /*
  * Paged decode attention on the CPU: one query token per request, attending to the request's whole
- * context where it lies in the KV pool (read through its block table, nothing copied).
+ * context where it lies in the KV pool, read through its block table one block at a time (no padded
+ * copy of the context is made).
  *
  * Why a kernel of our own: the torch path makes one SDPA call per request per layer, and on a small
  * model that call's dispatch (~30 us) costs more than its arithmetic. Here one call per layer covers
