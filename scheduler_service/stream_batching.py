@@ -136,19 +136,13 @@ def coalesce(writes: list[StepWrite]) -> list[StepWrite]:
     last: dict[str, int] = {}  # request id -> its newest write's position in ``out``
     for write in writes:
         at = last.get(write.request_id)
-        prev = out[at].event if at is not None else None
-        if (
-            at is None
-            or prev is None
-            or prev.finish_reason is not FinishReason.NONE
-            or prev.index + len(prev.token_ids) != write.event.index
-        ):
-            last[write.request_id] = len(out)
-            out.append(write)
-            continue
-        event = write.event
-        merged = TokenEvent(
-            prev.index, (*prev.token_ids, *event.token_ids), prev.text + event.text, event.finish_reason, event.usage
-        )
-        out[at] = StepWrite(write.request_id, merged, write.error)
+        if at is not None:
+            prev, event = out[at].event, write.event
+            if prev.finish_reason is FinishReason.NONE and prev.index + len(prev.token_ids) == event.index:
+                tokens, text = (*prev.token_ids, *event.token_ids), prev.text + event.text
+                merged = TokenEvent(prev.index, tokens, text, event.finish_reason, event.usage)
+                out[at] = StepWrite(write.request_id, merged, write.error)
+                continue
+        last[write.request_id] = len(out)
+        out.append(write)
     return out
