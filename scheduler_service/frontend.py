@@ -6,10 +6,11 @@ The gRPC servicer only converts protobuf at the edge; tests can drive this class
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import TypeVar, cast
 
 from redis.typing import EncodableT, FieldT
 
@@ -29,6 +30,8 @@ from scheduler_service.tokenizer_source import ModelLimits, TokenizerSource
 from scheduler_service.validation import validate
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _BLOCK_MS = 2000
 _LONG_PROMPT_CHARS = 20_000
@@ -111,9 +114,10 @@ class Frontend:
         """
         next_index = from_index
         last_id = "0"
+        what = f"reading {request_id}"
         while True:
-            batch = await self._read_with_retry(request_id, last_id)
-            if not batch and await self.store.get(request_id) is None:
+            batch = await self._retrying(functools.partial(self._read_events, request_id, last_id), what)
+            if not batch and await self._retrying(functools.partial(self.store.get, request_id), what) is None:
                 raise NotFound(f"request {request_id} does not exist or has expired")
             for entry_id, event in batch:
                 last_id = entry_id
@@ -144,7 +148,9 @@ class Frontend:
         The request's token list is the source of truth, so the client still gets every token
         exactly once; the text is decoded here, as the executor's text for them was lost.
         """
-        tokens = await self.store.tokens_between(request_id, start, end)
+        tokens = await self._retrying(
+            lambda: self.store.tokens_between(request_id, start, end), f"reading the tokens of {request_id}"
+        )
         if len(tokens) != end - start:
             return None
         tokenizer, _ = await self.tokenizers.get()
@@ -158,12 +164,12 @@ class Frontend:
         entries = await self._mux.read(self.store.keys.output(request_id), last_id, _BLOCK_MS)
         return [(entry_id, TokenEvent.from_fields(fields)) for entry_id, fields in entries]
 
-    async def _read_with_retry(self, request_id: str, last_id: str) -> list[tuple[str, TokenEvent]]:
-        return await with_redis_retry(
-            lambda: self._read_events(request_id, last_id),
-            self.config.distributed.redis_retry_s,
-            f"reading {request_id}",
-        )
+    async def _retrying(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """Every Redis call of a client's stream rides out an outage (up to ``redis_retry_s``). A
+        stream written by this replica's own links gets no XREAD to fail on while Redis is down:
+        its read just times out empty, and the existence check after it is then the first call
+        to meet the outage."""
+        return await with_redis_retry(call, self.config.distributed.redis_retry_s, what)
 
     async def authorize(self, request_id: str) -> dict[str, str]:
         """The request's record, if it exists and the caller's tenant owns it."""
