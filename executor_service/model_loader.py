@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from common.config import ExecutorConfig
 from executor_service.engine import Engine, EngineLimits
+from executor_service.host_allocator import keep_freed_memory
 from executor_service.kv_cache import BlockAllocator, KVGeometry, KVPool
 from executor_service.model_runner import ModelRunner
 from executor_service.packed_linear import pack_linears
@@ -84,6 +85,8 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
     device = resolve_device(config.device)
     dtype = DTYPES[config.dtype]
     torch.set_num_threads(config.torch_threads or auto_threads(device))
+    if device.type == "cpu" and config.fast_paths:
+        keep_freed_memory()
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype, attn_implementation=register())
     # transformers wraps .to with functools.wraps; typeshed's _Wrapped has no __get__, so mypy binds no self.
