@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from executor_service.kernels import layer_ops
 from executor_service.packed_linear import PackedLinear, can_pack
 from executor_service.paged_attention import AttentionBatch, paged_attention
 
@@ -54,12 +55,14 @@ class FusedLinear:
             for layer, part in zip(linears, weight.split(self.sizes), strict=True):
                 layer.weight = nn.Parameter(part, requires_grad=False)
 
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def joined(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers' outputs side by side, [..., sum of their sizes]."""
         if self.packed:
-            y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        else:
-            y = F.linear(x, self.weight, self.bias)
-        return y.split(self.sizes, dim=-1)
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.joined(x).split(self.sizes, dim=-1)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,11 @@ class LayerParts:
     gate_up: FusedLinear
     down_proj: nn.Module
     scaling: float
+
+    @property
+    def eps(self) -> tuple[float, float]:
+        """The two norms' epsilons (LlamaRMSNorm and MistralRMSNorm call it ``variance_epsilon``)."""
+        return float(self.input_norm.variance_epsilon), float(self.post_norm.variance_epsilon)
 
 
 def supports(model: Any) -> bool:
@@ -113,14 +121,40 @@ class FastLlamaForward:
             )
             for layer in inner.layers[: config.num_hidden_layers]
         ]
+        # On CPU float32, norms, RoPE with the KV write, and SiLU run as one native call each.
+        self.native_layer_ops = layer_ops.available(self.lm_head.weight.device, self.lm_head.weight.dtype)
 
     def __call__(
         self, input_ids: torch.Tensor, positions: torch.Tensor, sample_rows: torch.Tensor, batch: AttentionBatch
     ) -> torch.Tensor:
-        count = input_ids.shape[0]
         hidden = self.embed(input_ids)  # [N, hidden]
         cos, sin = self.rotary(hidden, positions[None])  # [1, N, head_dim] each
-        cos, sin = cos[0, :, None], sin[0, :, None]  # [N, 1, head_dim]: broadcast over heads
+        layers = self._native_layers if self.native_layer_ops else self._torch_layers
+        hidden = layers(hidden, cos[0], sin[0], batch)
+        # RMSNorm works row by row, so norming only the sampled rows gives the same values.
+        return self.lm_head(self.norm(hidden[sample_rows]))
+
+    def _attention(
+        self, layer: LayerParts, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: AttentionBatch, **kv: bool
+    ) -> torch.Tensor:
+        """paged_attention on [N, heads, d] views, which it takes in transformers' [1, heads, N, d] layout."""
+        out, _ = paged_attention(
+            layer.attention,
+            q.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            None,
+            scaling=layer.scaling,
+            baton_batch=batch,
+            **kv,
+        )
+        return out.view(q.shape[0], self.heads * self.head_dim)
+
+    def _torch_layers(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch
+    ) -> torch.Tensor:
+        count = hidden.shape[0]
+        cos, sin = cos[:, None], sin[:, None]  # [N, 1, head_dim]: broadcast over heads
         for layer in self.layers:
             residual = hidden
             q, k, v = layer.qkv(layer.input_norm(hidden))
@@ -129,19 +163,29 @@ class FastLlamaForward:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             v = v.view(count, self.kv_heads, self.head_dim)
-            # paged_attention takes transformers' layout, [1, heads, N, head_dim]: views, nothing copied.
-            out, _ = paged_attention(
-                layer.attention,
-                q.transpose(0, 1)[None],
-                k.transpose(0, 1)[None],
-                v.transpose(0, 1)[None],
-                None,
-                scaling=layer.scaling,
-                baton_batch=batch,
-            )
-            hidden = residual + layer.o_proj(out.view(count, self.heads * self.head_dim))
+            hidden = residual + layer.o_proj(self._attention(layer, q, k, v, batch))
             residual = hidden
             gate, up = layer.gate_up(layer.post_norm(hidden))
             hidden = residual + layer.down_proj(F.silu(gate) * up)
-        # RMSNorm works row by row, so norming only the sampled rows gives the same values.
-        return self.lm_head(self.norm(hidden[sample_rows]))
+        return hidden
+
+    def _native_layers(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch
+    ) -> torch.Tensor:
+        """The same layers with the elementwise work in native calls; ``hidden`` is updated in place."""
+        count, delta = hidden.shape[0], None
+        q_end = self.heads * self.head_dim
+        k_end = q_end + self.kv_heads * self.head_dim
+        for layer in self.layers:
+            input_eps, post_eps = layer.eps
+            qkv = layer.qkv.joined(layer_ops.add_rms_norm(hidden, delta, layer.input_norm.weight, input_eps))
+            index = int(layer.attention.layer_idx)
+            keys, values = batch.pool.keys[index], batch.pool.values[index]
+            layer_ops.rope_store(qkv, cos, sin, self.heads, self.kv_heads, keys, values, batch.slot_mapping)
+            q = qkv[:, :q_end].view(count, self.heads, self.head_dim)
+            k = qkv[:, q_end:k_end].view(count, self.kv_heads, self.head_dim)
+            v = qkv[:, k_end:].view(count, self.kv_heads, self.head_dim)
+            attended = layer.o_proj(self._attention(layer, q, k, v, batch, baton_kv_written=True))
+            normed = layer_ops.add_rms_norm(hidden, attended, layer.post_norm.weight, post_eps)
+            delta = layer.down_proj(layer_ops.silu_mul(layer.gate_up.joined(normed)))
+        return hidden + delta if delta is not None else hidden

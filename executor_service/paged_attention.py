@@ -99,8 +99,9 @@ def paged_attention(
     batch: AttentionBatch = kwargs["baton_batch"]
     layer = int(getattr(module, "layer_idx", 0))
     keys, values = batch.pool.keys[layer], batch.pool.values[layer]
-    keys[batch.slot_mapping] = key[0].transpose(0, 1)  # [N, Hkv, d]
-    values[batch.slot_mapping] = value[0].transpose(0, 1)
+    if not kwargs.get("baton_kv_written", False):  # the lean forward's native RoPE call writes them itself
+        keys[batch.slot_mapping] = key[0].transpose(0, 1)  # [N, Hkv, d]
+        values[batch.slot_mapping] = value[0].transpose(0, 1)
     out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [N, H, d]
     for seg in batch.prefills:
         out[seg.start : seg.end] = _prefill(query, key, value, keys, values, seg, scaling)

@@ -24,7 +24,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
+LAYER_OPS_SOURCE = Path(__file__).with_name("layer_ops.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+# Each product and sum rounded on its own, as torch's separate ops round them (see layer_ops.c).
+LAYER_OPS_FLAGS = ("-ffp-contract=off",)
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -41,12 +44,13 @@ def cache_dir() -> Path:
     return Path(os.environ.get("BATON_KERNEL_CACHE") or Path.home() / ".cache" / "baton" / "kernels")
 
 
-def build(source: Path = SOURCE) -> Path:
+def build(source: Path = SOURCE, extra_flags: tuple[str, ...] = ()) -> Path:
     """Compile ``source`` into the cache (once) and return the library's path; raises OSError on failure."""
+    flags = (*FLAGS, *extra_flags)
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler (cc or gcc) on PATH")
-    key = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode() + _cpu_signature().encode()).hexdigest()
+    key = hashlib.sha256(source.read_bytes() + " ".join(flags).encode() + _cpu_signature().encode()).hexdigest()
     target = cache_dir() / f"{source.stem}-{key[:16]}.so"
     if target.exists():
         return target
@@ -55,7 +59,7 @@ def build(source: Path = SOURCE) -> Path:
     fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, "-o", partial, str(source), "-lm"], capture_output=True, text=True)
+        done = subprocess.run([compiler, *flags, "-o", partial, str(source), "-lm"], capture_output=True, text=True)
         if done.returncode != 0:
             raise OSError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")
         os.replace(partial, target)
@@ -82,4 +86,25 @@ def decode_attention_library() -> ctypes.CDLL | None:
         _I64, _I64, _I64, _I64,  # block size, heads, kv heads, head dim
         ctypes.c_float, ctypes.c_int, ctypes.c_int,  # scale, is_bf16, threads
     ]  # fmt: skip
+    return library
+
+
+@cache
+def layer_ops_library() -> ctypes.CDLL | None:
+    """The compiled layer-ops library (norm, RoPE, SiLU, argmax), or None (logged once) when unavailable."""
+    try:
+        library = ctypes.CDLL(str(build(LAYER_OPS_SOURCE, LAYER_OPS_FLAGS)))
+    except OSError as exc:
+        log.warning("native layer ops unavailable, using torch ops: %s", exc)
+        return None
+    signatures = {
+        "baton_add_rms_norm": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float],
+        "baton_rope_store": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR],
+        "baton_silu_mul": [_PTR, _I64, _I64, _PTR],
+        "baton_argmax_rows": [_PTR, _I64, _I64, _I64, _PTR],
+    }
+    for name, argtypes in signatures.items():
+        function = getattr(library, name)
+        function.restype = None
+        function.argtypes = argtypes
     return library

@@ -58,7 +58,7 @@ def test_staggered_batch_matches_generate_alone(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, kv_read: str
 ) -> None:
     """Every way attention reads the cache gives the same tokens: the native paged kernel (CPU
-    decodes), views of contiguous blocks (CPU without it), one gathered batch (CUDA decodes), and
+    decodes, with the native layer ops for norms, RoPE and SiLU), views of contiguous blocks (CPU without it), one gathered batch (CUDA decodes), and
     blocks scattered over the pool. ``hf_forward``: transformers' forward instead of the lean Llama
     one; ``torch_only``: no fast path at all (no native kernel, no packed linears, no lean forward)."""
     engine = make_engine(tiny_model_dir, fast_paths=kv_read != "torch_only")
@@ -67,6 +67,8 @@ def test_staggered_batch_matches_generate_alone(
         monkeypatch.setattr(engine.runner, "fast_forward", None)
     elif not kv_read.startswith("native"):
         monkeypatch.setattr(engine.runner, "native_decode", False)
+        if engine.runner.fast_forward is not None:  # the lean forward with torch's elementwise ops
+            monkeypatch.setattr(engine.runner.fast_forward, "native_layer_ops", False)
     if kv_read in ("gathered", "scattered"):
         monkeypatch.setattr(engine.runner, "decode_in_place", False)
     if kv_read.endswith("scattered"):

@@ -1,0 +1,161 @@
+/*
+ * The elementwise work of a Llama layer on the CPU, float32: residual add + RMSNorm, RoPE + KV write,
+ * SiLU-and-multiply, and the greedy argmax over a step's logits.
+ *
+ * Why: each of these is 5-10 torch ops in transformers' formulation (RMSNorm alone is cast, pow, mean,
+ * add, rsqrt, mul, cast, mul), and on a small model each op's dispatch (~5 us) costs more than its
+ * arithmetic. One call here replaces each group, and reads and writes each row once.
+ *
+ * Compiled with -ffp-contract=off: every product and sum is rounded on its own, as torch's separate
+ * ops round them, so RoPE, the residual add and the norm's scaling give transformers' values bit for
+ * bit. Two things differ by at most an ulp or so: the order of the norm's sum of squares, and the exp
+ * inside SiLU (a Cephes polynomial here, Sleef in torch). Greedy outputs are tested against
+ * model.generate.
+ *
+ * Rows are contiguous unless a stride is passed; every length is in elements.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+
+/* hidden[r] += delta[r] (when delta is given); out[r] = weight * (hidden[r] / sqrt(mean(hidden[r]^2) + eps)). */
+void baton_add_rms_norm(float *hidden, const float *delta, const float *weight, float *out, int64_t rows,
+                        int64_t dim, float eps) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float *h = hidden + r * dim;
+        float *o = out + r * dim;
+        if (delta) {
+            const float *d = delta + r * dim;
+            for (int64_t i = 0; i < dim; ++i) h[i] = h[i] + d[i];
+        }
+        float acc[LANES] = {0};
+        int64_t i = 0;
+        for (; i + LANES <= dim; i += LANES)
+            for (int u = 0; u < LANES; ++u) acc[u] += h[i + u] * h[i + u];
+        float sum = 0.0f;
+        for (int u = 0; u < LANES; ++u) sum += acc[u];
+        for (; i < dim; ++i) sum += h[i] * h[i];
+        float inverse = 1.0f / sqrtf(sum / (float)dim + eps);
+        for (i = 0; i < dim; ++i) o[i] = weight[i] * (h[i] * inverse);
+    }
+}
+
+/* x = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[half:], x[:half]), in place. */
+static inline void rotate(float *x, const float *cos, const float *sin, int64_t dim) {
+    int64_t half = dim / 2;
+    for (int64_t i = 0; i < half; ++i) {
+        float a = x[i], b = x[i + half];
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+/*
+ * Row r of qkv (row_stride apart) holds q_heads query heads, then kv_heads key heads, then kv_heads
+ * value heads, each dim long. RoPE with cos/sin row r ([rows, dim]) is applied in place to the query
+ * and key heads; then, when keys is given, the row's keys and values are copied to slot slots[r] of
+ * the pool ([slots, kv_heads, dim] each).
+ */
+void baton_rope_store(float *qkv, int64_t rows, int64_t row_stride, const float *cos, const float *sin,
+                      int64_t q_heads, int64_t kv_heads, int64_t dim, float *keys, float *values,
+                      const int64_t *slots) {
+    int64_t kv_width = kv_heads * dim;
+    for (int64_t r = 0; r < rows; ++r) {
+        float *row = qkv + r * row_stride;
+        for (int64_t h = 0; h < q_heads + kv_heads; ++h) rotate(row + h * dim, cos + r * dim, sin + r * dim, dim);
+        if (keys) {
+            memcpy(keys + slots[r] * kv_width, row + q_heads * dim, sizeof(float) * kv_width);
+            memcpy(values + slots[r] * kv_width, row + q_heads * dim + kv_width, sizeof(float) * kv_width);
+        }
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* exp(x), Cephes' expf polynomial (about 1 ulp); x is clamped to [-87.3, 88.38], beyond which the
+ * result is 2^-126 or +inf: what SiLU's 1 + exp(-x) needs. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3762626647949f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+#endif
+
+/* out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i], silu(g) = g / (1 + exp(-g)). */
+void baton_silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *out) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *gate = gate_up + r * 2 * inter;
+        const float *up = gate + inter;
+        float *o = out + r * inter;
+        int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+        for (; i + 8 <= inter; i += 8) {
+            __m256 g = _mm256_loadu_ps(gate + i);
+            __m256 e = exp8(_mm256_xor_ps(g, sign));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+        }
+#endif
+        for (; i < inter; ++i) o[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    }
+}
+
+/* torch.argmax over one row: the first index of the maximum, a NaN counting as the maximum. */
+static int64_t argmax_row(const float *x, int64_t n) {
+    int64_t best = 0, i = 0;
+#if defined(__AVX2__)
+    if (n >= 16) {
+        /* Each lane keeps its own first maximum (strict >), so the lowest index wins among equals. */
+        __m256 top = _mm256_loadu_ps(x), nan = _mm256_cmp_ps(top, top, _CMP_UNORD_Q);
+        __m256i where = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), at = where;
+        const __m256i step = _mm256_set1_epi32(8);
+        for (i = 8; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_loadu_ps(x + i);
+            at = _mm256_add_epi32(at, step);
+            __m256 greater = _mm256_cmp_ps(v, top, _CMP_GT_OQ);
+            top = _mm256_blendv_ps(top, v, greater);
+            where = _mm256_castps_si256(
+                _mm256_blendv_ps(_mm256_castsi256_ps(where), _mm256_castsi256_ps(at), greater));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        }
+        if (_mm256_movemask_ps(nan)) {
+            for (int64_t j = 0; j < n; ++j)
+                if (isnan(x[j])) return j;
+        }
+        float tops[8];
+        int32_t wheres[8];
+        _mm256_storeu_ps(tops, top);
+        _mm256_storeu_si256((__m256i *)wheres, where);
+        best = wheres[0];
+        for (int u = 1; u < 8; ++u)
+            if (tops[u] > x[best] || (tops[u] == x[best] && wheres[u] < best)) best = wheres[u];
+    }
+#endif
+    if (i == 0) {
+        if (isnan(x[0])) return 0;
+        i = 1;
+    }
+    for (; i < n; ++i) {
+        if (isnan(x[i])) return i;
+        if (x[i] > x[best]) best = i;
+    }
+    return best;
+}
+
+void baton_argmax_rows(const float *logits, int64_t rows, int64_t cols, int64_t row_stride, int64_t *out) {
+    for (int64_t r = 0; r < rows; ++r) out[r] = argmax_row(logits + r * row_stride, cols);
+}

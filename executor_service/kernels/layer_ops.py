@@ -1,0 +1,98 @@
+"""Torch-facing side of the native layer ops (``layer_ops.c``): float32 CPU tensors only.
+
+Each function checks what the C code assumes (dtype, device, contiguous rows) and raises ValueError
+otherwise, so a wrong call fails loudly instead of reading the wrong memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from executor_service.kernels import layer_ops_library
+
+
+def available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the layer ops can serve this device and dtype (building them on first ask)."""
+    return device.type == "cpu" and dtype == torch.float32 and layer_ops_library() is not None
+
+
+def _library():  # type: ignore[no-untyped-def]
+    library = layer_ops_library()
+    if library is None:
+        raise RuntimeError("the native layer ops are not available")
+    return library
+
+
+def _check(name: str, tensor: torch.Tensor, row_stride_ok: bool = False) -> None:
+    if tensor.dtype != torch.float32 or tensor.device.type != "cpu":
+        raise ValueError(f"{name} must be float32 on the CPU, got {tensor.dtype} on {tensor.device}")
+    contiguous = tensor.stride(-1) == 1 if row_stride_ok else tensor.is_contiguous()
+    if not contiguous:
+        raise ValueError(f"{name} must be contiguous")
+
+
+def add_rms_norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``hidden += delta`` in place (when given), then return RMSNorm(hidden) * weight. hidden [N, d]."""
+    rows, dim = hidden.shape
+    _check("hidden", hidden)
+    _check("weight", weight)
+    if delta is not None:
+        _check("delta", delta)
+        if delta.shape != hidden.shape:
+            raise ValueError(f"delta {tuple(delta.shape)} does not match hidden {tuple(hidden.shape)}")
+    out = torch.empty_like(hidden)
+    delta_ptr = delta.data_ptr() if delta is not None else None
+    _library().baton_add_rms_norm(hidden.data_ptr(), delta_ptr, weight.data_ptr(), out.data_ptr(), rows, dim, eps)
+    return out
+
+
+def rope_store(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """RoPE on the query and key heads of ``qkv`` [N, (heads + 2 kv_heads) * d] in place; K and V to the pool.
+
+    cos/sin [N, d]; keys/values one layer's pool [slots, kv_heads, d]; slots [N] int64.
+    """
+    rows, width = qkv.shape
+    dim = cos.shape[-1]
+    if width != (heads + 2 * kv_heads) * dim or cos.shape != (rows, dim) or sin.shape != cos.shape:
+        raise ValueError(
+            f"qkv {tuple(qkv.shape)}, cos {tuple(cos.shape)}: shapes do not match {heads}+2x{kv_heads} heads"
+        )
+    for name, tensor in (("cos", cos), ("sin", sin), ("keys", keys), ("values", values)):
+        _check(name, tensor)
+    _check("qkv", qkv, row_stride_ok=True)
+    if slots.dtype != torch.int64 or not slots.is_contiguous() or slots.numel() != rows:
+        raise ValueError("slots must be a contiguous int64 tensor with one slot per row")
+    if keys.shape[1:] != (kv_heads, dim) or values.shape != keys.shape:
+        raise ValueError(f"pool {tuple(keys.shape)} is not [slots, {kv_heads}, {dim}]")
+    _library().baton_rope_store(
+        qkv.data_ptr(), rows, qkv.stride(0), cos.data_ptr(), sin.data_ptr(), heads, kv_heads, dim,
+        keys.data_ptr(), values.data_ptr(), slots.data_ptr(),
+    )  # fmt: skip
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for ``gate_up`` [N, 2 * inter] (gate first), as [N, inter]."""
+    _check("gate_up", gate_up)
+    rows, width = gate_up.shape
+    out = gate_up.new_empty(rows, width // 2)
+    _library().baton_silu_mul(gate_up.data_ptr(), rows, width // 2, out.data_ptr())
+    return out
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)`` for float32 [rows, cols] on the CPU (rows may be strided)."""
+    _check("logits", logits, row_stride_ok=True)
+    rows, cols = logits.shape
+    out = torch.empty(rows, dtype=torch.long)
+    if rows and cols:
+        _library().baton_argmax_rows(logits.data_ptr(), rows, cols, logits.stride(0), out.data_ptr())
+    return out

@@ -1,0 +1,103 @@
+"""The native layer ops against transformers' own formulation: RoPE and the residual add bit for bit,
+RMSNorm and SiLU within an ulp or two, argmax exactly (ties, NaN, strided rows)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
+
+from executor_service import kernels
+from executor_service.kernels import layer_ops
+
+pytestmark = pytest.mark.skipif(
+    not layer_ops.available(torch.device("cpu"), torch.float32), reason="no C compiler here"
+)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.parametrize("dim", [256, 250])
+def test_add_rms_norm_matches_llama_rmsnorm(rows: int, dim: int) -> None:
+    torch.manual_seed(rows + dim)
+    hidden, delta = torch.randn(rows, dim), torch.randn(rows, dim)
+    norm = LlamaRMSNorm(dim, eps=1e-5)
+    norm.weight.data = torch.randn(dim)
+    expected_hidden = hidden + delta
+    got = layer_ops.add_rms_norm(hidden, delta, norm.weight.data, 1e-5)
+    assert torch.equal(hidden, expected_hidden), "the residual add rounds like torch's"
+    torch.testing.assert_close(got, norm(expected_hidden), rtol=1e-6, atol=1e-6)
+    before = hidden.clone()
+    torch.testing.assert_close(layer_ops.add_rms_norm(hidden, None, norm.weight.data, 1e-5), norm(before))
+    assert torch.equal(hidden, before), "no delta: hidden is left alone"
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 64), (3, 3, 32), (8, 1, 128)])
+def test_rope_store_matches_apply_rotary_pos_emb_bit_for_bit(heads: int, kv_heads: int, dim: int) -> None:
+    torch.manual_seed(heads)
+    rows = 19
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim + 8)[:, : (heads + 2 * kv_heads) * dim]  # strided rows
+    cos, sin = torch.randn(rows, dim), torch.randn(rows, dim)
+    q = qkv[:, : heads * dim].reshape(rows, heads, dim).transpose(0, 1)[None]
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].reshape(rows, kv_heads, dim).transpose(0, 1)[None]
+    v = qkv[:, (heads + kv_heads) * dim :].reshape(rows, kv_heads, dim)
+    want_q, want_k = apply_rotary_pos_emb(q, k, cos[None], sin[None])
+    keys, values = torch.zeros(50, kv_heads, dim), torch.zeros(50, kv_heads, dim)
+    slots = torch.randperm(50)[:rows].contiguous()
+    layer_ops.rope_store(qkv, cos, sin, heads, kv_heads, keys, values, slots)
+    assert torch.equal(qkv[:, : heads * dim].reshape(rows, heads, dim), want_q[0].transpose(0, 1))
+    assert torch.equal(keys[slots], want_k[0].transpose(0, 1))
+    assert torch.equal(values[slots], v)
+    untouched = torch.ones(50, dtype=torch.bool)
+    untouched[slots] = False
+    assert not keys[untouched].any() and not values[untouched].any(), "only the rows' own slots are written"
+
+
+def test_silu_mul_matches_torch_within_an_ulp_or_two() -> None:
+    torch.manual_seed(0)
+    gate_up = torch.randn(33, 2 * 691) * 6  # an odd width: the vector loop and the scalar tail
+    gate_up[0, :4] = torch.tensor([100.0, -100.0, 0.0, -0.0])
+    got = layer_ops.silu_mul(gate_up)
+    want = F.silu(gate_up[:, :691]) * gate_up[:, 691:]
+    torch.testing.assert_close(got, want, rtol=5e-7, atol=1e-30)
+
+
+def test_argmax_rows_equals_torch_argmax() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(12, 8192 + 16)[:, :8192]  # strided rows
+    logits[1, 100] = float("nan")
+    logits[1, 5000] = float("nan")
+    logits[2, 8191] = float("nan")
+    logits[3] = 1.0  # all equal: the first index
+    logits[4, 7000:] = 50.0  # a tie across vector lanes
+    logits[5] = float("-inf")
+    logits[6, 3] = logits[6].max() + 1
+    logits[6, 4] = logits[6, 3]
+    assert torch.equal(layer_ops.argmax_rows(logits), logits.argmax(dim=-1))
+    for cols in (1, 2, 8, 15, 16, 17, 31, 33):
+        small = torch.randn(5, cols)
+        assert torch.equal(layer_ops.argmax_rows(small), small.argmax(dim=-1)), cols
+
+
+def test_checks_refuse_what_the_c_code_cannot_read() -> None:
+    with pytest.raises(ValueError, match="float32"):
+        layer_ops.silu_mul(torch.randn(2, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="contiguous"):
+        layer_ops.add_rms_norm(torch.randn(8, 4).t(), None, torch.ones(8), 1e-6)
+    with pytest.raises(ValueError, match="slots"):
+        layer_ops.rope_store(
+            torch.randn(3, 4 * 8), torch.randn(3, 8), torch.randn(3, 8), 2, 1, torch.zeros(9, 1, 8),
+            torch.zeros(9, 1, 8), torch.zeros(3, dtype=torch.int32),
+        )  # fmt: skip
+
+
+def test_without_a_compiler_the_layer_ops_are_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("BATON_KERNEL_CACHE", str(tmp_path / "cache"))
+    kernels.layer_ops_library.cache_clear()
+    try:
+        assert not layer_ops.available(torch.device("cpu"), torch.float32)
+    finally:
+        kernels.layer_ops_library.cache_clear()
