@@ -74,6 +74,7 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
         "BATON_EXECUTOR__TORCH_THREADS": str(args.threads),
         **omp_env(args.threads),
         "BATON_SCHEDULER__BATCH_LEVEL__MAX_BATCH_SIZE": str(MAX_BATCH),
+        "BATON_DISTRIBUTED__STREAM_INTERVAL_TOKENS": str(args.stream_interval),
     }
     say(f"== {size} {dtype}: {len(wl.prompts)} requests, {wanted} output tokens; logs in {logs}")
     with open(logs / "vllm.log", "w") as vlog:
@@ -171,6 +172,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="leave vLLM's glibc malloc at its defaults. By default it gets the mmap/trim thresholds Baton's "
         "executor sets for itself (fewer page faults per step)",
+    )
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="Baton's distributed.stream_interval_tokens (default 1: every token is its own message, as "
+        "vLLM streams by default); vLLM's offline generate streams nothing",
     )
     parser.add_argument("--max-model-len", type=int, default=1024, help="vLLM max_model_len (default 1024)")
     parser.add_argument("--vllm-start-timeout", type=float, default=1800, help="seconds to wait for vLLM to load")

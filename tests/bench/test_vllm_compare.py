@@ -15,11 +15,14 @@ def test_defaults_alternate_three_pairs_on_both_models_and_dtypes() -> None:
     assert args.pairs == 3 and args.num_requests == 64 and args.threads == 1
     assert not args.vllm_multiprocess
     assert not args.vllm_prefix_caching, "the repeated workload would hit the previous run's prompts"
+    assert not args.vllm_default_malloc, "vLLM gets the allocator settings Baton's executor gives itself"
+    assert args.stream_interval == 1, "Baton streams every token, as vLLM does by default"
 
 
 def test_flags() -> None:
     args = compare.parse_args(["--sizes", "tiny", "--dtypes", "float32", "--pairs", "5", "--threads", "2"])
     assert (args.sizes, args.dtypes, args.pairs, args.threads) == (["tiny"], ["float32"], 5, 2)
+    assert compare.parse_args(["--stream-interval", "4"]).stream_interval == 4
     with pytest.raises(SystemExit):
         compare.parse_args(["--pairs", "0"])
     with pytest.raises(SystemExit):
