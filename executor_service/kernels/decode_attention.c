@@ -174,54 +174,6 @@ static const float *block_rows(const void *pool, int64_t offset, int64_t slot_st
     return staging;
 }
 
-#if defined(__AVX512F__)
-#define ROWWISE 1
-/*
- * With AVX-512, float32 pools are read in place, one token row (every KV head) after another, for
- * every query head at once: a single sequential stream through memory with no staging copy. A head's
- * 64 values are four vector loads, so a dot product needs no transposes, only one reduction.
- * Measured on an Intel Xeon (2 MiB L2, ~13-17 GB/s from one core), 64 decodes over 100-400-token
- * contexts: 9.4-9.9 -> 7.2-7.7 ms with the small model's 12 heads of 64 (10.5 -> 13-15 GB/s, the speed
- * of a plain sequential sum), 1.05-1.30 -> 0.95-1.19 ms with tiny's 4 heads over 2. The staging copy
- * below runs at memcpy's speed (~11 GB/s), because copying and computing alternate; it stays for
- * bfloat16 pools and for AVX2, where it measured faster than reading in place.
- */
-
-/* Scores of every query head against `count` consecutive pool rows, read in place, row after row. */
-static void score_block_rowwise(const float *qf, const float *rows, int64_t slot_stride, int64_t count, int64_t heads,
-                                int64_t group, int64_t kv_head_stride, int64_t dim, float scale, float *scores,
-                                int64_t length) {
-    for (int64_t j = 0; j < count; ++j) {
-        const float *row = rows + j * slot_stride;
-        for (int64_t h = 0; h < heads; ++h) {
-            const float *key = row + (h / group) * kv_head_stride, *query = qf + h * dim;
-            __m512 a = _mm512_mul_ps(_mm512_loadu_ps(query), _mm512_loadu_ps(key));
-            for (int64_t c = 16; c < dim; c += 16)
-                a = _mm512_fmadd_ps(_mm512_loadu_ps(query + c), _mm512_loadu_ps(key + c), a);
-            scores[h * length + j] = _mm512_reduce_add_ps(a) * scale;
-        }
-    }
-}
-
-/* acc[h] += sum_j p[h][j] * value row j of head h's KV head, rows read in place, in order. */
-static void accumulate_block_rowwise(float *acc, const float *p, const float *rows, int64_t slot_stride, int64_t count,
-                                     int64_t heads, int64_t group, int64_t kv_head_stride, int64_t dim,
-                                     int64_t length) {
-    for (int64_t j = 0; j < count; ++j) {
-        const float *row = rows + j * slot_stride;
-        for (int64_t h = 0; h < heads; ++h) {
-            const float *value = row + (h / group) * kv_head_stride;
-            float *out = acc + h * dim;
-            __m512 w = _mm512_set1_ps(p[h * length + j]);
-            for (int64_t c = 0; c < dim; c += 16)
-                _mm512_storeu_ps(out + c, _mm512_fmadd_ps(w, _mm512_loadu_ps(value + c), _mm512_loadu_ps(out + c)));
-        }
-    }
-}
-#else
-#define ROWWISE 0
-#endif
-
 /* One request: every query head against its context, read block by block through the block table.
  * All KV heads are handled together so that each token's row (kv_heads * dim values) is read once,
  * front to back: the context streams through memory in order. Returns 0, or -1 when its scratch
@@ -246,18 +198,9 @@ static int attend_request(const void *q, int64_t q_row_stride, int64_t q_head_st
             qf[h * dim + t] = is_bf16 ? bf16_to_f32(((const uint16_t *)q)[offset + t]) : ((const float *)q)[offset + t];
     }
     int64_t stride;
-    int rowwise = ROWWISE && !is_bf16 && dim % 16 == 0;
-    (void)rowwise;
     for (int64_t start = 0; start < length; start += block_size) {
         int64_t count = length - start < block_size ? length - start : block_size;
         int64_t offset = table[start / block_size] * block_size * slot_stride;
-#if ROWWISE
-        if (rowwise) {
-            score_block_rowwise(qf, (const float *)k + offset, slot_stride, count, heads, group, kv_head_stride, dim,
-                                scale, scores + start, length);
-            continue;
-        }
-#endif
         const float *rows = block_rows(k, offset, slot_stride, count, row_width, is_bf16, staging, &stride);
         for (int64_t h = 0; h < heads; ++h)
             score_rows(qf + h * dim, rows + (h / group) * kv_head_stride, stride, count, dim, scale,
@@ -268,13 +211,6 @@ static int attend_request(const void *q, int64_t q_row_stride, int64_t q_head_st
     for (int64_t start = 0; start < length; start += block_size) {
         int64_t count = length - start < block_size ? length - start : block_size;
         int64_t offset = table[start / block_size] * block_size * slot_stride;
-#if ROWWISE
-        if (rowwise) {
-            accumulate_block_rowwise(acc, scores + start, (const float *)v + offset, slot_stride, count, heads, group,
-                                     kv_head_stride, dim, length);
-            continue;
-        }
-#endif
         const float *rows = block_rows(v, offset, slot_stride, count, row_width, is_bf16, staging, &stride);
         for (int64_t h = 0; h < heads; ++h)
             accumulate_rows(acc + h * dim, scores + h * length + start, rows + (h / group) * kv_head_stride, stride,
