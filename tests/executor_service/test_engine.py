@@ -58,9 +58,10 @@ def test_staggered_batch_matches_generate_alone(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, kv_read: str
 ) -> None:
     """Every way attention reads the cache gives the same tokens: the native paged kernel (CPU
-    decodes, with the native layer ops for norms, RoPE and SiLU), views of contiguous blocks (CPU without it), one gathered batch (CUDA decodes), and
-    blocks scattered over the pool. ``hf_forward``: transformers' forward instead of the lean Llama
-    one; ``torch_only``: no fast path at all (no native kernel, no packed linears, no lean forward)."""
+    decodes, with the native layer ops for norms, RoPE and SiLU), views of contiguous blocks (CPU
+    without it), one gathered batch (CUDA decodes), and blocks scattered over the pool.
+    ``hf_forward``: transformers' forward instead of the lean Llama one; ``torch_only``: no fast
+    path at all (no native kernel, no packed linears, no lean forward)."""
     engine = make_engine(tiny_model_dir, fast_paths=kv_read != "torch_only")
     assert engine.runner.native_decode == (kv_read != "torch_only"), "the native decode kernel did not build here"
     if kv_read == "hf_forward":
