@@ -6,7 +6,9 @@ module dispatch, keyword plumbing, mask bookkeeping, and three projections (q, k
 projections that share an input fused into one matmul, and the final norm applied only to the rows
 that are sampled. Everything else (embedding, rotary tables, RMSNorm, attention through
 ``paged_attention``) calls the model's own modules, so the numbers are those of the model;
-greedy outputs are tested against ``model.generate``.
+greedy outputs are tested against ``model.generate``. On CPU in float32 the elementwise work
+between the matmuls (residual add + RMSNorm, RoPE with the K/V write, SiLU-and-multiply) runs as
+native calls instead (``kernels.layer_ops``), with the model's own norm weights and rotary tables.
 
 Used for ``LlamaForCausalLM`` and ``MistralForCausalLM`` (same layout) with SiLU MLPs and no
 sliding window; any other model keeps transformers' forward.

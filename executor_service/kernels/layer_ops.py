@@ -6,6 +6,8 @@ otherwise, so a wrong call fails loudly instead of reading the wrong memory.
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from executor_service.kernels import layer_ops_library
@@ -16,7 +18,7 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and layer_ops_library() is not None
 
 
-def _library():  # type: ignore[no-untyped-def]
+def _library() -> ctypes.CDLL:
     library = layer_ops_library()
     if library is None:
         raise RuntimeError("the native layer ops are not available")
