@@ -52,7 +52,17 @@ def run_to_end(engine: Engine, arrivals: dict[int, list[AdmitSpec]], max_steps: 
 
 
 @pytest.mark.parametrize(
-    "kv_read", ["native", "native_scattered", "hf_forward", "in_place", "gathered", "scattered", "torch_only"]
+    "kv_read",
+    [
+        "native",
+        "native_scattered",
+        "hf_forward",
+        "in_place",
+        "layer_ops_in_place",
+        "gathered",
+        "scattered",
+        "torch_only",
+    ],
 )
 def test_staggered_batch_matches_generate_alone(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, kv_read: str
@@ -60,16 +70,17 @@ def test_staggered_batch_matches_generate_alone(
     """Every way attention reads the cache gives the same tokens: the native paged kernel (CPU
     decodes, with the native layer ops for norms, RoPE and SiLU), views of contiguous blocks (CPU
     without it), one gathered batch (CUDA decodes), and blocks scattered over the pool.
-    ``hf_forward``: transformers' forward instead of the lean Llama one; ``torch_only``: no fast
-    path at all (no native kernel, no packed linears, no lean forward)."""
+    ``hf_forward``: transformers' forward instead of the lean Llama one; ``layer_ops_in_place``:
+    the native layer ops writing the K/V that torch's in-place views then read; ``torch_only``: no
+    fast path at all (no native kernel, no packed linears, no lean forward)."""
     engine = make_engine(tiny_model_dir, fast_paths=kv_read != "torch_only")
     assert engine.runner.native_decode == (kv_read != "torch_only"), "the native decode kernel did not build here"
     if kv_read == "hf_forward":
         monkeypatch.setattr(engine.runner, "fast_forward", None)
     elif not kv_read.startswith("native"):
         monkeypatch.setattr(engine.runner, "native_decode", False)
-        if engine.runner.fast_forward is not None:  # the lean forward with torch's elementwise ops
-            monkeypatch.setattr(engine.runner.fast_forward, "native_layer_ops", False)
+        if engine.runner.fast_forward is not None and kv_read != "layer_ops_in_place":
+            monkeypatch.setattr(engine.runner.fast_forward, "native_layer_ops", False)  # torch's elementwise ops
     if kv_read in ("gathered", "scattered"):
         monkeypatch.setattr(engine.runner, "decode_in_place", False)
     if kv_read.endswith("scattered"):
