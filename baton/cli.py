@@ -100,7 +100,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _service_config(args: argparse.Namespace, section: str, keys: dict[str, str]) -> object:
-    from common.config import load_config, with_overrides
+    from common.config_loading import load_config, with_overrides
 
     config = load_config(args.config)
     overrides = {field: getattr(args, flag) for flag, field in keys.items()}

@@ -35,7 +35,8 @@ from pathlib import Path
 import redis
 
 from baton.dev import _start_redis, stop_processes
-from common.config import BatonConfig, with_overrides
+from common.config import BatonConfig
+from common.config_loading import with_overrides
 from common.pb import generate_pb2 as pb
 from common.pb.generate_pb2_grpc import GenerationStub
 

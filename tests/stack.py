@@ -11,7 +11,8 @@ from typing import Any
 
 import grpc
 
-from common.config import BatonConfig, with_overrides
+from common.config import BatonConfig
+from common.config_loading import with_overrides
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from executor_service.server import RunningExecutor, start_executor

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from common.config import with_overrides
+from common.config_loading import with_overrides
 from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as epb
 from common.pb import generate_pb2 as pb

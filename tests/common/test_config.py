@@ -12,10 +12,8 @@ from common.config import (
     ExecutorConfig,
     LoadAwareConfig,
     RequestLevelConfig,
-    env_overrides,
-    load_config,
-    with_overrides,
 )
+from common.config_loading import env_overrides, load_config, with_overrides
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from common.config import load_config
+from common.config_loading import load_config
 from common.keys import KeySchema
 from common.redis_client import connect
 from common.redis_url import RedisKind, parse_redis_url

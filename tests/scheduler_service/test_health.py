@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import executor_service.server as executor_server
-from common.config import with_overrides
+from common.config_loading import with_overrides
 from executor_service.server import start_executor
 from scheduler_service.server import start_scheduler
 from tests.conftest import RedisServer, free_port
