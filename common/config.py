@@ -238,9 +238,10 @@ class ExecutorConfig:
     # on CUDA torch's default.
     torch_threads: int = 0
     # The engine's fast paths: a lean forward with fused projections for Llama-layout models;
-    # on CPU the native paged decode-attention kernel (compiled once with the system C compiler)
-    # and float32 linear layers through oneDNN with prepacked weights. False keeps transformers'
-    # forward and plain torch ops (so does a missing compiler, for the kernel alone).
+    # on CPU the native decode-attention kernel and float32 layer ops (compiled once with the
+    # system C compiler), float32 linear layers through oneDNN with prepacked weights, and glibc
+    # malloc thresholds that keep freed memory. False keeps transformers' forward and plain torch
+    # ops (so does a missing compiler, for the native code alone).
     fast_paths: bool = True
 
     def __post_init__(self) -> None:
