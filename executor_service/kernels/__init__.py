@@ -3,9 +3,10 @@
 Why plain C and ctypes rather than a torch C++ extension: the kernel needs no torch headers, so it
 builds in about a second instead of most of a minute, needs no ninja, and one ctypes call per layer
 costs a few microseconds. The shared library is cached under ``BATON_KERNEL_CACHE`` (default
-``~/.cache/baton/kernels``), keyed by the source, the compiler flags and the CPU, so concurrent
-executors on one machine build it once and a different CPU never loads another's ``-march=native``
-build. Without a compiler the executor keeps its torch path (see ``executor_service.paged_attention``).
+``~/.cache/baton/kernels``), keyed by the source (with the headers beside it), the compiler flags
+and the CPU, so concurrent executors on one machine build it once and a different CPU never loads
+another's ``-march=native`` build. Without a compiler the executor keeps its torch path (see
+``executor_service.paged_attention``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def build(source: Path = SOURCE, extra_flags: tuple[str, ...] = ()) -> Path:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler (cc or gcc) on PATH")
-    key = hashlib.sha256(source.read_bytes() + " ".join(flags).encode() + _cpu_signature().encode()).hexdigest()
+    # The headers beside the source (shared helpers it includes) are part of what is built.
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    text = source.read_bytes() + headers + " ".join(flags).encode() + _cpu_signature().encode()
+    key = hashlib.sha256(text).hexdigest()
     target = cache_dir() / f"{source.stem}-{key[:16]}.so"
     if target.exists():
         return target

@@ -52,6 +52,8 @@ static inline float dot(const float *a, const float *b, int64_t n) {
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+
+#include "vector_exp.h"
 #define VECTOR 1
 
 /* Eight dot products q . rows[0..7] (rows `stride` floats apart), dim % 8 == 0, written to out[0..7].
@@ -70,23 +72,8 @@ static inline void dot8(const float *q, const float *rows, int64_t stride, int64
     _mm256_storeu_ps(out, _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
 }
 
-/* exp for x <= 0 (scores minus their maximum): Cephes' expf polynomial, about 1 ulp. */
-static inline __m256 exp_nonpositive(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
+/* exp for x <= 0 (scores minus their maximum). */
+static inline __m256 exp_nonpositive(__m256 x) { return exp8_in_range(_mm256_max_ps(x, _mm256_set1_ps(-87.0f))); }
 
 /* acc[0..64) += sum_j p[j] * rows[j][0..64): eight accumulators stay in registers across tokens. */
 static inline void weighted_sum64(float *acc, const float *p, const float *rows, int64_t stride, int64_t count) {

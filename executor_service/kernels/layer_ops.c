@@ -9,8 +9,8 @@
  * Compiled with -ffp-contract=off: every product and sum is rounded on its own, as torch's separate
  * ops round them, so RoPE, the residual add and the norm's scaling give transformers' values bit for
  * bit. Two things differ by at most an ulp or so: the order of the norm's sum of squares, and the exp
- * inside SiLU (a Cephes polynomial here, Sleef in torch). Greedy outputs are tested against
- * model.generate.
+ * inside SiLU (a Cephes polynomial here, in vector_exp.h; Sleef in torch). Greedy outputs are tested
+ * against model.generate.
  *
  * Rows are contiguous unless a stride is passed; every length is in elements.
  */
@@ -75,23 +75,12 @@ void baton_rope_store(float *qkv, int64_t rows, int64_t row_stride, const float 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
-/* exp(x), Cephes' expf polynomial (about 1 ulp); x is clamped to [-87.3, 88.38], beyond which the
- * result is 2^-126 or +inf: what SiLU's 1 + exp(-x) needs. */
+#include "vector_exp.h"
+
+/* exp(x) with x clamped to [-87.3, 88.38], beyond which the result is 2^-126 or +inf: what SiLU's
+ * 1 + exp(-x) needs. */
 static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3762626647949f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+    return exp8_in_range(_mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3762626647949f)));
 }
 #endif
 
