@@ -77,11 +77,9 @@ class LayerParts:
     gate_up: FusedLinear
     down_proj: nn.Module
     scaling: float
-
-    @property
-    def eps(self) -> tuple[float, float]:
-        """The two norms' epsilons (LlamaRMSNorm and MistralRMSNorm call it ``variance_epsilon``)."""
-        return float(self.input_norm.variance_epsilon), float(self.post_norm.variance_epsilon)
+    index: int  # the layer's place in the KV pool
+    input_eps: float  # the two norms' epsilons (LlamaRMSNorm's and MistralRMSNorm's ``variance_epsilon``)
+    post_eps: float
 
 
 def supports(model: Any) -> bool:
@@ -120,6 +118,9 @@ class FastLlamaForward:
                 gate_up=FusedLinear([layer.mlp.gate_proj, layer.mlp.up_proj]),
                 down_proj=layer.mlp.down_proj,
                 scaling=float(layer.self_attn.scaling),
+                index=int(layer.self_attn.layer_idx),
+                input_eps=float(layer.input_layernorm.variance_epsilon),
+                post_eps=float(layer.post_attention_layernorm.variance_epsilon),
             )
             for layer in inner.layers[: config.num_hidden_layers]
         ]
@@ -179,15 +180,13 @@ class FastLlamaForward:
         q_end = self.heads * self.head_dim
         k_end = q_end + self.kv_heads * self.head_dim
         for layer in self.layers:
-            input_eps, post_eps = layer.eps
-            qkv = layer.qkv.joined(layer_ops.add_rms_norm(hidden, delta, layer.input_norm.weight, input_eps))
-            index = int(layer.attention.layer_idx)
-            keys, values = batch.pool.keys[index], batch.pool.values[index]
+            qkv = layer.qkv.joined(layer_ops.add_rms_norm(hidden, delta, layer.input_norm.weight, layer.input_eps))
+            keys, values = batch.pool.keys[layer.index], batch.pool.values[layer.index]
             layer_ops.rope_store(qkv, cos, sin, self.heads, self.kv_heads, keys, values, batch.slot_mapping)
             q = qkv[:, :q_end].view(count, self.heads, self.head_dim)
             k = qkv[:, q_end:k_end].view(count, self.kv_heads, self.head_dim)
             v = qkv[:, k_end:].view(count, self.kv_heads, self.head_dim)
             attended = layer.o_proj(self._attention(layer, q, k, v, batch, baton_kv_written=True))
-            normed = layer_ops.add_rms_norm(hidden, attended, layer.post_norm.weight, post_eps)
+            normed = layer_ops.add_rms_norm(hidden, attended, layer.post_norm.weight, layer.post_eps)
             delta = layer.down_proj(layer_ops.silu_mul(layer.gate_up.joined(normed)))
         return hidden + delta if delta is not None else hidden
