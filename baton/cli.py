@@ -124,6 +124,9 @@ def _run_scheduler(args: argparse.Namespace) -> int:
 
 
 def _run_executor(args: argparse.Namespace) -> int:
+    from executor_service.cpu_threads import prefer_passive_openmp
+
+    prefer_passive_openmp()  # before anything loads torch: libgomp reads it once
     from common.service import setup_logging
     from executor_service.server import serve
 

@@ -172,6 +172,21 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return {name: sum(psutil.Process(pid).cpu_times()[:2]) for name, pid in pids.items()}
 
 
+def cpu_wait_seconds(pid: int) -> float | None:
+    """Seconds the process's threads spent runnable but waiting for a core (Linux schedstat).
+
+    Thread CPU time cannot tell an engine step that was preempted by the other processes from
+    one that waited on its own GIL; this can: it counts only the time in the run queue.
+    """
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None  # not Linux, or no schedstat in this kernel
+    return total / 1e9
+
+
 async def drive_grpc(target: str, wl: Workload, pids: dict[str, int]) -> Result:
     async with grpc.aio.insecure_channel(target) as channel:
         stub = GenerationStub(channel)
@@ -185,12 +200,16 @@ async def drive_grpc(target: str, wl: Workload, pids: dict[str, int]) -> Result:
                     raise
                 await asyncio.sleep(0.2)
         with progress(len(wl.prompts), "(a) Baton end to end over gRPC") as bar:
+            wait_before = cpu_wait_seconds(pids["executor"])
             cpu_before, started = cpu_seconds(pids), time.perf_counter()
             jobs = (stream_one(stub, p, n, bar) for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
             outputs = list(await asyncio.gather(*jobs))
             seconds, cpu_after = time.perf_counter() - started, cpu_seconds(pids)
+            wait_after = cpu_wait_seconds(pids["executor"])
     used = ", ".join(f"{name} {cpu_after[name] - cpu_before[name]:.1f}" for name in pids)
     note = f"CPU seconds used in the {seconds:.1f} s window ({os.cpu_count()} cores): {used}"
+    if wait_before is not None and wait_after is not None:
+        note += f"; the executor's threads waited {wait_after - wait_before:.2f} s for a core"
     return finish("(a) Baton end to end (gRPC)", seconds, outputs, wl, sum(map(len, outputs)), note)
 
 
@@ -243,7 +262,10 @@ def run_engine(model_dir: Path, wl: Workload, kv_mb: int, setup: Setup | None = 
         started = time.perf_counter()
         outputs = engine_round(engine, wl.prompts, wl.max_tokens, bar, setup.max_batch)
         seconds = time.perf_counter() - started
+    governor = engine.threads
     note = f"torch threads {torch.get_num_threads()}"
+    if governor is not None:
+        note = f"torch threads {governor.few} for light steps, {governor.many} for heavy ones (the executor default)"
     torch.set_num_threads(hf_threads)  # (c) and (d) get the machine's default, as they would alone
     result = finish("(b) Baton engine in process", seconds, outputs, wl, sum(map(len, outputs)), note)
     result.device_load = watch.summary()

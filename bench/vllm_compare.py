@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from throughput import MAX_BATCH, drive_grpc, kv_memory_mb, make_workload
-from vllm_process import DEFAULT_VENV, ensure_vllm_venv, kv_space_gib, omp_env, say, start_vllm
+from vllm_process import DEFAULT_VENV, ensure_vllm_venv, kv_space_gib, omp_env, say, start_vllm, vllm_threads
 
 from baton.bench.local_stack import ensure_model, local_stack
 
@@ -72,7 +72,7 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
         "BATON_EXECUTOR__DTYPE": dtype,
         "BATON_EXECUTOR__KV_CACHE_MEMORY_MB": str(kv_mb),
         "BATON_EXECUTOR__TORCH_THREADS": str(args.threads),
-        **omp_env(args.threads),
+        **(omp_env(args.threads) if args.threads else {}),  # 0: the executor's own choice, adaptive
         "BATON_SCHEDULER__BATCH_LEVEL__MAX_BATCH_SIZE": str(MAX_BATCH),
         "BATON_DISTRIBUTED__STREAM_INTERVAL_TOKENS": str(args.stream_interval),
     }
@@ -157,7 +157,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--vllm-threads-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND (e.g. 0-1; default: vLLM's own choice)"
     )
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch/OpenMP threads for both vLLM and Baton's executor (default 1)"
+        "--threads",
+        type=int,
+        default=0,
+        help="torch/OpenMP threads for both vLLM and Baton's executor. 0 (default): each side as it runs by "
+        "default on this machine: vLLM on every core, Baton's executor choosing per step (every core for "
+        "heavy steps, all but one for light ones)",
     )
     parser.add_argument("--enforce-eager", action="store_true", help="vLLM without torch.compile")
     parser.add_argument(
@@ -198,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     python = ensure_vllm_venv(Path(args.vllm_venv).expanduser())
-    say(f"machine: {os.cpu_count()} CPUs, model threads {args.threads} on both sides, vLLM python {python}")
+    threads = f"{args.threads} on both sides" if args.threads else f"vLLM {vllm_threads(args)}, Baton adaptive"
+    say(f"machine: {os.cpu_count()} CPUs, model threads {threads}, vLLM python {python}")
     results = []
     try:
         for size in args.sizes:

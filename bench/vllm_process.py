@@ -58,6 +58,11 @@ def omp_env(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE"}
 
 
+def vllm_threads(args: argparse.Namespace) -> int:
+    """``--threads``, or with 0 every core, as vLLM-CPU runs by default."""
+    return args.threads or os.cpu_count() or 1
+
+
 # ---- vLLM side -------------------------------------------------------------------------------
 def kv_space_gib(model_dir: Path, wl: Workload) -> int:
     """Whole GiB of KV cache for every request at full length at once, with a quarter to spare."""
@@ -129,7 +134,7 @@ class VllmWorker:
 def start_vllm(
     python: Path, model_dir: Path, dtype: str, wl_path: Path, kv_gib: int, log: IO[str], args: argparse.Namespace
 ) -> VllmWorker:
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), **omp_env(args.threads))
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), **omp_env(vllm_threads(args)))
     if not args.vllm_default_malloc:
         # Baton's executor raises glibc's mmap and trim thresholds (executor_service/host_allocator.py);
         # vLLM gets the same, standing in for the tcmalloc its docs recommend and this wheel lacks.

@@ -234,8 +234,9 @@ class ExecutorConfig:
     kv_cache_memory_mb: int = 512
     max_batch_size: int = 256
     token_budget: int = 512
-    # Worker threads torch may use; 0: on CPU all cores but one (left to the rest of the stack),
-    # on CUDA torch's default.
+    # Worker threads torch may use. 0: on CPU chosen per step (executor_service/cpu_threads.py):
+    # every core for a heavy step, all but one (left to the rest of the stack) for a light one;
+    # on CUDA torch's default. A fixed N turns that off.
     torch_threads: int = 0
     # The engine's fast paths: a lean forward with fused projections for Llama-layout models;
     # on CPU the native decode-attention kernel and float32 layer ops (compiled once with the

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from common.lifecycle import FinishReason
+from executor_service.cpu_threads import ThreadGovernor
 from executor_service.detokenizer import IncrementalDetokenizer
 from executor_service.engine_io import AdmitSpec, FinishOut, PlanUpdate, StepOutput, TokenOut
 from executor_service.kv_cache import BlockAllocator
-from executor_service.model_runner import ModelRunner
+from executor_service.model_runner import ModelRunner, ScheduledChunk
 from executor_service.sampling import Sampler, make_generator
 from executor_service.sequence import Sequence
 from executor_service.step_scheduler import StepScheduler
@@ -34,13 +35,21 @@ class EngineLimits:
 
 
 class Engine:
-    def __init__(self, runner: ModelRunner, allocator: BlockAllocator, tokenizer: object, limits: EngineLimits) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        allocator: BlockAllocator,
+        tokenizer: object,
+        limits: EngineLimits,
+        threads: ThreadGovernor | None = None,
+    ) -> None:
         self.runner = runner
         self.allocator = allocator
         self.tokenizer = tokenizer
         self.limits = limits
         self.token_budget = limits.token_budget
         self.sampler = Sampler()
+        self.threads = threads  # None: torch's thread count is fixed (configured, or a GPU)
         self.step_scheduler = StepScheduler(allocator, self._drop)
         self.running: dict[str, Sequence] = {}
         self.iteration = 0
@@ -128,7 +137,7 @@ class Engine:
         self._preempted.extend(s.request_id for s in plan.preempted)
         tokens: list[TokenOut] = []
         if plan.chunks:
-            logits = self.runner.run(plan.chunks)
+            logits = self._forward(plan.chunks)
             completing = [c.seq for c in plan.chunks if c.completes]
             for chunk in plan.chunks:
                 chunk.seq.num_computed += chunk.num_tokens
@@ -138,6 +147,15 @@ class Engine:
                 tokens = self._postprocess(completing, sampled.tolist())
         self.iteration += 1
         return self._output(tokens, plan.num_tokens, time.perf_counter_ns() - started)
+
+    def _forward(self, chunks: Seq[ScheduledChunk]) -> torch.Tensor:
+        if self.threads is None:
+            return self.runner.run(chunks)
+        self.threads.before_step()
+        started = time.perf_counter()
+        logits = self.runner.run(chunks)
+        self.threads.after_step(time.perf_counter() - started)
+        return logits
 
     @staticmethod
     def _generator_for(seq: Sequence) -> torch.Generator | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import cast
 
@@ -11,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from common.config import ExecutorConfig
+from executor_service.cpu_threads import ThreadGovernor, usable_cores
 from executor_service.engine import Engine, EngineLimits
 from executor_service.host_allocator import keep_freed_memory
 from executor_service.kv_cache import BlockAllocator, KVGeometry, KVPool
@@ -39,19 +39,6 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {name} requested but CUDA is not available")
     return torch.device(name)
-
-
-def auto_threads(device: torch.device) -> int:
-    """Torch threads when the config says 0: on CPU every core this process may use but one.
-
-    The scheduler, Redis, gRPC and detokenisation need a core too. Measured on 2 cores: with
-    both given to torch, its threads wait on each other whenever that work runs, and end to end
-    lost 30-50% against the engine alone; with one thread it lost 2-6%.
-    """
-    if device.type != "cpu":
-        return torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores - 1)
 
 
 def kv_geometry(model: torch.nn.Module, dtype: torch.dtype) -> KVGeometry:
@@ -84,7 +71,12 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         raise ValueError("executor.model is not set (a model directory or hub id)")
     device = resolve_device(config.device)
     dtype = DTYPES[config.dtype]
-    torch.set_num_threads(config.torch_threads or auto_threads(device))
+    threads = None
+    if config.torch_threads > 0:
+        torch.set_num_threads(config.torch_threads)
+    elif device.type == "cpu":
+        threads = ThreadGovernor(usable_cores(), torch.set_num_threads)
+        threads.before_step()  # loading and warm-up run with all cores but one, like light steps
     if device.type == "cpu" and config.fast_paths:
         keep_freed_memory()
     tokenizer = AutoTokenizer.from_pretrained(config.model)
@@ -112,6 +104,7 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         config.block_size,
         limits.max_model_len,
     )
-    engine = Engine(ModelRunner(model, pool, allocator, device, config.fast_paths), allocator, tokenizer, limits)
+    runner = ModelRunner(model, pool, allocator, device, config.fast_paths)
+    engine = Engine(runner, allocator, tokenizer, limits, threads)
     vocab = int(model.get_output_embeddings().weight.shape[0])
     return LoadedModel(engine, tokenizer, config.model, device, config.dtype, vocab)

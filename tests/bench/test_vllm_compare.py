@@ -12,7 +12,8 @@ compare = load_script("vllm_compare")
 def test_defaults_alternate_three_pairs_on_both_models_and_dtypes() -> None:
     args = compare.parse_args([])
     assert args.sizes == ["tiny", "small"] and args.dtypes == ["bfloat16", "float32"]
-    assert args.pairs == 3 and args.num_requests == 64 and args.threads == 1
+    assert args.pairs == 3 and args.num_requests == 64
+    assert args.threads == 0, "each side runs as it would by default on the machine"
     assert not args.vllm_multiprocess
     assert not args.vllm_prefix_caching, "the repeated workload would hit the previous run's prompts"
     assert not args.vllm_default_malloc, "vLLM gets the allocator settings Baton's executor gives itself"
@@ -31,3 +32,8 @@ def test_flags() -> None:
 
 def test_same_openmp_settings_for_both_sides() -> None:
     assert compare.omp_env(2) == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def test_default_threads_give_vllm_every_core() -> None:
+    assert compare.vllm_threads(compare.parse_args([])) >= 1
+    assert compare.vllm_threads(compare.parse_args(["--threads", "3"])) == 3

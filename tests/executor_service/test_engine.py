@@ -6,9 +6,11 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from common.config import ExecutorConfig
 from common.lifecycle import FinishReason
+from executor_service.cpu_threads import ThreadGovernor
 from executor_service.engine import Engine
 from executor_service.engine_io import AdmitSpec, PlanUpdate, StepOutput
 from executor_service.model_loader import load_engine
@@ -85,6 +87,30 @@ def test_staggered_batch_matches_generate_alone(
         monkeypatch.setattr(engine.runner, "decode_in_place", False)
     if kv_read.endswith("scattered"):
         monkeypatch.setattr(engine.allocator, "contiguous_start", lambda table: None)
+    assert_staggered_batch_exact(engine, tiny_model_dir)
+
+
+class _Alternating(ThreadGovernor):
+    """Flips between its two thread counts after every step, whatever the step's work."""
+
+    def after_step(self, forward_seconds: float) -> None:
+        self.current = self.many if self.current == self.few else self.few
+
+
+def test_thread_count_changing_between_steps_keeps_greedy_exact(tiny_model_dir: Path) -> None:
+    """The CPU thread governor may change torch's thread count at any step boundary."""
+    engine = make_engine(tiny_model_dir)
+    assert engine.threads is not None  # torch_threads 0 on CPU: the governor decides
+    assert make_engine(tiny_model_dir, torch_threads=1).threads is None
+    before = torch.get_num_threads()
+    engine.threads = _Alternating(2, torch.set_num_threads)  # 1, 2, 1, 2, ... threads
+    try:
+        assert_staggered_batch_exact(engine, tiny_model_dir)
+    finally:
+        torch.set_num_threads(before)
+
+
+def assert_staggered_batch_exact(engine: Engine, tiny_model_dir: Path) -> None:
     reference_model = load_reference_model(tiny_model_dir)
     rng = random.Random(7)
     specs = [admit(f"r{i}", p, rng.randrange(4, 40)) for i, p in enumerate(prompts(16))]

@@ -1,0 +1,78 @@
+"""The CPU thread governor: heavy steps get every core, light ones leave one (pure logic)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from executor_service.cpu_threads import (
+    HEAVY_STEP_CPU_MS,
+    LIGHT_STEP_CPU_MS,
+    ThreadGovernor,
+    prefer_passive_openmp,
+)
+
+
+def make(cores: int) -> tuple[ThreadGovernor, list[int]]:
+    applied: list[int] = []
+    return ThreadGovernor(cores, applied.append), applied
+
+
+def test_starts_with_all_cores_but_one_and_applies_each_change_once() -> None:
+    governor, applied = make(4)
+    governor.before_step()
+    governor.before_step()
+    assert applied == [3]
+
+
+def test_heavy_steps_get_every_core_and_light_ones_give_one_back() -> None:
+    governor, applied = make(2)
+    governor.before_step()
+    governor.after_step(HEAVY_STEP_CPU_MS / 1000)  # one thread, heavy: next step gets both cores
+    governor.before_step()
+    assert applied == [1, 2]
+    # Two threads halve the heavy step: its work (time x threads) stays above the light mark.
+    governor.after_step(HEAVY_STEP_CPU_MS / 1000 / 2 * 1.05)
+    assert governor.current == 2
+    governor.after_step(LIGHT_STEP_CPU_MS / 1000 / 2 * 0.9)
+    governor.before_step()
+    assert applied == [1, 2, 1]
+
+
+def test_between_the_marks_the_choice_stands() -> None:
+    governor, _ = make(2)
+    middle = (HEAVY_STEP_CPU_MS + LIGHT_STEP_CPU_MS) / 2 / 1000
+    governor.after_step(middle)
+    assert governor.current == 1
+    governor.after_step(1.0)
+    governor.after_step(middle / 2)  # two threads: the same work as ``middle`` on one
+    assert governor.current == 2
+
+
+def test_one_core_is_one_thread_whatever_the_step() -> None:
+    governor, _ = make(1)
+    governor.after_step(10.0)
+    assert (governor.few, governor.many, governor.current) == (1, 1, 1)
+
+
+def test_rejects_no_cores() -> None:
+    with pytest.raises(ValueError, match="cores"):
+        ThreadGovernor(0, lambda n: None)
+
+
+def test_passive_openmp_respects_an_operators_choice() -> None:
+    env: dict[str, str] = {}
+    prefer_passive_openmp(env)
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    chosen = {"OMP_WAIT_POLICY": "ACTIVE"}
+    prefer_passive_openmp(chosen)
+    assert chosen == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def test_the_module_does_not_load_torch() -> None:
+    """It must run before torch loads libgomp, so importing it may not import torch."""
+    code = "import sys, executor_service.cpu_threads; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
