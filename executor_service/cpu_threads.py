@@ -10,9 +10,11 @@ the scheduler, Redis and the clients, which need a few milliseconds of CPU per s
   (115 -> 181 output tok/s), because the stack's few milliseconds per step are small next to a
   step, while a second core nearly halves it.
 
-So a heavy step gets every core and a light one leaves one core free. The next step is judged by
-the last one's work (its forward-pass seconds times the threads it had), with a gap between the
-two thresholds so that halving a step's time by doubling its threads does not flip it back.
+So a heavy step gets every core and a light one leaves one core free, but only while something
+else on the machine uses it: an executor alone on its host (the scheduler elsewhere) gives light
+steps every core too. The next step is judged by the last one's work (its forward-pass seconds
+times the threads it had), with a gap between the two thresholds so that halving a step's time by
+doubling its threads does not flip it back.
 
 Idle OpenMP workers must sleep, not spin, for the free core to be of use to anyone:
 ``prefer_passive_openmp`` sets ``OMP_WAIT_POLICY=PASSIVE`` unless the operator chose a policy. It
@@ -22,11 +24,18 @@ therefore does not import torch.
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Callable, MutableMapping
 
+import psutil
+
 HEAVY_STEP_CPU_MS = 100.0  # a step with at least this much work: every core next time
-LIGHT_STEP_CPU_MS = 60.0  # below this: all cores but one next time
+LIGHT_STEP_CPU_MS = 60.0  # below this: all cores but one next time, if others use that core
+# Other processes using less than this share of one core do not need one left free. The co-located
+# stack of the benchmarks (scheduler, client, Redis) used about half a core beside tiny's steps.
+OTHERS_BUSY_CORES = 0.2
 
 
 def usable_cores() -> int:
@@ -46,16 +55,62 @@ def prefer_passive_openmp(env: MutableMapping[str, str] = os.environ) -> None:
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-class ThreadGovernor:
-    """Chooses each step's torch thread count from the previous step's work; no I/O of its own."""
+class OtherLoad:
+    """How many cores' worth of CPU other processes used on this process's cores while it stepped.
 
-    def __init__(self, cores: int, set_threads: Callable[[int], None]) -> None:
+    Called after each step; re-sampled at most every ``interval_s`` (two /proc reads, about 75 us),
+    from the kernel's per-CPU busy time minus this process's own CPU time. Steal time is not
+    counted: no process of this machine gets it back if a core is left free. A window in which the
+    engine sat idle says nothing about the load beside a step (the scheduler and its clients are
+    idle then too), so after a pause the figure is unknown, counted as busy, until a window of
+    stepping has passed.
+    """
+
+    def __init__(self, interval_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval = interval_s
+        self._clock = clock
+        self._process = psutil.Process()
+        self._cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        self._start(clock())
+
+    def _start(self, now: float) -> None:
+        self._window = (now, *self._read())
+        self._last_call = now
+        self.busy_cores = math.inf
+
+    def __call__(self) -> float:
+        now = self._clock()
+        if now - self._last_call > self._interval:
+            self._start(now)  # the engine paused: begin a new window
+        self._last_call = now
+        started, machine_then, own_then = self._window
+        if now - started >= self._interval:
+            machine, own = self._read()
+            self.busy_cores = max(0.0, (machine - machine_then) - (own - own_then)) / (now - started)
+            self._window = (now, machine, own)
+        return self.busy_cores
+
+    def _read(self) -> tuple[float, float]:
+        per_cpu = psutil.cpu_times(percpu=True)
+        mine = per_cpu if self._cpus is None else [per_cpu[i] for i in self._cpus if i < len(per_cpu)]
+        machine = sum(t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) for t in mine)
+        own = self._process.cpu_times()
+        return machine, own.user + own.system
+
+
+class ThreadGovernor:
+    """Chooses each step's torch thread count from the previous step's work and the others' load."""
+
+    def __init__(
+        self, cores: int, set_threads: Callable[[int], None], others_busy_cores: Callable[[], float] = lambda: 1.0
+    ) -> None:
         if cores < 1:
             raise ValueError(f"cores must be >= 1, got {cores}")
         self.few = max(1, cores - 1)
         self.many = cores
         self.current = self.few
         self._set_threads = set_threads
+        self._others = others_busy_cores
         self._applied: int | None = None
 
     def before_step(self) -> None:
@@ -69,4 +124,4 @@ class ThreadGovernor:
         if work_ms >= HEAVY_STEP_CPU_MS:
             self.current = self.many
         elif work_ms < LIGHT_STEP_CPU_MS:
-            self.current = self.few
+            self.current = self.few if self._others() >= OTHERS_BUSY_CORES else self.many

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from common.config import ExecutorConfig
-from executor_service.cpu_threads import ThreadGovernor, usable_cores
+from executor_service.cpu_threads import OtherLoad, ThreadGovernor, usable_cores
 from executor_service.engine import Engine, EngineLimits
 from executor_service.host_allocator import keep_freed_memory
 from executor_service.kv_cache import BlockAllocator, KVGeometry, KVPool
@@ -75,7 +75,7 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
     if config.torch_threads > 0:
         torch.set_num_threads(config.torch_threads)
     elif device.type == "cpu":
-        threads = ThreadGovernor(usable_cores(), torch.set_num_threads)
+        threads = ThreadGovernor(usable_cores(), torch.set_num_threads, OtherLoad())
         threads.before_step()  # loading and warm-up run with all cores but one, like light steps
     if device.type == "cpu" and config.fast_paths:
         keep_freed_memory()

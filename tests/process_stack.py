@@ -47,7 +47,13 @@ class ProcessStack:
                 "discovery_interval_ms": 100,
                 "redis_retry_s": 60,
             },
-            "executor": {"model": str(self.model_dir), "host": "127.0.0.1", "kv_cache_memory_mb": 64},
+            # One torch thread, as OMP_NUM_THREADS below: several services share CI's two cores.
+            "executor": {
+                "model": str(self.model_dir),
+                "host": "127.0.0.1",
+                "kv_cache_memory_mb": 64,
+                "torch_threads": 1,
+            },
             "scheduler": {"host": "127.0.0.1"},
             "monitoring": {"log_level": "INFO"},
         }

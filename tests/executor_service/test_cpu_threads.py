@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -10,14 +11,17 @@ import pytest
 from executor_service.cpu_threads import (
     HEAVY_STEP_CPU_MS,
     LIGHT_STEP_CPU_MS,
+    OTHERS_BUSY_CORES,
+    OtherLoad,
     ThreadGovernor,
     prefer_passive_openmp,
 )
 
 
-def make(cores: int) -> tuple[ThreadGovernor, list[int]]:
+def make(cores: int, others: float = 1.0) -> tuple[ThreadGovernor, list[int]]:
+    """A governor on ``cores`` cores, with other processes keeping ``others`` cores busy."""
     applied: list[int] = []
-    return ThreadGovernor(cores, applied.append), applied
+    return ThreadGovernor(cores, applied.append, lambda: others), applied
 
 
 def test_starts_with_all_cores_but_one_and_applies_each_change_once() -> None:
@@ -49,6 +53,30 @@ def test_between_the_marks_the_choice_stands() -> None:
     governor.after_step(1.0)
     governor.after_step(middle / 2)  # two threads: the same work as ``middle`` on one
     assert governor.current == 2
+
+
+def test_light_steps_take_every_core_when_nothing_else_needs_one() -> None:
+    governor, _ = make(2, others=OTHERS_BUSY_CORES / 2)  # an executor alone on its host
+    governor.after_step(LIGHT_STEP_CPU_MS / 1000 / 10)
+    assert governor.current == 2
+    busy, _ = make(2, others=OTHERS_BUSY_CORES)  # the scheduler and clients on the same cores
+    busy.after_step(LIGHT_STEP_CPU_MS / 1000 / 10)
+    assert busy.current == 1
+
+
+def test_other_load_is_unknown_until_a_window_of_stepping_has_passed() -> None:
+    now = [0.0]
+    load = OtherLoad(interval_s=0.5, clock=lambda: now[0])
+    assert load() == math.inf  # nothing measured yet: counted as busy
+    for now[0] in (0.2, 0.4):
+        assert load() == math.inf
+    now[0] = 0.6
+    measured = load()
+    assert 0.0 <= measured < math.inf
+    now[0] = 0.7
+    assert load() == measured  # the figure holds until the next window ends
+    now[0] = 5.0  # the engine sat idle: that window says nothing about the load beside a step
+    assert load() == math.inf
 
 
 def test_one_core_is_one_thread_whatever_the_step() -> None:
