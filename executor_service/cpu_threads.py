@@ -35,8 +35,8 @@ HEAVY_STEP_CPU_MS = 100.0  # a step with at least this much work: every core nex
 LIGHT_STEP_CPU_MS = 60.0  # below this: all cores but one next time, if others use that core
 # Other processes using less than this share of one core do not need one left free. The co-located
 # stack of the benchmarks (scheduler, client, Redis) used about 0.55 of a core beside tiny's steps
-# and 0.09 beside small's, whose few light steps (the tail of a round) then ran no faster on both
-# cores; an idle machine's background is about 0.02.
+# and 0.09 beside small's, where the choice for its few light steps (the tail of a round) made no
+# difference measurable here; an idle machine's background is about 0.02.
 OTHERS_BUSY_CORES = 0.05
 
 
