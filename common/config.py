@@ -235,8 +235,8 @@ class ExecutorConfig:
     max_batch_size: int = 256
     token_budget: int = 512
     # Worker threads torch may use. 0: on CPU chosen per step (executor_service/cpu_threads.py):
-    # every core for a heavy step, all but one (left to the rest of the stack) for a light one;
-    # on CUDA torch's default. A fixed N turns that off.
+    # every core for a heavy step; for a light one all but one, left to the rest of the stack,
+    # while other processes use it; on CUDA torch's default. A fixed N turns that off.
     torch_threads: int = 0
     # The engine's fast paths: a lean forward with fused projections for Llama-layout models;
     # on CPU the native decode-attention kernel and float32 layer ops (compiled once with the

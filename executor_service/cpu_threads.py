@@ -65,7 +65,8 @@ class OtherLoad:
     counted: no process of this machine gets it back if a core is left free. A window in which the
     engine sat idle says nothing about the load beside a step (the scheduler and its clients are
     idle then too), so after a pause the figure is unknown, counted as busy, until a window of
-    stepping has passed.
+    stepping has passed. (A single step longer than the window also reads as a pause; such a step is
+    heavy whatever the load.)
     """
 
     def __init__(self, interval_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
@@ -104,7 +105,10 @@ class ThreadGovernor:
     """Chooses each step's torch thread count from the previous step's work and the others' load."""
 
     def __init__(
-        self, cores: int, set_threads: Callable[[int], None], others_busy_cores: Callable[[], float] = lambda: 1.0
+        self,
+        cores: int,
+        set_threads: Callable[[int], None],
+        others_busy_cores: Callable[[], float] = lambda: math.inf,  # unknown: leave light steps a core
     ) -> None:
         if cores < 1:
             raise ValueError(f"cores must be >= 1, got {cores}")
