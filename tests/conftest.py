@@ -11,6 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from executor_service.cpu_threads import prefer_passive_openmp
+
+# Engines run in this process too, and their thread governor may give light steps both cores; as in
+# the executor, idle OpenMP workers must then sleep rather than spin beside the services the tests
+# start. Set before any test module imports torch (this module does not).
+prefer_passive_openmp()
+
 
 def free_port() -> int:
     with socket.socket() as sock:
