@@ -99,10 +99,10 @@ class _Alternating(ThreadGovernor):
 
 def test_thread_count_changing_between_steps_keeps_greedy_exact(tiny_model_dir: Path) -> None:
     """The CPU thread governor may change torch's thread count at any step boundary."""
+    before = torch.get_num_threads()
     engine = make_engine(tiny_model_dir)
     assert engine.threads is not None  # torch_threads 0 on CPU: the governor decides
     assert make_engine(tiny_model_dir, torch_threads=1).threads is None
-    before = torch.get_num_threads()
     engine.threads = _Alternating(2, torch.set_num_threads)  # 1, 2, 1, 2, ... threads
     try:
         assert_staggered_batch_exact(engine, tiny_model_dir)
