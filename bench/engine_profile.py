@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from throughput import WARM_PROMPT, WARM_TOKENS, Workload, engine_round, kv_memory_mb, make_workload
+from throughput import engine_round
+from throughput_setup import WARM_PROMPT, WARM_TOKENS, Workload, kv_memory_mb, make_workload
 from transformers import AttentionInterface
 
 from baton.make_model import SIZES, make_model

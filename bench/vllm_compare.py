@@ -32,7 +32,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from throughput import MAX_BATCH, drive_grpc, kv_memory_mb, make_workload
+from throughput_e2e import drive_grpc
+from throughput_setup import MAX_BATCH, kv_memory_mb, make_workload
 from vllm_process import DEFAULT_VENV, ensure_vllm_venv, kv_space_gib, omp_env, say, start_vllm, vllm_threads
 
 from baton.bench.local_stack import ensure_model, local_stack

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import psutil
-from throughput import MAX_BATCH, Workload, kv_memory_mb
+from throughput_setup import MAX_BATCH, Workload, kv_memory_mb
 
 from executor_service.host_allocator import GLIBC_ENV
 

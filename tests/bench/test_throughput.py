@@ -30,7 +30,7 @@ def test_stack_env_carries_the_setup() -> None:
     setup = tp.Setup(
         device="cpu", dtype="bfloat16", max_batch=8, token_budget=64, executor_threads=1, stream_interval=4
     )
-    env = tp.stack_env(setup, kv_mb=300, metrics_port=9999)
+    env = load_script("throughput_e2e").stack_env(setup, kv_mb=300, metrics_port=9999)
     assert env["BATON_EXECUTOR__DTYPE"] == "bfloat16" and env["BATON_EXECUTOR__DEVICE"] == "cpu"
     assert env["BATON_EXECUTOR__MAX_BATCH_SIZE"] == env["BATON_SCHEDULER__BATCH_LEVEL__MAX_BATCH_SIZE"] == "8"
     assert env["BATON_SCHEDULER__TOKEN_LEVEL__TOKEN_BUDGET"] == "64"

@@ -1,0 +1,112 @@
+"""bench/throughput.py's phase (a): Baton end to end, a local stack driven by concurrent gRPC ``Generate`` streams.
+
+Also the driver ``bench/vllm_compare.py`` runs against the same stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import grpc
+import psutil
+from device_watch import DeviceWatch, metrics_reader
+from throughput_setup import (
+    WARM_PROMPT,
+    WARM_TOKENS,
+    Result,
+    Setup,
+    Workload,
+    finish,
+    progress,
+    say,
+)
+from tqdm import tqdm
+
+from baton.bench.local_stack import local_stack
+from baton.dev import _free_port
+from common.pb import generate_pb2 as pb
+from common.pb.generate_pb2_grpc import GenerationStub
+
+
+# ---- (a) Baton end to end ------------------------------------------------------------------
+def stack_env(setup: Setup, kv_mb: int, metrics_port: int) -> dict[str, str]:
+    env = dict(os.environ, BATON_EXECUTOR__KV_CACHE_MEMORY_MB=str(kv_mb))
+    env["BATON_EXECUTOR__TORCH_THREADS"] = str(setup.executor_threads)
+    env["BATON_EXECUTOR__DEVICE"] = str(setup.torch_device)
+    env["BATON_EXECUTOR__DTYPE"] = setup.dtype
+    env["BATON_EXECUTOR__MAX_BATCH_SIZE"] = str(setup.max_batch)
+    env["BATON_EXECUTOR__TOKEN_BUDGET"] = str(setup.token_budget)
+    env["BATON_SCHEDULER__BATCH_LEVEL__MAX_BATCH_SIZE"] = str(setup.max_batch)
+    env["BATON_SCHEDULER__TOKEN_LEVEL__TOKEN_BUDGET"] = str(setup.token_budget)
+    env["BATON_MONITORING__EXECUTOR_METRICS_PORT"] = str(metrics_port)
+    env["BATON_DISTRIBUTED__STREAM_INTERVAL_TOKENS"] = str(setup.stream_interval)
+    return env
+
+
+def run_baton_e2e(model_dir: Path, wl: Workload, kv_mb: int, logs: Path, setup: Setup | None = None) -> Result:
+    setup = setup or Setup()
+    metrics_port = _free_port() if setup.watch_device else 0
+    say(f"(a) starting executor and scheduler (logs in {logs})")
+    with local_stack(model_dir, logs, overrides=stack_env(setup, kv_mb, metrics_port)) as stack:
+        with DeviceWatch(metrics_reader(metrics_port) if metrics_port else None) as watch:
+            result = asyncio.run(drive_grpc(stack.target, wl, stack.pids | {"client": os.getpid()}))
+        result.device_load = watch.summary()
+        return result
+
+
+async def stream_one(stub: GenerationStub, prompt: list[int], max_tokens: int, bar: tqdm | None = None) -> list[int]:
+    params = pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    tokens: list[int] = []
+    async for chunk in stub.Generate(pb.GenerateRequest(prompt_token_ids=prompt, params=params)):
+        tokens.extend(chunk.token_ids)
+    if bar is not None:
+        bar.update()
+    return tokens
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    return {name: sum(psutil.Process(pid).cpu_times()[:2]) for name, pid in pids.items()}
+
+
+def cpu_wait_seconds(pid: int) -> float | None:
+    """Seconds the process's threads spent runnable but waiting for a core (Linux schedstat).
+
+    Thread CPU time cannot tell an engine step that was preempted by the other processes from
+    one that waited on its own GIL; this can: it counts only the time in the run queue.
+    """
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None  # not Linux, or no schedstat in this kernel
+    return total / 1e9
+
+
+async def drive_grpc(target: str, wl: Workload, pids: dict[str, int]) -> Result:
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = GenerationStub(channel)
+        deadline = time.monotonic() + 60
+        while True:  # warm-up; UNAVAILABLE until the scheduler has attached the executor
+            try:
+                await stream_one(stub, WARM_PROMPT, WARM_TOKENS)
+                break
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        with progress(len(wl.prompts), "(a) Baton end to end over gRPC") as bar:
+            wait_before = cpu_wait_seconds(pids["executor"])
+            cpu_before, started = cpu_seconds(pids), time.perf_counter()
+            jobs = (stream_one(stub, p, n, bar) for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
+            outputs = list(await asyncio.gather(*jobs))
+            seconds, cpu_after = time.perf_counter() - started, cpu_seconds(pids)
+            wait_after = cpu_wait_seconds(pids["executor"])
+    used = ", ".join(f"{name} {cpu_after[name] - cpu_before[name]:.1f}" for name in pids)
+    note = f"CPU seconds used in the {seconds:.1f} s window ({os.cpu_count()} cores): {used}"
+    if wait_before is not None and wait_after is not None:
+        note += f"; the executor's threads waited {wait_after - wait_before:.2f} s for a core"
+    return finish("(a) Baton end to end (gRPC)", seconds, outputs, wl, sum(map(len, outputs)), note)
