@@ -14,6 +14,8 @@ import logging
 import time
 from collections.abc import Sequence
 
+from redis.exceptions import RedisError
+
 from common.config import BatonConfig
 from common.lifecycle import FinishReason
 from scheduler_service.batching import merge_order, should_hold
@@ -45,9 +47,13 @@ class Admission:
         # The request a preemption made room for: it goes first until it is placed, so the room
         # is not taken by someone else (the victim itself, say) and the eviction wasted.
         self._promised: QueuedRequest | None = None
+        # Claims that may be recorded in Redis with no link running them: made for a link that
+        # closed while they were in flight, or sent in a round whose reply Redis never gave.
+        self._unsettled: list[tuple[str, ExecutorLink]] = []
 
     async def run(self, links: Sequence[ExecutorLink]) -> int:
         """Admit what fits now; return how many requests were admitted."""
+        await self._settle()
         links = [link for link in links if link.ready]
         if not links:
             return 0
@@ -78,10 +84,21 @@ class Admission:
         placements = place(candidates, capacities) if room else []
         admitted = 0
         claims = [(p.request_id, p.executor_id, by_id[p.executor_id].owner) for p in placements]
-        for placement, claimed in zip(placements, await self.store.claim_many(claims), strict=True):
-            if claimed is not None:
-                by_id[placement.executor_id].admit(claimed)
-                admitted += 1
+        try:
+            results = await self.store.claim_many(claims)
+        except RedisError:
+            self._unsettled += [(p.request_id, by_id[p.executor_id]) for p in placements]
+            raise
+        for placement, claimed in zip(placements, results, strict=True):
+            link = by_id[placement.executor_id]
+            if claimed is None:
+                continue
+            if link.closed:
+                self._unsettled.append((claimed.request_id, link))
+                continue
+            link.admit(claimed)
+            admitted += 1
+        await self._settle()
         placed = {p.request_id for p in placements}
         if self._promised is not None and self._promised.request_id in placed:
             self._promised = None
@@ -92,6 +109,21 @@ class Admission:
         for link in links:
             link.flush(budget)
         return admitted
+
+    async def _settle(self) -> None:
+        """Hand back each unsettled claim that no open link runs.
+
+        Without this such a request would stay ASSIGNED for good: its executor is alive, so
+        nothing reaps it, and the executor's next driver may have looked for stale work before
+        the claim landed. The owner check makes the hand-back a no-op for a claim Redis never
+        applied. (Seen in the Redis-restart failover test: a round that began before the outage
+        claimed the re-queued requests for the link the outage had just closed.)
+        """
+        while self._unsettled:
+            request_id, link = self._unsettled[-1]
+            if link.closed or request_id not in link.requests:
+                await self.store.hand_back(request_id, link.executor_id, "migrate", link.owner)
+            self._unsettled.pop()
 
     def _scaled(self, minimum: float) -> float:
         """1 at low load, ``minimum`` at high load, linear between."""

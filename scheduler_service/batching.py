@@ -5,7 +5,9 @@ Two rules on top of fair queue order:
   are near-equals in the queue. Among them, those whose expected remaining length is closest to
   the batch's own go first, so a batch's members finish together. That wastes fewer batch slots
   on stragglers and frees KV blocks in larger runs. The head always stays first, and nothing
-  moves by more than the window, so priority order and the aging bound hold within it.
+  moves by more than the window, so priority order and the aging bound hold within it. Only the
+  head's tenant's requests trade places, each taking a slot that tenant already held: the fair
+  interleave of tenants (``fair_share.fair_order``) is kept, slot by slot.
 - **Batch timeout.** At low load an idle executor waits up to ``batch_timeout_ms`` (from the
   oldest waiting request's arrival) for ``min_batch_size`` requests before it starts a batch.
 """
@@ -34,9 +36,14 @@ def merge_order(
         return list(ordered)
     target = statistics.median(batch_remaining) if batch_remaining else head.expected_output
     chosen = {r.request_id for r in window}
-    rest = [r for r in ordered[1:] if r.request_id not in chosen]
+    # The window's own slots, in order: pulling its members forward past another tenant's turn
+    # would let one tenant take every slot that frees at once, which fairness forbids.
+    slots = [i for i, r in enumerate(ordered) if r.request_id in chosen]
     fitted = sorted(window, key=lambda r: (abs(r.expected_output - target), r.score))
-    return [head, *fitted, *rest]
+    merged = list(ordered)
+    for slot, request in zip(slots, fitted, strict=True):
+        merged[slot] = request
+    return merged
 
 
 def should_hold(

@@ -75,6 +75,8 @@ class ExecutorLink:
         self._last_token_at: dict[str, float] = {}
         self._batcher = StreamBatcher(stream_interval or StreamInterval())
         self.preempting: set[str] = set()  # preempt plans sent, not yet reported back
+        # Set by close(): admission must not hand this link work any more (its plans go nowhere).
+        self.closed = False
 
     # ---- lifecycle ---------------------------------------------------------------------
     async def connect(self, timeout: float = 5.0) -> None:
@@ -120,6 +122,7 @@ class ExecutorLink:
             reader.cancel()
 
     async def close(self) -> None:
+        self.closed = True
         self._outbox.put_nowait(None)
         if self._channel is not None:
             await self._channel.close(grace=0.5)

@@ -25,6 +25,16 @@ def test_merge_never_moves_work_past_the_window_or_the_head() -> None:
     assert merge_order(ordered, [30], window_ms=0) == ordered
 
 
+def test_merge_keeps_each_tenants_turns_in_the_fair_order() -> None:
+    ordered = [req("a0", 0, 4, "A"), req("b0", 5, 4, "B"), req("a1", 10, 30, "A"), req("b1", 15, 4, "B")]
+    merged = merge_order(ordered, batch_remaining=[30], window_ms=500)
+    assert [r.tenant for r in merged] == ["A", "B", "A", "B"]
+    assert [r.request_id for r in merged] == ["a0", "b0", "a1", "b1"]
+    ordered = [req("a0", 0, 4, "A"), req("b0", 5, 4, "B"), req("a1", 10, 4, "A"), req("a2", 15, 30, "A")]
+    merged = merge_order(ordered, batch_remaining=[30], window_ms=500)
+    assert [r.request_id for r in merged] == ["a0", "b0", "a2", "a1"]  # A's length fit, in A's slots
+
+
 def test_batch_timeout_holds_an_idle_executor_at_low_load_only() -> None:
     config = BatchLevelConfig(min_batch_size=4, batch_timeout_ms=50)
     assert should_hold(running=0, waiting=2, oldest_wait_ms=10, load_factor=0.0, config=config)

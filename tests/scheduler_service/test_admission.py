@@ -1,0 +1,109 @@
+"""Admission against a real redis-server: claims that no link would run are handed back.
+
+The link here has no executor behind it (its plans only reach its outbox), which is all that
+admission touches; the Redis side is real. The races are forced by wrapping the store's real
+``claim_many``: the link closes, or the reply is lost, after Redis applied the claims.
+"""
+
+from __future__ import annotations
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from common.config import BatonConfig
+from common.pb import executor_pb2 as pb
+from scheduler_service.admission import Admission
+from scheduler_service.executor_link import ExecutorLink
+from scheduler_service.metrics import SchedulerMetrics
+from scheduler_service.request_store import RequestStore
+from scheduler_service.requests import ClaimedRequest
+from scheduler_service.scoring import RequestScorer
+from tests.scheduler_service.store_helpers import new_request
+
+CONFIG = BatonConfig()
+
+
+def open_link(store: RequestStore) -> ExecutorLink:
+    link = ExecutorLink("exec-1", "127.0.0.1:1", store, CONFIG.scheduler, lambda: None)
+    link.info = pb.InfoResponse(executor_id="exec-1", kv_blocks_total=100, block_size=16, max_batch_size=8)
+    return link
+
+
+async def queued(store: RequestStore, scorer: RequestScorer, request_id: str) -> None:
+    req = new_request(request_id)
+    scored = scorer.score(req)
+    await store.enqueue(req, scored.score, 100, "", scored.fields)
+
+
+async def state_and_owner(store: RequestStore, request_id: str) -> tuple[str, str]:
+    record = await store.get(request_id)
+    assert record is not None
+    return record["state"], record.get("owner", "")
+
+
+async def test_a_claim_for_a_link_that_closed_meanwhile_goes_back_to_the_queue(
+    store: RequestStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scorer = RequestScorer(CONFIG)
+    admission = Admission(store, CONFIG, scorer, SchedulerMetrics())
+    link = open_link(store)
+    await queued(store, scorer, "r1")
+    real_claim = store.claim_many
+
+    async def claim_then_close(claims: list[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
+        rows = await real_claim(claims)
+        await link.close()  # the link's stream ended while the claims were in flight
+        return rows
+
+    monkeypatch.setattr(store, "claim_many", claim_then_close)
+    assert await admission.run([link]) == 0
+    assert "r1" not in link.requests
+    assert await state_and_owner(store, "r1") == ("QUEUED", "")
+    assert await store.queue_position("r1") == 0
+
+
+async def test_claims_whose_reply_was_lost_are_settled_next_round(
+    store: RequestStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scorer = RequestScorer(CONFIG)
+    admission = Admission(store, CONFIG, scorer, SchedulerMetrics())
+    link = open_link(store)
+    await queued(store, scorer, "r1")
+    real_claim = store.claim_many
+
+    async def claim_then_fail(claims: list[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
+        await real_claim(claims)
+        raise RedisConnectionError("the connection dropped before the reply")
+
+    monkeypatch.setattr(store, "claim_many", claim_then_fail)
+    with pytest.raises(RedisConnectionError):
+        await admission.run([link])
+    assert await state_and_owner(store, "r1") == ("ASSIGNED", link.owner)  # applied, yet nobody runs it
+    assert "r1" not in link.requests
+    monkeypatch.setattr(store, "claim_many", real_claim)
+    assert await admission.run([link]) == 1  # handed back first, then admitted for real
+    assert "r1" in link.requests
+    assert await state_and_owner(store, "r1") == ("ASSIGNED", link.owner)
+    record = await store.get("r1")
+    assert record is not None and record["migrations"] == "1"
+
+
+async def test_settling_a_claim_redis_never_applied_changes_nothing(
+    store: RequestStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scorer = RequestScorer(CONFIG)
+    admission = Admission(store, CONFIG, scorer, SchedulerMetrics())
+    link = open_link(store)
+    await queued(store, scorer, "r1")
+
+    async def fail_before_sending(claims: list[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
+        raise RedisConnectionError("Redis is down")
+
+    real_claim = store.claim_many
+    monkeypatch.setattr(store, "claim_many", fail_before_sending)
+    with pytest.raises(RedisConnectionError):
+        await admission.run([link])
+    monkeypatch.setattr(store, "claim_many", real_claim)
+    assert await admission.run([link]) == 1
+    record = await store.get("r1")
+    assert record is not None and record["state"] == "ASSIGNED" and not record.get("migrations")
