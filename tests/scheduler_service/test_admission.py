@@ -7,6 +7,8 @@ admission touches; the Redis side is real. The races are forced by wrapping the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -35,6 +37,21 @@ async def queued(store: RequestStore, scorer: RequestScorer, request_id: str) ->
     await store.enqueue(req, scored.score, 100, "", scored.fields)
 
 
+@dataclass
+class Round:
+    """An admission, one open link, and request "r1" queued for it."""
+
+    admission: Admission
+    link: ExecutorLink
+
+
+@pytest.fixture
+async def round_(store: RequestStore) -> Round:
+    scorer = RequestScorer(CONFIG)
+    await queued(store, scorer, "r1")
+    return Round(Admission(store, CONFIG, scorer, SchedulerMetrics()), open_link(store))
+
+
 async def state_and_owner(store: RequestStore, request_id: str) -> tuple[str, str]:
     record = await store.get(request_id)
     assert record is not None
@@ -42,12 +59,9 @@ async def state_and_owner(store: RequestStore, request_id: str) -> tuple[str, st
 
 
 async def test_a_claim_for_a_link_that_closed_meanwhile_goes_back_to_the_queue(
-    store: RequestStore, monkeypatch: pytest.MonkeyPatch
+    store: RequestStore, round_: Round, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    scorer = RequestScorer(CONFIG)
-    admission = Admission(store, CONFIG, scorer, SchedulerMetrics())
-    link = open_link(store)
-    await queued(store, scorer, "r1")
+    admission, link = round_.admission, round_.link
     real_claim = store.claim_many
 
     async def claim_then_close(claims: list[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
@@ -63,12 +77,9 @@ async def test_a_claim_for_a_link_that_closed_meanwhile_goes_back_to_the_queue(
 
 
 async def test_claims_whose_reply_was_lost_are_settled_next_round(
-    store: RequestStore, monkeypatch: pytest.MonkeyPatch
+    store: RequestStore, round_: Round, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    scorer = RequestScorer(CONFIG)
-    admission = Admission(store, CONFIG, scorer, SchedulerMetrics())
-    link = open_link(store)
-    await queued(store, scorer, "r1")
+    admission, link = round_.admission, round_.link
     real_claim = store.claim_many
 
     async def claim_then_fail(claims: list[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
@@ -89,12 +100,9 @@ async def test_claims_whose_reply_was_lost_are_settled_next_round(
 
 
 async def test_settling_a_claim_redis_never_applied_changes_nothing(
-    store: RequestStore, monkeypatch: pytest.MonkeyPatch
+    store: RequestStore, round_: Round, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    scorer = RequestScorer(CONFIG)
-    admission = Admission(store, CONFIG, scorer, SchedulerMetrics())
-    link = open_link(store)
-    await queued(store, scorer, "r1")
+    admission, link = round_.admission, round_.link
 
     async def fail_before_sending(claims: list[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
         raise RedisConnectionError("Redis is down")
