@@ -122,7 +122,8 @@ class Admission:
         while self._unsettled:
             request_id, link = self._unsettled[-1]
             if link.closed or request_id not in link.requests:
-                await self.store.hand_back(request_id, link.executor_id, "migrate", link.owner)
+                # Nothing ran it, so it spends none of its migrations or preemptions.
+                await self.store.hand_back(request_id, link.executor_id, "unclaim", link.owner)
             self._unsettled.pop()
 
     def _scaled(self, minimum: float) -> float:

@@ -210,7 +210,8 @@ class RequestStore(QueueReads, StepPublishing):
     async def hand_back(
         self, request_id: str, executor_id: str, kind: str = "preempt", owner: str | None = None
     ) -> None:
-        """Re-queue a request its executor gave up (``preempt``) or lost (``migrate``).
+        """Re-queue a request its executor gave up (``preempt``) or lost (``migrate``), or whose
+        claim no executor was told of (``unclaim``, counted as neither).
 
         A pending cancel ends it as CANCELLED instead, and a request past the migration limit
         ends as FAILED: a request that keeps killing executors must not take the fleet down.

@@ -235,7 +235,8 @@ return out
 )
 
 # ASSIGNED/RUNNING -> QUEUED, keeping the tokens. KEYS: req, running, pending, waiting, counters,
-# vclock, tenant_running. ARGV: id, owner ('' = any), now_ms, kind ('preempt' or 'migrate'),
+# vclock, tenant_running. ARGV: id, owner ('' = any), now_ms, kind ('preempt', 'migrate', or
+# 'unclaim' for a claim that no executor was ever told of, which counts as neither),
 # max_migrations, tenant_queue_prefix.
 # Returns 1 re-queued, 2 a cancel was pending, 3 past the migration limit (the caller ends
 # either), 0 not active, -1 owned by another executor.
@@ -249,7 +250,7 @@ redis.call('SREM', KEYS[2], ARGV[1])
 if st[4] == '1' then return 2 end
 if ARGV[4] == 'migrate' then
   if redis.call('HINCRBY', KEYS[1], 'migrations', 1) > tonumber(ARGV[5]) then return 3 end
-else
+elseif ARGV[4] == 'preempt' then
   redis.call('HINCRBY', KEYS[1], 'preemptions', 1)
 end
 local t = st[5] or 'default'
