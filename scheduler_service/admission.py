@@ -124,6 +124,7 @@ class Admission:
             if link.closed or request_id not in link.requests:
                 # Nothing ran it, so it spends none of its migrations or preemptions.
                 await self.store.hand_back(request_id, link.executor_id, "unclaim", link.owner)
+                log.info("request %s: a claim for %s reached no executor; handed back", request_id, link.executor_id)
             self._unsettled.pop()
 
     def _scaled(self, minimum: float) -> float:
