@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -180,13 +180,15 @@ class FastLlamaForward:
         q_end = self.heads * self.head_dim
         k_end = q_end + self.kv_heads * self.head_dim
         for layer in self.layers:
-            qkv = layer.qkv.joined(layer_ops.add_rms_norm(hidden, delta, layer.input_norm.weight, layer.input_eps))
+            input_weight = cast(torch.Tensor, layer.input_norm.weight)
+            qkv = layer.qkv.joined(layer_ops.add_rms_norm(hidden, delta, input_weight, layer.input_eps))
             keys, values = batch.pool.keys[layer.index], batch.pool.values[layer.index]
             layer_ops.rope_store(qkv, cos, sin, self.heads, self.kv_heads, keys, values, batch.slot_mapping)
             q = qkv[:, :q_end].view(count, self.heads, self.head_dim)
             k = qkv[:, q_end:k_end].view(count, self.kv_heads, self.head_dim)
             v = qkv[:, k_end:].view(count, self.kv_heads, self.head_dim)
             attended = layer.o_proj(self._attention(layer, q, k, v, batch, baton_kv_written=True))
-            normed = layer_ops.add_rms_norm(hidden, attended, layer.post_norm.weight, layer.post_eps)
+            post_weight = cast(torch.Tensor, layer.post_norm.weight)
+            normed = layer_ops.add_rms_norm(hidden, attended, post_weight, layer.post_eps)
             delta = layer.down_proj(layer_ops.silu_mul(layer.gate_up.joined(normed)))
         return hidden + delta if delta is not None else hidden
