@@ -53,7 +53,8 @@ class Admission:
 
     async def run(self, links: Sequence[ExecutorLink]) -> int:
         """Admit what fits now; return how many requests were admitted."""
-        await self._settle()
+        if self._unsettled:
+            await self._settle()
         links = [link for link in links if link.ready]
         if not links:
             return 0
@@ -90,15 +91,16 @@ class Admission:
             self._unsettled += [(p.request_id, by_id[p.executor_id]) for p in placements]
             raise
         for placement, claimed in zip(placements, results, strict=True):
-            link = by_id[placement.executor_id]
             if claimed is None:
                 continue
+            link = by_id[placement.executor_id]
             if link.closed:
                 self._unsettled.append((claimed.request_id, link))
                 continue
             link.admit(claimed)
             admitted += 1
-        await self._settle()
+        if self._unsettled:
+            await self._settle()
         placed = {p.request_id for p in placements}
         if self._promised is not None and self._promised.request_id in placed:
             self._promised = None

@@ -7,6 +7,7 @@ admission touches; the Redis side is real. The races are forced by wrapping the 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -52,6 +53,20 @@ async def round_(store: RequestStore) -> Round:
     return Round(Admission(store, CONFIG, scorer, SchedulerMetrics()), open_link(store))
 
 
+def after_real_claims(
+    store: RequestStore, monkeypatch: pytest.MonkeyPatch, then: Callable[[], Awaitable[None]]
+) -> None:
+    """Make ``claim_many`` apply the claims in Redis for real, then run ``then`` before it returns."""
+    real_claim = store.claim_many
+
+    async def claim_then(claims: list[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
+        rows = await real_claim(claims)
+        await then()
+        return rows
+
+    monkeypatch.setattr(store, "claim_many", claim_then)
+
+
 async def state_and_owner(store: RequestStore, request_id: str) -> tuple[str, str]:
     record = await store.get(request_id)
     assert record is not None
@@ -62,14 +77,7 @@ async def test_a_claim_for_a_link_that_closed_meanwhile_goes_back_to_the_queue(
     store: RequestStore, round_: Round, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     admission, link = round_.admission, round_.link
-    real_claim = store.claim_many
-
-    async def claim_then_close(claims: list[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
-        rows = await real_claim(claims)
-        await link.close()  # the link's stream ended while the claims were in flight
-        return rows
-
-    monkeypatch.setattr(store, "claim_many", claim_then_close)
+    after_real_claims(store, monkeypatch, link.close)  # the link's stream ended while the claims were in flight
     assert await admission.run([link]) == 0
     assert "r1" not in link.requests
     assert await state_and_owner(store, "r1") == ("QUEUED", "")
@@ -82,11 +90,10 @@ async def test_claims_whose_reply_was_lost_are_settled_next_round(
     admission, link = round_.admission, round_.link
     real_claim = store.claim_many
 
-    async def claim_then_fail(claims: list[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
-        await real_claim(claims)
+    async def lose_the_reply() -> None:
         raise RedisConnectionError("the connection dropped before the reply")
 
-    monkeypatch.setattr(store, "claim_many", claim_then_fail)
+    after_real_claims(store, monkeypatch, lose_the_reply)
     with pytest.raises(RedisConnectionError):
         await admission.run([link])
     assert await state_and_owner(store, "r1") == ("ASSIGNED", link.owner)  # applied, yet nobody runs it
