@@ -16,6 +16,7 @@ from common.redis_client import is_cluster
 from scheduler_service import scripts
 from scheduler_service.queue_view import QueueReads
 from scheduler_service.requests import ClaimedRequest, NewRequest, RequestParams, TokenEvent, parse_ids
+from scheduler_service.script_batcher import ScriptBatcher
 from scheduler_service.step_publishing import StepPublishing, StreamListener, now_ms
 
 
@@ -45,7 +46,8 @@ class RequestStore(QueueReads, StepPublishing):
         self._claim = redis.register_script(scripts.CLAIM)
         self._append = redis.register_script(scripts.APPEND_TOKENS)
         self._finish = redis.register_script(scripts.FINISH)
-        self._record_step = redis.register_script(scripts.RECORD_STEP)
+        # Every link records every step: their calls share round trips (see ScriptBatcher).
+        self._record_step = ScriptBatcher(redis, redis.register_script(scripts.RECORD_STEP))
         self._requeue = redis.register_script(scripts.REQUEUE)
         self._cancel = redis.register_script(scripts.CANCEL)
         self.listener: StreamListener | None = None  # told of this process's own stream writes

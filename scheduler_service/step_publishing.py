@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
@@ -13,6 +13,7 @@ from redis.typing import EncodableT, FieldT
 from common.keys import KeySchema
 from common.lifecycle import FinishReason, terminal_state_for
 from scheduler_service.requests import TokenEvent
+from scheduler_service.script_batcher import ScriptBatcher
 
 
 def now_ms() -> int:
@@ -38,7 +39,8 @@ class StreamListener(Protocol):
 
 class StepPublishing:
     """Mixed into ``RequestStore``; needs its Redis client, keys, TTL, estimator weight, the
-    registered RECORD_STEP script, whether Redis is a cluster, and its listener."""
+    RECORD_STEP script (group-committed across links by a ``ScriptBatcher``), whether Redis is a
+    cluster, and its listener."""
 
     redis: aioredis.Redis
     keys: KeySchema
@@ -46,7 +48,7 @@ class StepPublishing:
     estimator_alpha: float
     listener: StreamListener | None
     _cluster: bool
-    _record_step: Any
+    _record_step: ScriptBatcher
 
     async def publish_step(self, executor_id: str, writes: Sequence[StepWrite], owner: str | None = None) -> list[bool]:
         """Record one executor step, then publish what was accepted to the clients' streams.
@@ -89,7 +91,7 @@ class StepPublishing:
             if publish_here:
                 keys.append(self.keys.output(write.request_id))
                 args += (2 * len(entry), *(item for pair in entry.items() for item in pair))
-        results = await self._record_step(keys=keys, args=args)
+        results = await self._record_step(keys, args)
         accepted = []
         for i, write in enumerate(writes):
             # FINISH's 2: a retried finish whose first attempt landed; its final event must still go out.
