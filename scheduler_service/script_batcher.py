@@ -22,9 +22,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
-from redis.typing import EncodableT
+from redis.typing import EncodableT, KeyT
 
-_Call = tuple[Sequence[EncodableT], Sequence[EncodableT], "asyncio.Future[Any]"]
+_Call = tuple[Sequence[KeyT], Sequence[EncodableT], "asyncio.Future[Any]"]
 
 
 class ScriptBatcher:
@@ -35,7 +35,7 @@ class ScriptBatcher:
         self._sender: asyncio.Task[None] | None = None
         self.round_trips = 0  # for tests and benchmarks: how many round trips the calls took
 
-    async def __call__(self, keys: Sequence[EncodableT], args: Sequence[EncodableT]) -> Any:
+    async def __call__(self, keys: Sequence[KeyT], args: Sequence[EncodableT]) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append((keys, args, future))
         if self._sender is None:
