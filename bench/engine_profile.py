@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="tiny", choices=sorted(SIZES))
     parser.add_argument("--num-requests", type=int, default=64, help="the first N of the 64-request workload")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--workdir", default="/tmp/baton-bench")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (model_dir / "model.safetensors").exists():
         make_model(model_dir, size=args.size, seed=0)
     instrument_classes()
-    config = ExecutorConfig(model=str(model_dir), kv_cache_memory_mb=kv_memory_mb(model_dir, wl), max_batch_size=64)
+    kv_mb = kv_memory_mb(model_dir, wl)
+    config = ExecutorConfig(model=str(model_dir), dtype=args.dtype, kv_cache_memory_mb=kv_mb, max_batch_size=64)
     eng = load_engine(config).engine
     torch.set_num_threads(args.threads)
     model = eng.runner.model
@@ -108,9 +110,20 @@ def main(argv: list[str] | None = None) -> int:
     rows = breakdown(total)
     tokens = sum(map(len, outputs))
     if args.json:
-        print(json.dumps({"size": args.size, "tokens": tokens, "steps": eng.iteration, "cpu_s": total, "rows": rows}))
+        print(
+            json.dumps(
+                {
+                    "size": args.size,
+                    "dtype": args.dtype,
+                    "tokens": tokens,
+                    "steps": eng.iteration,
+                    "cpu_s": total,
+                    "rows": rows,
+                }
+            )
+        )
         return 0
-    print(f"{args.size}: {len(wl.prompts)} requests, {tokens} output tokens, {total:.2f} s thread CPU")
+    print(f"{args.size} {args.dtype}: {len(wl.prompts)} requests, {tokens} output tokens, {total:.2f} s thread CPU")
     for name, seconds in rows.items():
         print(f"  {name:<52}{seconds:8.3f} s {100 * seconds / total:6.1f} %")
     return 0

@@ -34,8 +34,9 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral")
 class FusedLinear:
     """One matmul for linear layers that read the same input; returns each layer's slice of the output.
 
-    No weight is held twice: on CPU float32 the fused weight is packed for oneDNN and the layers'
-    own packed copies are dropped; elsewhere the layers' weights become views of the fused one.
+    No weight is held twice: where ``can_pack`` (CPU float32, native bf16) the fused weight is
+    packed for oneDNN and the layers' own packed copies are dropped; elsewhere the layers' weights
+    become views of the fused one.
     """
 
     def __init__(self, linears: Sequence[Any]) -> None:  # nn.Linear or PackedLinear

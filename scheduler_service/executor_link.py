@@ -1,8 +1,9 @@
 """One scheduler replica's bidi ``Run`` stream to one executor: plans out, step reports in.
 
-The link keeps the replica's view of the executor (its requests and latest load), turns step
-reports into Redis writes (one script call and one stream pipeline per batch of reports: every
-report that arrived while the previous batch was written) and each admission into plan deltas.
+The link keeps the replica's view of the executor (its requests and latest load), records step
+reports in Redis (``ReportWrites`` turns them into writes: one script call per batch of reports,
+every report that arrived while the previous batch was written) and turns each admission into
+plan deltas.
 Plans are sent as soon as they are made; the executor applies them at its next iteration
 boundary, so planning overlaps the model step instead of sitting on its critical path.
 """
@@ -19,7 +20,6 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from common.config import SchedulerConfig, SecurityConfig
-from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
 from common.redis_client import with_redis_retry
@@ -28,9 +28,10 @@ from scheduler_service.link_state import CHANNEL_OPTIONS, LinkedRequest, read_re
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import ExecutorCapacity, blocks_for
 from scheduler_service.preemption import RunningRequest
-from scheduler_service.request_store import RequestStore, usage_of
-from scheduler_service.requests import ClaimedRequest, TokenEvent
-from scheduler_service.step_publishing import StepWrite, now_ms
+from scheduler_service.report_writes import ReportWrites
+from scheduler_service.request_store import RequestStore
+from scheduler_service.requests import ClaimedRequest
+from scheduler_service.step_publishing import StepWrite
 from scheduler_service.stream_batching import StreamBatcher, StreamInterval, coalesce
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class ExecutorLink:
         self._redis_retry_s = redis_retry_s
         self._security = security or SecurityConfig()
         self._metrics = metrics or SchedulerMetrics()
-        self._last_token_at: dict[str, float] = {}
+        self._report_writes = ReportWrites(executor_id, self.requests, self._metrics)
         self._batcher = StreamBatcher(stream_interval or StreamInterval())
         self.preempting: set[str] = set()  # preempt plans sent, not yet reported back
         # Set by close(): admission must not hand this link work any more (its plans go nowhere).
@@ -245,7 +246,8 @@ class ExecutorLink:
             self._metrics.observe_load(self.executor_id, report.load)
             if self._base_seq <= report.plan_seq <= self._seq:
                 self._acked_seq = max(self._acked_seq, report.plan_seq)
-            writes += self._step_writes(report)
+            writes += self._report_writes.of(report)
+        self.preempting.intersection_update(self.requests)  # those that finished meanwhile
         writes = self._batched(coalesce(writes) if len(reports) > 1 else writes)
         if writes:
             accepted = await with_redis_retry(
@@ -258,7 +260,7 @@ class ExecutorLink:
             for request_id in [*report.preempted, *(r.request_id for r in report.rejected)]:
                 self.preempting.discard(request_id)
                 if self.requests.pop(request_id, None) is not None:
-                    self._last_token_at.pop(request_id, None)
+                    self._report_writes.forget(request_id)
                     if request_id in report.preempted:
                         self._metrics.preemptions.inc()
                     await self.hand_back(request_id)
@@ -267,63 +269,6 @@ class ExecutorLink:
         # room, never grows it, and the planner's tick covers time-based decisions.
         if (len(self.requests), self.ready) != before:
             self._on_change()
-
-    def _step_writes(self, report: pb.StepReport) -> list[StepWrite]:
-        """Turn a report into one event per request; a finishing request's last tokens ride on its final event."""
-        finished = {f.request_id: f for f in report.finished}
-        stamp = now_ms()
-        now = time.monotonic()
-        writes: list[StepWrite] = []
-        generated = 0
-        for delta in report.tokens:
-            req = self.requests.get(delta.request_id)
-            if req is None:
-                continue  # aborted or handed back meanwhile
-            if req.first_token_ms is None:
-                req.first_token_ms = stamp
-            fin = finished.pop(delta.request_id, None)
-            tokens = tuple(delta.token_ids)
-            generated += len(tokens)
-            self._observe_tokens(req.request_id, now)
-            # The executor says where these tokens sit in the output; Redis refuses them unless
-            # that is exactly the next position, so a stale computation can never slip in.
-            req.generated = delta.index
-            if fin is None:
-                writes.append(StepWrite(req.request_id, TokenEvent(delta.index, tokens, delta.text)))
-            else:
-                writes.append(self._final_write(req, tokens, delta.text + fin.text, fin))
-            req.generated = delta.index + len(tokens)
-        for fin in finished.values():
-            req = self.requests.get(fin.request_id)
-            if req is not None:
-                writes.append(self._final_write(req, (), fin.text, fin))
-        if generated:
-            self._metrics.generation_tokens.inc(generated)  # once per step, not per request
-        return writes
-
-    def _observe_tokens(self, request_id: str, now: float) -> None:
-        last = self._last_token_at.get(request_id)
-        if last is not None:
-            self._metrics.itl.observe(now - last)
-        self._last_token_at[request_id] = now
-
-    def _final_write(
-        self, req: LinkedRequest, tokens: tuple[int, ...], text: str, fin: pb.FinishedRequest
-    ) -> StepWrite:
-        del self.requests[req.request_id]
-        if fin.error:
-            log.warning("request %s failed on %s: %s", req.request_id, self.executor_id, fin.error)
-        usage = usage_of(
-            req.prompt_len, req.generated + len(tokens), req.arrival_ms, req.assigned_ms, req.first_token_ms
-        )
-        reason = FinishReason(fin.finish_reason)
-        event = TokenEvent(req.generated, tokens, text, reason, usage)
-        self.preempting.discard(req.request_id)
-        if req.deadline_ms:
-            self._metrics.deadlines.labels("met" if now_ms() <= req.deadline_ms else "missed").inc()
-        self._last_token_at.pop(req.request_id, None)
-        self._metrics.observe_finish(reason.name, usage, (now_ms() - req.arrival_ms) / 1000)
-        return StepWrite(req.request_id, event, fin.error)
 
     def _batched(self, writes: list[StepWrite]) -> list[StepWrite]:
         """Apply the stream interval: hold back what may wait, add what has waited long enough."""
@@ -349,7 +294,7 @@ class ExecutorLink:
             return
         for request_id in refused:
             del self.requests[request_id]
-            self._last_token_at.pop(request_id, None)
+            self._report_writes.forget(request_id)
             self.preempting.discard(request_id)
             self._batcher.take(request_id)  # held tokens would be refused as well
         self._fence_seq = self._next_seq()

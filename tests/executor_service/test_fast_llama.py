@@ -37,9 +37,9 @@ def test_supports_llama_layouts_only(tiny_model_dir: Path) -> None:
 def test_fused_linear_holds_no_weight_twice() -> None:
     torch.manual_seed(0)
     x = torch.randn(3, 16)
-    plain = [nn.Linear(16, 8).bfloat16(), nn.Linear(16, 4).bfloat16()]
+    plain = [nn.Linear(16, 8).half(), nn.Linear(16, 4).half()]  # float16 is never packed
     fused = FusedLinear(plain)
-    assert plain[0].weight.data_ptr() == fused.weight.data_ptr(), "bfloat16 layers become views of the fused weight"
+    assert plain[0].weight.data_ptr() == fused.weight.data_ptr(), "unpacked layers become views of the fused weight"
     assert plain[1].weight.data_ptr() == fused.weight[8:].data_ptr()
     if can_pack(torch.device("cpu"), torch.float32):
         packed = [PackedLinear(nn.Linear(16, 8)), PackedLinear(nn.Linear(16, 4))]

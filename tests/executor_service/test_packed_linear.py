@@ -23,8 +23,28 @@ def test_packed_linear_matches_linear_for_any_row_count() -> None:
     assert packed.weight is linear.weight, "the original weight stays the module's weight"
 
 
-def test_pack_linears_swaps_float32_layers_and_leaves_others() -> None:
+NATIVE_BF16 = can_pack(torch.device("cpu"), torch.bfloat16)
+
+
+def test_pack_linears_swaps_float32_layers_and_bfloat16_ones_only_with_native_bf16() -> None:
     model = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 8, bias=False)), nn.Linear(8, 8).bfloat16())
-    assert pack_linears(model) == 2
+    assert pack_linears(model) == 2 + NATIVE_BF16
     assert isinstance(model[0], PackedLinear) and isinstance(model[1][0], PackedLinear)
-    assert type(model[2]) is nn.Linear, "bfloat16 stays with torch's own path"
+    if NATIVE_BF16:
+        assert isinstance(model[2], PackedLinear)
+    else:
+        assert type(model[2]) is nn.Linear, "emulated bfloat16 stays with torch's own path"
+
+
+def test_bfloat16_packs_only_where_the_cpu_has_native_bf16() -> None:
+    assert torch.ops.mkldnn._is_mkldnn_bf16_supported() == NATIVE_BF16
+
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="this CPU has no native bf16: bfloat16 layers stay unpacked")
+def test_packed_bfloat16_linear_matches_linear() -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 96).bfloat16()
+    packed = PackedLinear(linear)
+    for shape in [(1, 64), (3, 7, 64), (65, 64)]:
+        x = torch.randn(*shape, dtype=torch.bfloat16)
+        torch.testing.assert_close(packed(x), linear(x), atol=2e-2, rtol=2e-2)

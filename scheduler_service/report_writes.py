@@ -1,0 +1,88 @@
+"""Turning one executor's step reports into Redis writes, and into the metrics they carry.
+
+Each request in a report becomes one ``StepWrite``; a finishing request's last tokens ride on its
+final event, with its usage. The executor says where its tokens sit in the output, and Redis
+refuses them unless that is exactly the next position, so a stale computation never slips in.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from common.lifecycle import FinishReason
+from common.pb import executor_pb2 as pb
+from scheduler_service.link_state import LinkedRequest
+from scheduler_service.metrics import SchedulerMetrics
+from scheduler_service.request_store import usage_of
+from scheduler_service.requests import TokenEvent
+from scheduler_service.step_publishing import StepWrite, now_ms
+
+log = logging.getLogger(__name__)
+
+
+class ReportWrites:
+    """One link's translator: it updates the link's request table as reports come in."""
+
+    def __init__(self, executor_id: str, requests: dict[str, LinkedRequest], metrics: SchedulerMetrics) -> None:
+        self._executor_id = executor_id
+        self._requests = requests  # the link's own table: finished requests leave it here
+        self._metrics = metrics
+        self._last_token_at: dict[str, float] = {}
+
+    def forget(self, request_id: str) -> None:
+        """``request_id`` left the link another way (handed back, refused): drop its timing."""
+        self._last_token_at.pop(request_id, None)
+
+    def of(self, report: pb.StepReport) -> list[StepWrite]:
+        """The report's writes, one per request it names (finished ones leave the table)."""
+        finished = {f.request_id: f for f in report.finished}
+        stamp = now_ms()
+        now = time.monotonic()
+        writes: list[StepWrite] = []
+        generated = 0
+        for delta in report.tokens:
+            req = self._requests.get(delta.request_id)
+            if req is None:
+                continue  # aborted or handed back meanwhile
+            if req.first_token_ms is None:
+                req.first_token_ms = stamp
+            fin = finished.pop(delta.request_id, None)
+            tokens = tuple(delta.token_ids)
+            generated += len(tokens)
+            self._observe_tokens(req.request_id, now)
+            req.generated = delta.index
+            if fin is None:
+                writes.append(StepWrite(req.request_id, TokenEvent(delta.index, tokens, delta.text)))
+            else:
+                writes.append(self._final_write(req, tokens, delta.text + fin.text, fin))
+            req.generated = delta.index + len(tokens)
+        for fin in finished.values():
+            req = self._requests.get(fin.request_id)
+            if req is not None:
+                writes.append(self._final_write(req, (), fin.text, fin))
+        if generated:
+            self._metrics.generation_tokens.inc(generated)  # once per step, not per request
+        return writes
+
+    def _observe_tokens(self, request_id: str, now: float) -> None:
+        last = self._last_token_at.get(request_id)
+        if last is not None:
+            self._metrics.itl.observe(now - last)
+        self._last_token_at[request_id] = now
+
+    def _final_write(
+        self, req: LinkedRequest, tokens: tuple[int, ...], text: str, fin: pb.FinishedRequest
+    ) -> StepWrite:
+        del self._requests[req.request_id]
+        self.forget(req.request_id)
+        if fin.error:
+            log.warning("request %s failed on %s: %s", req.request_id, self._executor_id, fin.error)
+        usage = usage_of(
+            req.prompt_len, req.generated + len(tokens), req.arrival_ms, req.assigned_ms, req.first_token_ms
+        )
+        reason = FinishReason(fin.finish_reason)
+        if req.deadline_ms:
+            self._metrics.deadlines.labels("met" if now_ms() <= req.deadline_ms else "missed").inc()
+        self._metrics.observe_finish(reason.name, usage, (now_ms() - req.arrival_ms) / 1000)
+        return StepWrite(req.request_id, TokenEvent(req.generated, tokens, text, reason, usage), fin.error)

@@ -1,0 +1,73 @@
+"""Step reports into Redis writes: pure logic, no server."""
+
+from __future__ import annotations
+
+from common.lifecycle import FinishReason
+from common.pb import executor_pb2 as pb
+from scheduler_service.link_state import LinkedRequest
+from scheduler_service.metrics import SchedulerMetrics
+from scheduler_service.report_writes import ReportWrites
+
+
+def linked(request_id: str, generated: int = 0) -> LinkedRequest:
+    return LinkedRequest(
+        request_id, prompt_len=3, generated=generated, arrival_ms=1, assigned_ms=2, first_token_ms=None
+    )
+
+
+def delta(request_id: str, index: int, *tokens: int) -> pb.TokenDelta:
+    return pb.TokenDelta(request_id=request_id, token_ids=tokens, text="x" * len(tokens), index=index)
+
+
+def sample_count(metrics: SchedulerMetrics, name: str) -> float:
+    return metrics.registry.get_sample_value(name) or 0.0
+
+
+def test_tokens_become_one_event_per_request_at_the_position_the_executor_gave() -> None:
+    requests = {"a": linked("a"), "b": linked("b", generated=4)}
+    metrics = SchedulerMetrics()
+    writes = ReportWrites("e1", requests, metrics).of(pb.StepReport(tokens=[delta("a", 0, 7), delta("b", 4, 8, 9)]))
+    assert [(w.request_id, w.event.index, w.event.token_ids) for w in writes] == [("a", 0, (7,)), ("b", 4, (8, 9))]
+    assert all(w.event.finish_reason is FinishReason.NONE for w in writes)
+    assert requests["b"].generated == 6 and requests["a"].first_token_ms is not None
+    assert sample_count(metrics, "baton:generation_tokens_total") == 3
+
+
+def test_a_finishing_request_carries_its_last_tokens_and_usage_and_leaves_the_table() -> None:
+    requests = {"a": linked("a", generated=2), "b": linked("b")}
+    report = pb.StepReport(
+        tokens=[delta("a", 2, 5)],
+        finished=[
+            pb.FinishedRequest(request_id="a", finish_reason=FinishReason.LENGTH.value, text="!"),
+            pb.FinishedRequest(request_id="b", finish_reason=FinishReason.ERROR.value, error="boom"),
+        ],
+    )
+    writes = ReportWrites("e1", requests, SchedulerMetrics()).of(report)
+    a, b = writes
+    assert (a.event.index, a.event.token_ids, a.event.text, a.event.finish_reason) == (
+        2,
+        (5,),
+        "x!",
+        FinishReason.LENGTH,
+    )
+    assert a.event.usage is not None and a.event.usage["completion_tokens"] == 3
+    assert (b.event.token_ids, b.event.finish_reason, b.error) == ((), FinishReason.ERROR, "boom")
+    assert requests == {}
+
+
+def test_requests_the_link_no_longer_holds_are_skipped() -> None:
+    requests = {"a": linked("a")}
+    report = pb.StepReport(
+        tokens=[delta("gone", 0, 1)], finished=[pb.FinishedRequest(request_id="gone", finish_reason=1)]
+    )
+    assert ReportWrites("e1", requests, SchedulerMetrics()).of(report) == []
+
+
+def test_inter_token_latency_is_observed_from_a_requests_second_step_on() -> None:
+    requests = {"a": linked("a")}
+    metrics = SchedulerMetrics()
+    writes = ReportWrites("e1", requests, metrics)
+    writes.of(pb.StepReport(tokens=[delta("a", 0, 1)]))
+    assert sample_count(metrics, "baton:inter_token_latency_seconds_count") == 0
+    writes.of(pb.StepReport(tokens=[delta("a", 1, 2)]))
+    assert sample_count(metrics, "baton:inter_token_latency_seconds_count") == 1
