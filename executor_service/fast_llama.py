@@ -6,7 +6,7 @@ module dispatch, keyword plumbing, mask bookkeeping, and three projections (q, k
 projections that share an input fused into one matmul, and the final norm applied only to the rows
 that are sampled. Everything else (embedding, rotary tables, RMSNorm, attention through
 ``paged_attention``) calls the model's own modules, so the numbers are those of the model;
-greedy outputs are tested against ``model.generate``. On CPU in float32 the elementwise work
+greedy outputs are tested against ``model.generate``. On CPU (float32 or bfloat16) the elementwise work
 between the matmuls (residual add + RMSNorm, RoPE with the K/V write, SiLU-and-multiply) runs as
 native calls instead (``kernels.layer_ops``), with the model's own norm weights and rotary tables.
 
@@ -125,7 +125,7 @@ class FastLlamaForward:
             )
             for layer in inner.layers[: config.num_hidden_layers]
         ]
-        # On CPU float32, norms, RoPE with the KV write, and SiLU run as one native call each.
+        # On CPU (float32, bfloat16), norms, RoPE with the KV write, and SiLU run as one native call each.
         self.native_layer_ops = layer_ops.available(self.lm_head.weight.device, self.lm_head.weight.dtype)
 
     def __call__(

@@ -105,6 +105,9 @@ def layer_ops_library() -> ctypes.CDLL | None:
         "baton_add_rms_norm": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float],
         "baton_rope_store": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR],
         "baton_silu_mul": [_PTR, _I64, _I64, _PTR],
+        "baton_add_rms_norm_bf16": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float],
+        "baton_rope_store_bf16": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR],
+        "baton_silu_mul_bf16": [_PTR, _I64, _I64, _PTR],
         "baton_argmax_rows": [_PTR, _I64, _I64, _I64, _PTR],
     }
     for name, argtypes in signatures.items():

@@ -23,20 +23,7 @@
 
 #define LANES 8
 
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t bits = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN stays NaN */
-    bits += 0x7fffu + ((bits >> 16) & 1u); /* round to nearest even, as torch does */
-    return (uint16_t)(bits >> 16);
-}
+#include "bf16.h"
 
 /* Dot product with LANES independent partial sums, so the compiler can vectorise it without
  * reassociating a single sum (no -ffast-math needed). */

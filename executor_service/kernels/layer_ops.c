@@ -1,6 +1,6 @@
 /*
- * The elementwise work of a Llama layer on the CPU, float32: residual add + RMSNorm, RoPE + KV write,
- * SiLU-and-multiply, and the greedy argmax over a step's logits.
+ * The elementwise work of a Llama layer on the CPU, float32 or bfloat16: residual add + RMSNorm,
+ * RoPE + KV write, SiLU-and-multiply; and the greedy argmax over a step's float32 logits.
  *
  * Why: each of these is 5-10 torch ops in transformers' formulation (RMSNorm alone is cast, pow, mean,
  * add, rsqrt, mul, cast, mul), and on a small model each op's dispatch (~5 us) costs more than its
@@ -12,11 +12,17 @@
  * inside SiLU (a Cephes polynomial here, in vector_exp.h; Sleef in torch). Greedy outputs are tested
  * against model.generate.
  *
+ * The bfloat16 versions (``_bf16``, uint16_t storage) compute in float32 and round to bfloat16
+ * wherever one of transformers' torch ops on bf16 tensors would round: RoPE and the residual add
+ * give its values bit for bit, the norm and SiLU within a bf16 ulp (the same two differences).
+ *
  * Rows are contiguous unless a stride is passed; every length is in elements.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "bf16.h"
 
 #define LANES 16
 
@@ -72,6 +78,61 @@ void baton_rope_store(float *qkv, int64_t rows, int64_t row_stride, const float 
     }
 }
 
+/* The bfloat16 add + RMSNorm: hidden = bf16(hidden + delta); out = bf16(weight * bf16(hidden * inverse)),
+ * the sum of squares in float32 (transformers upcasts to float32 for it and casts back). */
+void baton_add_rms_norm_bf16(uint16_t *hidden, const uint16_t *delta, const uint16_t *weight, uint16_t *out,
+                             int64_t rows, int64_t dim, float eps) {
+    for (int64_t r = 0; r < rows; ++r) {
+        uint16_t *h = hidden + r * dim;
+        uint16_t *o = out + r * dim;
+        if (delta) {
+            const uint16_t *d = delta + r * dim;
+            for (int64_t i = 0; i < dim; ++i) h[i] = f32_to_bf16(bf16_to_f32(h[i]) + bf16_to_f32(d[i]));
+        }
+        float acc[LANES] = {0};
+        int64_t i = 0;
+        for (; i + LANES <= dim; i += LANES)
+            for (int u = 0; u < LANES; ++u) {
+                float x = bf16_to_f32(h[i + u]);
+                acc[u] += x * x;
+            }
+        float sum = 0.0f;
+        for (int u = 0; u < LANES; ++u) sum += acc[u];
+        for (; i < dim; ++i) sum += bf16_to_f32(h[i]) * bf16_to_f32(h[i]);
+        float inverse = 1.0f / sqrtf(sum / (float)dim + eps);
+        for (i = 0; i < dim; ++i)
+            o[i] = f32_to_bf16(bf16_to_f32(weight[i]) * bf16_round(bf16_to_f32(h[i]) * inverse));
+    }
+}
+
+/* rotate() on bfloat16: each product and the sum rounded to bf16, as (x * cos) + (rotate_half(x) * sin) is. */
+static inline void rotate_bf16(uint16_t *x, const uint16_t *cos, const uint16_t *sin, int64_t dim) {
+    int64_t half = dim / 2;
+    for (int64_t i = 0; i < half; ++i) {
+        float a = bf16_to_f32(x[i]), b = bf16_to_f32(x[i + half]);
+        float lo = bf16_round(a * bf16_to_f32(cos[i])) + bf16_round(-b * bf16_to_f32(sin[i]));
+        float hi = bf16_round(b * bf16_to_f32(cos[i + half])) + bf16_round(a * bf16_to_f32(sin[i + half]));
+        x[i] = f32_to_bf16(lo);
+        x[i + half] = f32_to_bf16(hi);
+    }
+}
+
+/* baton_rope_store on bfloat16 rows, cos/sin and pool. */
+void baton_rope_store_bf16(uint16_t *qkv, int64_t rows, int64_t row_stride, const uint16_t *cos, const uint16_t *sin,
+                           int64_t q_heads, int64_t kv_heads, int64_t dim, uint16_t *keys, uint16_t *values,
+                           const int64_t *slots) {
+    int64_t kv_width = kv_heads * dim;
+    for (int64_t r = 0; r < rows; ++r) {
+        uint16_t *row = qkv + r * row_stride;
+        for (int64_t h = 0; h < q_heads + kv_heads; ++h)
+            rotate_bf16(row + h * dim, cos + r * dim, sin + r * dim, dim);
+        if (keys) {
+            memcpy(keys + slots[r] * kv_width, row + q_heads * dim, sizeof(uint16_t) * kv_width);
+            memcpy(values + slots[r] * kv_width, row + q_heads * dim + kv_width, sizeof(uint16_t) * kv_width);
+        }
+    }
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
@@ -84,22 +145,46 @@ static inline __m256 exp8(__m256 x) {
 }
 #endif
 
-/* out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i], silu(g) = g / (1 + exp(-g)). */
+/* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). */
+static void silu_times(const float *gate, const float *up, float *out, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = exp8(_mm256_xor_ps(g, sign));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < n; ++i) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+/* out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i]. */
 void baton_silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *out) {
     for (int64_t r = 0; r < rows; ++r) {
         const float *gate = gate_up + r * 2 * inter;
-        const float *up = gate + inter;
-        float *o = out + r * inter;
-        int64_t i = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-        for (; i + 8 <= inter; i += 8) {
-            __m256 g = _mm256_loadu_ps(gate + i);
-            __m256 e = exp8(_mm256_xor_ps(g, sign));
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+        silu_times(gate, gate + inter, out + r * inter, inter);
+    }
+}
+
+/* baton_silu_mul on bfloat16: out = bf16(bf16(silu(gate)) * up), silu in float32 as torch computes it.
+ * Converted a chunk at a time, so each loop is a plain one the compiler vectorises. */
+#define CHUNK 256
+void baton_silu_mul_bf16(const uint16_t *gate_up, int64_t rows, int64_t inter, uint16_t *out) {
+    float gate[CHUNK], up[CHUNK], silu[CHUNK], ones[CHUNK];
+    for (int u = 0; u < CHUNK; ++u) ones[u] = 1.0f; /* silu(g) * 1 is silu(g) exactly */
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint16_t *g = gate_up + r * 2 * inter;
+        const uint16_t *u16 = g + inter;
+        uint16_t *o = out + r * inter;
+        for (int64_t i = 0; i < inter; i += CHUNK) {
+            int64_t n = inter - i < CHUNK ? inter - i : CHUNK;
+            for (int64_t u = 0; u < n; ++u) gate[u] = bf16_to_f32(g[i + u]);
+            for (int64_t u = 0; u < n; ++u) up[u] = bf16_to_f32(u16[i + u]);
+            silu_times(gate, ones, silu, n);
+            for (int64_t u = 0; u < n; ++u) silu[u] = bf16_round(silu[u]) * up[u];
+            for (int64_t u = 0; u < n; ++u) o[i + u] = f32_to_bf16(silu[u]);
         }
-#endif
-        for (; i < inter; ++i) o[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
     }
 }
 

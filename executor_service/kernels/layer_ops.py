@@ -1,4 +1,5 @@
-"""Torch-facing side of the native layer ops (``layer_ops.c``): float32 CPU tensors only.
+"""Torch-facing side of the native layer ops (``layer_ops.c``): float32 or bfloat16 CPU tensors
+(every tensor of one call in the same dtype; the argmax takes float32 logits only).
 
 Each function checks what the C code assumes (dtype, device, contiguous rows) and raises ValueError
 otherwise, so a wrong call fails loudly instead of reading the wrong memory.
@@ -12,10 +13,17 @@ import torch
 
 from executor_service.kernels import layer_ops_library
 
+LAYER_DTYPES = (torch.float32, torch.bfloat16)
+
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the layer ops can serve this device and dtype (building them on first ask)."""
-    return device.type == "cpu" and dtype == torch.float32 and layer_ops_library() is not None
+    """Whether the norm, RoPE and SiLU ops serve this device and dtype (building them on first ask)."""
+    return device.type == "cpu" and dtype in LAYER_DTYPES and layer_ops_library() is not None
+
+
+def _suffix(dtype: torch.dtype) -> str:
+    """The C function's suffix for this dtype."""
+    return "_bf16" if dtype == torch.bfloat16 else ""
 
 
 def _library() -> ctypes.CDLL:
@@ -25,26 +33,36 @@ def _library() -> ctypes.CDLL:
     return library
 
 
-def _check(name: str, tensor: torch.Tensor, row_stride_ok: bool = False) -> None:
-    if tensor.dtype != torch.float32 or tensor.device.type != "cpu":
-        raise ValueError(f"{name} must be float32 on the CPU, got {tensor.dtype} on {tensor.device}")
+def _check(name: str, tensor: torch.Tensor, row_stride_ok: bool = False, dtype: torch.dtype = torch.float32) -> None:
+    if tensor.dtype != dtype or tensor.device.type != "cpu":
+        raise ValueError(f"{name} must be {str(dtype)[6:]} on the CPU, got {tensor.dtype} on {tensor.device}")
     contiguous = tensor.stride(-1) == 1 if row_stride_ok else tensor.is_contiguous()
     if not contiguous:
         raise ValueError(f"{name} must be contiguous")
 
 
+def _layer_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """The call's dtype, taken from its main tensor: float32 or bfloat16."""
+    if tensor.dtype not in LAYER_DTYPES:
+        raise ValueError(f"the layer ops take float32 or bfloat16 tensors, got {tensor.dtype}")
+    return tensor.dtype
+
+
 def add_rms_norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``hidden += delta`` in place (when given), then return RMSNorm(hidden) * weight. hidden [N, d]."""
     rows, dim = hidden.shape
-    _check("hidden", hidden)
-    _check("weight", weight)
+    dtype = _layer_dtype(hidden)
+    _check("hidden", hidden, dtype=dtype)
+    _check("weight", weight, dtype=dtype)
     if delta is not None:
-        _check("delta", delta)
+        _check("delta", delta, dtype=dtype)
         if delta.shape != hidden.shape:
             raise ValueError(f"delta {tuple(delta.shape)} does not match hidden {tuple(hidden.shape)}")
     out = torch.empty_like(hidden)
     delta_ptr = delta.data_ptr() if delta is not None else None
-    _library().baton_add_rms_norm(hidden.data_ptr(), delta_ptr, weight.data_ptr(), out.data_ptr(), rows, dim, eps)
+    getattr(_library(), "baton_add_rms_norm" + _suffix(dtype))(
+        hidden.data_ptr(), delta_ptr, weight.data_ptr(), out.data_ptr(), rows, dim, eps
+    )
     return out
 
 
@@ -68,14 +86,15 @@ def rope_store(
         raise ValueError(
             f"qkv {tuple(qkv.shape)}, cos {tuple(cos.shape)}: shapes do not match {heads}+2x{kv_heads} heads"
         )
+    dtype = _layer_dtype(qkv)
     for name, tensor in (("cos", cos), ("sin", sin), ("keys", keys), ("values", values)):
-        _check(name, tensor)
-    _check("qkv", qkv, row_stride_ok=True)
+        _check(name, tensor, dtype=dtype)
+    _check("qkv", qkv, row_stride_ok=True, dtype=dtype)
     if slots.dtype != torch.int64 or not slots.is_contiguous() or slots.numel() != rows:
         raise ValueError("slots must be a contiguous int64 tensor with one slot per row")
     if keys.shape[1:] != (kv_heads, dim) or values.shape != keys.shape:
         raise ValueError(f"pool {tuple(keys.shape)} is not [slots, {kv_heads}, {dim}]")
-    _library().baton_rope_store(
+    getattr(_library(), "baton_rope_store" + _suffix(dtype))(
         qkv.data_ptr(), rows, qkv.stride(0), cos.data_ptr(), sin.data_ptr(), heads, kv_heads, dim,
         keys.data_ptr(), values.data_ptr(), slots.data_ptr(),
     )  # fmt: skip
@@ -83,10 +102,11 @@ def rope_store(
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for ``gate_up`` [N, 2 * inter] (gate first), as [N, inter]."""
-    _check("gate_up", gate_up)
+    dtype = _layer_dtype(gate_up)
+    _check("gate_up", gate_up, dtype=dtype)
     rows, width = gate_up.shape
     out = gate_up.new_empty(rows, width // 2)
-    _library().baton_silu_mul(gate_up.data_ptr(), rows, width // 2, out.data_ptr())
+    getattr(_library(), "baton_silu_mul" + _suffix(dtype))(gate_up.data_ptr(), rows, width // 2, out.data_ptr())
     return out
 
 

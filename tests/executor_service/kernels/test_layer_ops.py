@@ -64,6 +64,56 @@ def test_silu_mul_matches_torch_within_an_ulp_or_two() -> None:
     torch.testing.assert_close(got, want, rtol=5e-7, atol=1e-30)
 
 
+BF16 = torch.bfloat16
+
+
+def bf16_ulps(got: torch.Tensor, want: torch.Tensor) -> int:
+    """The largest distance between the two in bfloat16 steps (their bit patterns as integers)."""
+    a, b = got.view(torch.int16).int(), want.view(torch.int16).int()
+    return int((a - b).abs().max())
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_bfloat16_add_rms_norm_matches_llama_rmsnorm_within_a_bf16_ulp(rows: int) -> None:
+    torch.manual_seed(rows)
+    dim = 250  # the vector loop and its tail
+    hidden, delta = torch.randn(rows, dim, dtype=BF16), torch.randn(rows, dim, dtype=BF16)
+    norm = LlamaRMSNorm(dim, eps=1e-5).to(BF16)
+    norm.weight.data = torch.randn(dim, dtype=BF16)
+    expected_hidden = hidden + delta
+    got = layer_ops.add_rms_norm(hidden, delta, norm.weight.data, 1e-5)
+    assert torch.equal(hidden, expected_hidden), "the residual add rounds like torch's"
+    assert got.dtype == BF16 and bf16_ulps(got, norm(expected_hidden)) <= 1
+
+
+def test_bfloat16_rope_store_matches_apply_rotary_pos_emb_bit_for_bit() -> None:
+    torch.manual_seed(1)
+    rows, heads, kv_heads, dim = 19, 4, 2, 64
+    width = (heads + 2 * kv_heads) * dim
+    qkv = torch.randn(rows, width + 8, dtype=BF16)[:, :width]
+    cos, sin = torch.randn(rows, dim, dtype=BF16), torch.randn(rows, dim, dtype=BF16)
+    q = qkv[:, : heads * dim].reshape(rows, heads, dim).transpose(0, 1)[None]
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].reshape(rows, kv_heads, dim).transpose(0, 1)[None]
+    v = qkv[:, (heads + kv_heads) * dim :].reshape(rows, kv_heads, dim).clone()
+    want_q, want_k = apply_rotary_pos_emb(q, k, cos[None], sin[None])
+    keys, values = torch.zeros(50, kv_heads, dim, dtype=BF16), torch.zeros(50, kv_heads, dim, dtype=BF16)
+    slots = torch.randperm(50)[:rows].contiguous()
+    layer_ops.rope_store(qkv, cos, sin, heads, kv_heads, keys, values, slots)
+    assert torch.equal(qkv[:, : heads * dim].reshape(rows, heads, dim), want_q[0].transpose(0, 1))
+    assert torch.equal(keys[slots], want_k[0].transpose(0, 1))
+    assert torch.equal(values[slots], v)
+
+
+def test_bfloat16_silu_mul_matches_torch_within_a_bf16_ulp() -> None:
+    torch.manual_seed(0)
+    gate_up = (torch.randn(33, 2 * 691) * 6).to(BF16)  # an odd width: the chunks and the tail
+    gate_up[0, :4] = torch.tensor([100.0, -100.0, 0.0, -0.0])
+    got = layer_ops.silu_mul(gate_up)
+    want = F.silu(gate_up[:, :691]) * gate_up[:, 691:]
+    # One bf16 step relative (2^-7); silu(-100) is -4e-37 here and -0 in torch (exp(100) = inf there).
+    torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-30)
+
+
 def test_argmax_rows_equals_torch_argmax() -> None:
     torch.manual_seed(0)
     logits = torch.randn(12, 8192 + 16)[:, :8192]  # strided rows
@@ -82,8 +132,12 @@ def test_argmax_rows_equals_torch_argmax() -> None:
 
 
 def test_checks_refuse_what_the_c_code_cannot_read() -> None:
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        layer_ops.silu_mul(torch.randn(2, 8, dtype=torch.float16))
+    with pytest.raises(ValueError, match="weight must be bfloat16"):
+        layer_ops.add_rms_norm(torch.randn(2, 8, dtype=torch.bfloat16), None, torch.ones(8), 1e-6)
     with pytest.raises(ValueError, match="float32"):
-        layer_ops.silu_mul(torch.randn(2, 8, dtype=torch.bfloat16))
+        layer_ops.argmax_rows(torch.randn(2, 8, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="contiguous"):
         layer_ops.add_rms_norm(torch.randn(8, 4).t(), None, torch.ones(8), 1e-6)
     with pytest.raises(ValueError, match="slots"):
