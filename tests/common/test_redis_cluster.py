@@ -92,6 +92,32 @@ async def test_pipelined_scripts_survive_a_node_that_lost_them(
         await client.aclose()
 
 
+async def test_steps_of_several_executors_share_one_pipeline_on_a_cluster(
+    cluster_url: str, redis_cluster: RedisClusterProcesses
+) -> None:
+    """Concurrent step writes go out as one cluster pipeline, even to a node that lost its scripts."""
+    client = connect(cluster_url)
+    try:
+        store = RequestStore(client, KeySchema(), request_ttl_s=60)
+        params = RequestParams(max_tokens=4, ignore_eos=True)
+        for i in range(3):
+            await store.enqueue(NewRequest(f"r{i}", (1, 5, 6), params, 5, "t", 0, 0), 0.0, 100)
+            assert await store.claim(f"r{i}", f"exec-{i}") is not None
+        for node in redis_cluster.nodes:
+            redis_cli(node.port, "SCRIPT", "FLUSH")
+        trips = store._record_step.round_trips
+        accepted = await asyncio.gather(
+            *(store.publish_step(f"exec-{i}", [StepWrite(f"r{i}", TokenEvent(0, (7 + i,), "a"))]) for i in range(3))
+        )
+        assert accepted == [[True], [True], [True]]
+        assert store._record_step.round_trips == trips + 1
+        for i in range(3):
+            events = await store.read_events(f"r{i}", "0", 100)
+            assert [(e.index, e.token_ids) for _, e in events] == [(0, (7 + i,))]
+    finally:
+        await client.aclose()
+
+
 async def test_greedy_streams_match_generate_and_spread_over_shards(
     stack: Stack, tiny_model_dir: Path, redis_cluster: RedisClusterProcesses
 ) -> None:
