@@ -40,26 +40,41 @@ class ScriptBatcher:
         self._waiting.append((keys, args, future))
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_all(), name="script-batcher")
+            self._sender.add_done_callback(self._sender_done)
         return await future
 
     async def _send_all(self) -> None:
         batch: list[_Call] = []
         try:
             while self._waiting:
-                batch, self._waiting = self._waiting, []
-                await self._send(batch)
+                # A caller cancelled before its call went out is not sent at all, as before batching.
+                batch, self._waiting = [call for call in self._waiting if not call[2].done()], []
+                if batch:
+                    await self._send(batch)
         except BaseException as error:  # cancelled at shutdown, say: no caller may wait for ever
-            for _, _, future in [*batch, *self._waiting]:
-                if future.done():
-                    continue
-                if isinstance(error, Exception):
-                    future.set_exception(error)
-                else:
-                    future.cancel()
+            self._fail([*batch, *self._waiting], error)
             self._waiting = []
             raise
         finally:
             self._sender = None
+
+    def _sender_done(self, task: asyncio.Task[None]) -> None:
+        """A sender cancelled before it ever ran never reached its ``try``: fail what it left waiting."""
+        if self._sender is task:
+            self._sender = None
+        if task.cancelled() and self._sender is None:
+            self._fail(self._waiting, asyncio.CancelledError())
+            self._waiting = []
+
+    @staticmethod
+    def _fail(calls: list[_Call], error: BaseException) -> None:
+        for _, _, future in calls:
+            if future.done():
+                continue
+            if isinstance(error, Exception):
+                future.set_exception(error)
+            else:
+                future.cancel()
 
     async def _send(self, batch: list[_Call]) -> None:
         self.round_trips += 1

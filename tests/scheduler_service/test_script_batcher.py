@@ -80,3 +80,24 @@ async def test_a_lost_connection_fails_every_call_of_its_round_trip(tmp_path: Pa
         assert batcher.round_trips == 2  # and nobody waits for ever
     finally:
         await redis.aclose()
+
+
+async def test_a_call_cancelled_before_it_went_out_is_not_sent(client: aioredis.Redis) -> None:
+    batcher = ScriptBatcher(client, client.register_script(PUSH))
+    kept = asyncio.ensure_future(batcher(["cancel"], ["kept"]))
+    dropped = asyncio.ensure_future(batcher(["cancel"], ["dropped"]))
+    await asyncio.sleep(0)  # both are queued; the sender has not run yet
+    dropped.cancel()
+    assert await kept == 1
+    assert await client.lrange("cancel", 0, -1) == ["kept"]
+
+
+async def test_a_sender_cancelled_before_it_ran_leaves_no_caller_waiting(client: aioredis.Redis) -> None:
+    batcher = ScriptBatcher(client, client.register_script(PUSH))
+    waiting = asyncio.ensure_future(batcher(["stuck"], ["a"]))
+    await asyncio.sleep(0)  # queued, and the sender task created but not yet run
+    assert batcher._sender is not None
+    batcher._sender.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(waiting, 5)
+    assert await batcher(["stuck"], ["b"]) == 1, "a later call starts a new sender"
