@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
 from common.keys import KeySchema
 from common.lifecycle import FinishReason
@@ -67,18 +68,28 @@ async def test_cluster_url_gives_a_cluster_client(cluster_url: str) -> None:
         await client.aclose()
 
 
+async def _claimed_after_script_flush(
+    client: aioredis.Redis, cluster: RedisClusterProcesses, claims: dict[str, str]
+) -> RequestStore:
+    """A store whose requests (id -> executor) are queued and claimed, then every node's scripts flushed:
+    what a promoted replica or restarted primary looks like."""
+    store = RequestStore(client, KeySchema(), request_ttl_s=60)
+    params = RequestParams(max_tokens=4, ignore_eos=True)
+    for request_id, executor_id in claims.items():
+        await store.enqueue(NewRequest(request_id, (1, 5, 6), params, 5, "t", 0, 0), 0.0, 100)
+        assert await store.claim(request_id, executor_id) is not None
+    for node in cluster.nodes:
+        redis_cli(node.port, "SCRIPT", "FLUSH")
+    return store
+
+
 async def test_pipelined_scripts_survive_a_node_that_lost_them(
     cluster_url: str, redis_cluster: RedisClusterProcesses
 ) -> None:
     """A promoted replica or restarted primary has an empty script cache: the step still records."""
     client = connect(cluster_url)
     try:
-        store = RequestStore(client, KeySchema(), request_ttl_s=60)
-        params = RequestParams(max_tokens=4, ignore_eos=True)
-        await store.enqueue(NewRequest("r1", (1, 5, 6), params, 5, "t", 0, 0), 0.0, 100)
-        assert await store.claim("r1", "exec-a") is not None
-        for node in redis_cluster.nodes:
-            redis_cli(node.port, "SCRIPT", "FLUSH")
+        store = await _claimed_after_script_flush(client, redis_cluster, {"r1": "exec-a"})
         usage = {"prompt_tokens": 3.0, "completion_tokens": 2.0}
         accepted = await store.publish_step(
             "exec-a",
@@ -98,13 +109,7 @@ async def test_steps_of_several_executors_share_one_pipeline_on_a_cluster(
     """Concurrent step writes go out as one cluster pipeline, even to a node that lost its scripts."""
     client = connect(cluster_url)
     try:
-        store = RequestStore(client, KeySchema(), request_ttl_s=60)
-        params = RequestParams(max_tokens=4, ignore_eos=True)
-        for i in range(3):
-            await store.enqueue(NewRequest(f"r{i}", (1, 5, 6), params, 5, "t", 0, 0), 0.0, 100)
-            assert await store.claim(f"r{i}", f"exec-{i}") is not None
-        for node in redis_cluster.nodes:
-            redis_cli(node.port, "SCRIPT", "FLUSH")
+        store = await _claimed_after_script_flush(client, redis_cluster, {f"r{i}": f"exec-{i}" for i in range(3)})
         trips = store._record_step.round_trips
         accepted = await asyncio.gather(
             *(store.publish_step(f"exec-{i}", [StepWrite(f"r{i}", TokenEvent(0, (7 + i,), "a"))]) for i in range(3))
