@@ -110,18 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = breakdown(total)
     tokens = sum(map(len, outputs))
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "size": args.size,
-                    "dtype": args.dtype,
-                    "tokens": tokens,
-                    "steps": eng.iteration,
-                    "cpu_s": total,
-                    "rows": rows,
-                }
-            )
-        )
+        summary = {"size": args.size, "dtype": args.dtype, "tokens": tokens, "steps": eng.iteration, "cpu_s": total}
+        print(json.dumps({**summary, "rows": rows}))
         return 0
     print(f"{args.size} {args.dtype}: {len(wl.prompts)} requests, {tokens} output tokens, {total:.2f} s thread CPU")
     for name, seconds in rows.items():

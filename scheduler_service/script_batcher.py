@@ -3,7 +3,7 @@
 Every executor link records each step with one script call. Fifty links made fifty separate
 round trips per step interval, and on the scheduler's one core each cost about 180 µs of CPU in
 redis-py (pool checkout, timeouts, a socket write and read, the reply's parsing). Pipelined, a
-call costs about 45 µs. So calls are group-committed across links: calls made in one turn of the
+call costs about 43 µs. So calls are group-committed across links: calls made in one turn of the
 event loop go out together as soon as it comes round, and every call made while that round trip
 is in flight goes out together in the next one. Idle, that is no delay at all; busy, the cost
 per call falls exactly when the replica is short of CPU.
@@ -90,9 +90,7 @@ class ScriptBatcher:
                         await queued
                 replies = await pipe.execute(raise_on_error=False)
         except Exception as error:  # the round trip failed: so did every call in it
-            for _, _, future in batch:
-                if not future.done():
-                    future.set_exception(error)
+            self._fail(batch, error)
             return
         for (keys, args, future), reply in zip(batch, replies, strict=True):
             if future.done():
