@@ -49,6 +49,13 @@ def _add_dev(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--redis-url", help="use this Redis instead of starting redis-server")
     p.add_argument("--workdir", default=".baton-dev", help="where the generated model and Redis files live")
     p.add_argument("--config", help="YAML config passed to both services")
+    p.add_argument(
+        "--executors",
+        type=int,
+        default=1,
+        help="executor processes, each with its own copy of the model (default 1; docs/deployment.md says "
+        "when more than one pays on a CPU host)",
+    )
     p.set_defaults(func=lambda a: __import__("baton.dev", fromlist=["run"]).run(a))
 
 

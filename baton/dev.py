@@ -76,6 +76,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.executors < 1:
+        raise SystemExit(f"baton dev: --executors must be at least 1, got {args.executors}")
     signal.signal(signal.SIGTERM, _interrupt)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s baton dev: %(message)s")
     workdir = Path(args.workdir).resolve()
@@ -94,24 +96,12 @@ def run(args: argparse.Namespace) -> int:
             procs.append(redis_proc)
         config = ["--config", args.config] if args.config else []
         baton = [sys.executable, "-m", "baton.cli"]
-        executor_port = _free_port()
-        executor = subprocess.Popen(
-            [
-                *baton,
-                "executor",
-                "--redis-url",
-                redis_url,
-                "--model",
-                model,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(executor_port),
-                *config,
-            ]
-        )
-        procs.append(executor)
-        _wait_healthy(f"127.0.0.1:{executor_port}", executor, 300)
+        for _ in range(args.executors):
+            executor_port = _free_port()
+            executor_args = ["--model", model, "--host", "127.0.0.1", "--port", str(executor_port), *config]
+            executor = subprocess.Popen([*baton, "executor", "--redis-url", redis_url, *executor_args])
+            procs.append(executor)
+            _wait_healthy(f"127.0.0.1:{executor_port}", executor, 300)
         scheduler = subprocess.Popen([*baton, "scheduler", "--redis-url", redis_url, "--port", str(args.port), *config])
         procs.append(scheduler)
         _wait_healthy(f"127.0.0.1:{args.port}", scheduler, 60)

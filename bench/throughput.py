@@ -195,6 +195,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--executor-threads", type=int, default=0, help="Baton torch threads, (a) and (b); 0: the executor default"
     )
+    parser.add_argument(
+        "--executors", type=int, default=1, help="(a): executor processes, each with the whole model (default 1)"
+    )
     return parser.parse_args(argv)
 
 
@@ -220,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         args.kv_cache_mb,
         args.executor_threads,
         args.stream_interval,
+        args.executors,
     )
     report: dict[str, Any] = {"requests": len(wl.prompts), "seed": args.seed, "wanted_tokens": sum(wl.max_tokens)}
     report |= {"torch": torch.__version__, "transformers": transformers.__version__, "torch_threads": threads}

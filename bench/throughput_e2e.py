@@ -50,7 +50,8 @@ def run_baton_e2e(model_dir: Path, wl: Workload, kv_mb: int, logs: Path, setup: 
     setup = setup or Setup()
     metrics_port = _free_port() if setup.watch_device else 0
     say(f"(a) starting executor and scheduler (logs in {logs})")
-    with local_stack(model_dir, logs, overrides=stack_env(setup, kv_mb, metrics_port)) as stack:
+    env = stack_env(setup, kv_mb, metrics_port)
+    with local_stack(model_dir, logs, overrides=env, executors=setup.executors) as stack:
         with DeviceWatch(metrics_reader(metrics_port) if metrics_port else None) as watch:
             result = asyncio.run(drive_grpc(stack.target, wl, stack.pids | {"client": os.getpid()}))
         result.device_load = watch.summary()
@@ -71,22 +72,24 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return {name: sum(psutil.Process(pid).cpu_times()[:2]) for name, pid in pids.items()}
 
 
-def cpu_wait_seconds(pid: int) -> float | None:
-    """Seconds the process's threads spent runnable but waiting for a core (Linux schedstat).
+def cpu_wait_seconds(pids: list[int]) -> float | None:
+    """Seconds the processes' threads spent runnable but waiting for a core (Linux schedstat).
 
     Thread CPU time cannot tell an engine step that was preempted by the other processes from
     one that waited on its own GIL; this can: it counts only the time in the run queue.
     """
     total = 0
     try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            total += int((task / "schedstat").read_text().split()[1])
+        for pid in pids:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                total += int((task / "schedstat").read_text().split()[1])
     except (OSError, IndexError, ValueError):
         return None  # not Linux, or no schedstat in this kernel
     return total / 1e9
 
 
 async def drive_grpc(target: str, wl: Workload, pids: dict[str, int]) -> Result:
+    executors = [pid for name, pid in pids.items() if name.startswith("executor")]
     async with grpc.aio.insecure_channel(target) as channel:
         stub = GenerationStub(channel)
         deadline = time.monotonic() + 60
@@ -99,14 +102,15 @@ async def drive_grpc(target: str, wl: Workload, pids: dict[str, int]) -> Result:
                     raise
                 await asyncio.sleep(0.2)
         with progress(len(wl.prompts), "(a) Baton end to end over gRPC") as bar:
-            wait_before = cpu_wait_seconds(pids["executor"])
+            wait_before = cpu_wait_seconds(executors)
             cpu_before, started = cpu_seconds(pids), time.perf_counter()
             jobs = (stream_one(stub, p, n, bar) for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
             outputs = list(await asyncio.gather(*jobs))
             seconds, cpu_after = time.perf_counter() - started, cpu_seconds(pids)
-            wait_after = cpu_wait_seconds(pids["executor"])
+            wait_after = cpu_wait_seconds(executors)
     used = ", ".join(f"{name} {cpu_after[name] - cpu_before[name]:.1f}" for name in pids)
     note = f"CPU seconds used in the {seconds:.1f} s window ({os.cpu_count()} cores): {used}"
     if wait_before is not None and wait_after is not None:
-        note += f"; the executor's threads waited {wait_after - wait_before:.2f} s for a core"
+        whose = "executor's" if len(executors) == 1 else f"{len(executors)} executors'"
+        note += f"; the {whose} threads waited {wait_after - wait_before:.2f} s for a core"
     return finish("(a) Baton end to end (gRPC)", seconds, outputs, wl, sum(map(len, outputs)), note)

@@ -35,6 +35,7 @@ class Setup:
     kv_mb: int = 0  # 0: sized from the workload (kv_memory_mb)
     executor_threads: int = 0  # Baton's torch threads in (a) and (b); 0: the executor's own choice
     stream_interval: int = 1  # (a): tokens a request gathers before the scheduler writes them
+    executors: int = 1  # (a): executor processes, each with the whole model
 
     @property
     def torch_device(self) -> torch.device:

@@ -84,8 +84,8 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
             say("loading vLLM (its first start compiles graphs: minutes)")
             worker.wait_ready(args.vllm_start_timeout)
             say(f"vLLM settings: {json.dumps(worker.settings)}")
-            with local_stack(model_dir, logs, overrides) as stack:
-                say(f"Baton settings: {json.dumps(overrides)}")
+            with local_stack(model_dir, logs, overrides, executors=args.executors) as stack:
+                say(f"Baton settings: {json.dumps(overrides)}, {args.executors} executor process(es)")
                 pids = {**stack.pids, "client": os.getpid()}
                 say("warm-up: the whole workload once on each side, untimed")
                 vllm_outputs = worker.run()["outputs"]
@@ -127,6 +127,7 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
         "same_greedy_outputs": f"{same_outputs(vllm_outputs, baton_outputs)}/{len(wl.prompts)}",
         "vllm_settings": worker.settings,
         "baton_settings": overrides,
+        "baton_executors": args.executors,
     }
 
 
@@ -140,7 +141,7 @@ def print_summary(results: list[dict[str, Any]]) -> None:
         met = "met" if r["median_ratio"] >= 1.0 else "NOT met"
         print(
             f"{r['size']:<7}{r['dtype']:<10}  median Baton/vLLM = {r['median_ratio']:.3f} (target >= 1.0: {met}); "
-            f"same greedy outputs {r['same_greedy_outputs']}"
+            f"same greedy outputs {r['same_greedy_outputs']}; Baton executors: {r['baton_executors']}"
         )
 
 
@@ -164,6 +165,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="torch/OpenMP threads for both vLLM and Baton's executor. 0 (default): each side as it runs by "
         "default on this machine: vLLM on every core, Baton's executor choosing per step (every core for "
         "heavy steps, all but one for light ones)",
+    )
+    parser.add_argument(
+        "--executors",
+        type=int,
+        default=1,
+        help="Baton executor processes, each with the whole model (default 1). vLLM's offline LLM runs one "
+        "engine whatever this says",
     )
     parser.add_argument("--enforce-eager", action="store_true", help="vLLM without torch.compile")
     parser.add_argument(
@@ -192,6 +200,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.pairs < 1:
         parser.error("--pairs must be at least 1")
+    if args.executors < 1:
+        parser.error("--executors must be at least 1")
     return args
 
 

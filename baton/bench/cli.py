@@ -34,6 +34,7 @@ def _target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="with --local: model dir (default: the generated tiny model, made once)")
     p.add_argument("--dtype", help="with --local: executor dtype, float32 (default), bfloat16 or float16")
     p.add_argument("--config", help="with --local: YAML config passed to both services")
+    p.add_argument("--executors", type=int, default=1, help="with --local: executor processes to start (default 1)")
     p.add_argument(
         "--workdir", default=str(DEFAULT_WORKDIR), help=f"with --local: models and logs (default {DEFAULT_WORKDIR})"
     )
@@ -150,7 +151,7 @@ def _target(args: argparse.Namespace) -> Iterator[str]:
     model = Path(args.model) if args.model else ensure_model(workdir, "tiny", progress=True)
     overrides = {"BATON_EXECUTOR__DTYPE": args.dtype} if args.dtype else {}
     print(f"[bench] starting a local stack on {model} (logs in {workdir / 'logs'})", file=sys.stderr)
-    with local_stack(model, workdir / "logs", overrides, args.config) as stack:
+    with local_stack(model, workdir / "logs", overrides, args.config, executors=args.executors) as stack:
         yield stack.target
 
 

@@ -1,4 +1,4 @@
-"""A throwaway Baton for benchmarks: redis-server, one executor and one scheduler, each its own process.
+"""A throwaway Baton for benchmarks: redis-server, executors (one by default) and a scheduler, each its own process.
 
 As ``baton dev`` starts them, on free loopback ports, with settings passed as ``BATON_*`` environment
 overrides. Used by ``baton bench --local`` and by the comparison scripts under ``bench/``.
@@ -30,7 +30,7 @@ class LocalStack:
 
     target: str  # the scheduler's HOST:PORT
     redis_url: str
-    pids: dict[str, int]  # redis, executor, scheduler
+    pids: dict[str, int]  # redis, executor (then executor-2, executor-3, ...), scheduler
     logs: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -47,6 +47,11 @@ def ensure_model(workdir: Path, size: str = "tiny", progress: bool = False) -> P
     return model_dir
 
 
+def executor_name(number: int) -> str:
+    """The key of the ``number``-th executor (from 1) in ``LocalStack.pids``, and its log's name."""
+    return "executor" if number == 1 else f"executor-{number}"
+
+
 def _spawn(cmd: list[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(env))
@@ -54,12 +59,19 @@ def _spawn(cmd: list[str], log_path: Path, env: Mapping[str, str]) -> subprocess
 
 @contextlib.contextmanager
 def local_stack(
-    model_dir: Path, logs: Path, overrides: Mapping[str, str] | None = None, config: str | None = None
+    model_dir: Path,
+    logs: Path,
+    overrides: Mapping[str, str] | None = None,
+    config: str | None = None,
+    executors: int = 1,
 ) -> Iterator[LocalStack]:
     """Start the stack, yield it once the scheduler is healthy, stop every process on exit.
 
     ``overrides``: extra environment for both services, e.g. ``{"BATON_EXECUTOR__DTYPE": "bfloat16"}``.
+    ``executors``: how many executor processes serve the model (each its own weights and KV cache).
     """
+    if executors < 1:
+        raise ValueError(f"executors must be >= 1, got {executors}")
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(overrides or {})}
     baton = [sys.executable, "-m", "baton.cli"]
@@ -69,15 +81,21 @@ def local_stack(
         try:
             redis_proc, redis_url = _start_redis(Path(redis_dir))
             procs.append(redis_proc)
-            ex_port, sched_port = _free_port(), _free_port()
-            log.info("starting an executor on %s and a scheduler (logs in %s)", model_dir, logs)
-            ex_args = ["--model", str(model_dir), "--host", "127.0.0.1", "--port", str(ex_port), *extra]
-            procs.append(_spawn([*baton, "executor", "--redis-url", redis_url, *ex_args], logs / "executor.log", env))
-            _wait_healthy(f"127.0.0.1:{ex_port}", procs[-1], 300)
+            pids = {"redis": redis_proc.pid}
+            log.info("starting %d executor(s) on %s and a scheduler (logs in %s)", executors, model_dir, logs)
+            for number in range(1, executors + 1):
+                name = executor_name(number)
+                ex_port = _free_port()
+                ex_args = ["--model", str(model_dir), "--host", "127.0.0.1", "--port", str(ex_port), *extra]
+                cmd = [*baton, "executor", "--redis-url", redis_url, *ex_args]
+                procs.append(_spawn(cmd, logs / f"{name}.log", env))
+                _wait_healthy(f"127.0.0.1:{ex_port}", procs[-1], 300)
+                pids[name] = procs[-1].pid
+            sched_port = _free_port()
             sched_args = ["--redis-url", redis_url, "--host", "127.0.0.1", "--port", str(sched_port), *extra]
             procs.append(_spawn([*baton, "scheduler", *sched_args], logs / "scheduler.log", env))
             _wait_healthy(f"127.0.0.1:{sched_port}", procs[-1], 60)
-            pids = dict(zip(("redis", "executor", "scheduler"), (p.pid for p in procs), strict=True))
+            pids["scheduler"] = procs[-1].pid
             yield LocalStack(f"127.0.0.1:{sched_port}", redis_url, pids, logs, procs)
         finally:
             stop_processes(procs)

@@ -1,0 +1,35 @@
+"""``local_stack``: the benchmarks' throwaway stack, with more than one executor process."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import redis
+
+from baton.bench.client import RunPlan, run_workload
+from baton.bench.local_stack import executor_name, local_stack
+from baton.bench.workload import WorkloadSpec
+
+
+def test_two_executor_processes_share_the_work(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with local_stack(tiny_model_dir, tmp_path / "logs", executors=2) as stack:
+        assert [name for name in stack.pids if name.startswith("executor")] == ["executor", "executor-2"]
+        store = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+        assert store.zcard("{baton}:executors") == 2
+        specs = WorkloadSpec(8, (4, 24), (3, 6), seed=1).build()
+        timings, _ = asyncio.run(run_workload(stack.target, specs, RunPlan(max_concurrency=8)))
+        for spec, timing in zip(specs, timings, strict=True):
+            assert timing.ok, timing.error
+            assert timing.output_len == spec.output_len
+        request_keys = [key for key in store.scan_iter("{baton}:req:*") if key.count(":") == 2]  # not :tokens
+        served_by = {key: store.hget(key, "executor") for key in request_keys}
+        assert len(served_by) == len(specs) + 1  # and the warm-up request
+        assert len(set(served_by.values())) == 2, "placement by free KV room spreads the requests over both"
+        assert {(tmp_path / "logs" / f"{executor_name(n)}.log").exists() for n in (1, 2)} == {True}
+
+
+def test_at_least_one_executor(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="executors"), local_stack(tiny_model_dir, tmp_path, executors=0):
+        pass
