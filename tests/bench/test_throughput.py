@@ -39,6 +39,12 @@ def test_stack_env_carries_the_setup() -> None:
     assert env["BATON_MONITORING__EXECUTOR_METRICS_PORT"] == "9999"
 
 
+def test_executors_flag_reaches_the_setup() -> None:
+    assert tp.parse_args([]).executors == 1
+    assert tp.parse_args(["--executors", "2"]).executors == 2
+    assert tp.Setup().executors == 1
+
+
 def test_device_watch_summarises_its_samples() -> None:
     readings = iter([{"util_pct": 50.0, "memory_bytes": 2.0**30, "power_w": 100.0}] * 1000)
     with watch.DeviceWatch(lambda: next(readings), interval_s=0.005) as w:

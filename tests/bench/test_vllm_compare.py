@@ -18,12 +18,16 @@ def test_defaults_alternate_three_pairs_on_both_models_and_dtypes() -> None:
     assert not args.vllm_prefix_caching, "the repeated workload would hit the previous run's prompts"
     assert not args.vllm_default_malloc, "vLLM gets the allocator settings Baton's executor gives itself"
     assert args.stream_interval == 1, "Baton streams every token, as vLLM does by default"
+    assert args.executors == 1
 
 
 def test_flags() -> None:
     args = compare.parse_args(["--sizes", "tiny", "--dtypes", "float32", "--pairs", "5", "--threads", "2"])
     assert (args.sizes, args.dtypes, args.pairs, args.threads) == (["tiny"], ["float32"], 5, 2)
     assert compare.parse_args(["--stream-interval", "4"]).stream_interval == 4
+    assert compare.parse_args(["--executors", "2"]).executors == 2
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--executors", "0"])
     with pytest.raises(SystemExit):
         compare.parse_args(["--pairs", "0"])
     with pytest.raises(SystemExit):
