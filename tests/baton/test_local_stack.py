@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,10 @@ def test_two_executor_processes_share_the_work(tiny_model_dir: Path, tmp_path: P
         assert [name for name in stack.pids if name.startswith("executor")] == ["executor", "executor-2"]
         store = redis.Redis.from_url(stack.redis_url, decode_responses=True)
         assert store.zcard("{baton}:executors") == 2
+        deadline = time.monotonic() + 60
+        while len(list(store.scan_iter("{baton}:lease:executor:*"))) < 2:  # the scheduler drives both
+            assert time.monotonic() < deadline, "the scheduler did not take both executors' leases"
+            time.sleep(0.1)
         specs = WorkloadSpec(8, (4, 24), (3, 6), seed=1).build()
         timings, _ = asyncio.run(run_workload(stack.target, specs, RunPlan(max_concurrency=8)))
         for spec, timing in zip(specs, timings, strict=True):
