@@ -190,14 +190,16 @@ class Dispatcher:
         executor_id = link.executor_id
         try:
             await link.connect()
-            # Whatever Redis says runs there is stale for this new stream: abort it there, re-queue it here.
+            # Whatever Redis says runs there is stale for this new stream: abort it there (fenced
+            # before it is re-queued, so no re-admission can overtake the abort), re-queue it here.
             stale = await self.store.running_ids(executor_id)
+            link.fence(stale)
             for request_id in stale:
                 await self.store.hand_back(request_id, executor_id, "migrate", owner="")
                 self.metrics.migrations.inc()
             log.info("driving executor %s at %s", executor_id, link.address)
             self.wake()
-            await link.run(abort_first=stale)
+            await link.run()
             log.warning("executor %s closed its stream", executor_id)
         except asyncio.CancelledError:
             pass

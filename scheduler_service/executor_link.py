@@ -15,7 +15,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import grpc
 
@@ -69,6 +69,7 @@ class ExecutorLink:
         # Names this link's assignments in Redis: writes from an older link to the same executor fail.
         self.owner = f"{executor_id}#{self._base_seq:x}"
         self._fence_seq = 0  # the stale-abort plan that must be acknowledged before admitting
+        self._fenced = False  # fence() called: until then the link admits nothing
         self._acked_seq = 0  # newest plan the executor reported applied
         self._redis_retry_s = redis_retry_s
         self._security = security or SecurityConfig()
@@ -89,15 +90,25 @@ class ExecutorLink:
         stub = executor_pb2_grpc.ExecutorStub(self._channel)
         self.info = await stub.Info(pb.InfoRequest(), timeout=timeout)
 
-    async def run(self, abort_first: set[str]) -> None:
-        """Drive the stream until it ends. ``abort_first``: stale requests to drop before anything else."""
-        if self._channel is None:
-            raise RuntimeError("connect() first")
-        if abort_first:
-            # Admit nothing until the executor confirms these aborts: a re-admitted id must never
-            # be confused with the abort's own CANCELLED report.
+    def fence(self, stale: Iterable[str]) -> None:
+        """Have the executor drop ``stale`` (what an earlier stream left there) before anything else.
+
+        The link is not ``ready`` before this is called, and then not until the executor confirms
+        the aborts: a re-admitted id must never be confused with the abort's own CANCELLED report.
+        Call it before the stale requests are re-queued. Were the link ready in between (it was,
+        once ``connect`` had returned), admission could claim a re-queued request and queue its
+        admit ahead of the abort, which then cancelled the new run of it.
+        """
+        stale = sorted(stale)
+        if stale:
             self._fence_seq = self._next_seq()
-            self._outbox.put_nowait(pb.Plan(seq=self._fence_seq, abort=sorted(abort_first)))
+            self._outbox.put_nowait(pb.Plan(seq=self._fence_seq, abort=stale))
+        self._fenced = True
+
+    async def run(self) -> None:
+        """Drive the stream until it ends; ``connect`` and ``fence`` first."""
+        if self._channel is None or not self._fenced:
+            raise RuntimeError("connect() and fence() first")
         stub = executor_pb2_grpc.ExecutorStub(self._channel)
         call = stub.Run(self._plans())
         inbox: asyncio.Queue[pb.StepReport | BaseException | None] = asyncio.Queue()
@@ -142,7 +153,7 @@ class ExecutorLink:
     # ---- planning ----------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return self.info is not None and self._acked_seq >= self._fence_seq
+        return self.info is not None and self._fenced and self._acked_seq >= self._fence_seq
 
     def capacity(self, fraction: float = 1.0) -> ExecutorCapacity:
         """Room for new requests; ``fraction`` < 1 shrinks it under load (rounding up, so never to 0)."""

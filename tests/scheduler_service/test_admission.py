@@ -29,6 +29,7 @@ CONFIG = BatonConfig()
 def open_link(store: RequestStore) -> ExecutorLink:
     link = ExecutorLink("exec-1", "127.0.0.1:1", store, CONFIG.scheduler, lambda: None)
     link.info = pb.InfoResponse(executor_id="exec-1", kv_blocks_total=100, block_size=16, max_batch_size=8)
+    link.fence(())  # nothing stale on the executor: ready at once
     return link
 
 
@@ -122,3 +123,23 @@ async def test_settling_a_claim_redis_never_applied_changes_nothing(
     assert await admission.run([link]) == 1
     record = await store.get("r1")
     assert record is not None and record["state"] == "ASSIGNED" and not record.get("migrations")
+
+
+async def test_a_new_link_admits_nothing_until_its_stale_aborts_are_confirmed(store: RequestStore) -> None:
+    """The race a SIGKILLed replica's successor lost: it re-queued the executor's stale requests while
+    its link already counted as ready, admission re-claimed one, and the admit went out ahead of the
+    stale abort, which then cancelled the new run of it."""
+    scorer = RequestScorer(CONFIG)
+    await queued(store, scorer, "r1")
+    admission = Admission(store, CONFIG, scorer, SchedulerMetrics())
+    link = ExecutorLink("exec-1", "127.0.0.1:1", store, CONFIG.scheduler, lambda: None)
+    link.info = pb.InfoResponse(executor_id="exec-1", kv_blocks_total=100, block_size=16, max_batch_size=8)
+    assert not link.ready and await admission.run([link]) == 0, "connected, but not fenced yet"
+    link.fence({"r1"})
+    assert not link.ready and await admission.run([link]) == 0, "fenced, the aborts not confirmed yet"
+    fence = link._outbox.get_nowait()
+    assert list(fence.abort) == ["r1"] and not fence.admit, "the abort goes out first"
+    await link._on_reports([pb.StepReport(plan_seq=fence.seq)])  # the executor applied it
+    assert link.ready and await admission.run([link]) == 1
+    link.flush()
+    assert [a.request_id for a in link._outbox.get_nowait().admit] == ["r1"]
