@@ -24,7 +24,7 @@ from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
 from common.redis_client import with_redis_retry
 from common.security import channel_credentials
-from scheduler_service.link_state import CHANNEL_OPTIONS, LinkedRequest, read_reports, sampling_to_pb
+from scheduler_service.link_state import CHANNEL_OPTIONS, LinkedRequest, prefill_grants, read_reports, sampling_to_pb
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import ExecutorCapacity, blocks_for
 from scheduler_service.preemption import RunningRequest
@@ -93,11 +93,9 @@ class ExecutorLink:
     def fence(self, stale: Iterable[str]) -> None:
         """Have the executor drop ``stale`` (what an earlier stream left there) before anything else.
 
-        The link is not ``ready`` before this is called, and then not until the executor confirms
-        the aborts: a re-admitted id must never be confused with the abort's own CANCELLED report.
-        Call it before the stale requests are re-queued. Were the link ready in between (it was,
-        once ``connect`` had returned), admission could claim a re-queued request and queue its
-        admit ahead of the abort, which then cancelled the new run of it.
+        The link is not ``ready`` before this, and then not until the executor confirms the aborts,
+        so no admit (of a re-queued stale request, say) goes out ahead of them and no re-admitted
+        id is confused with the abort's CANCELLED report. Call it before re-queueing ``stale``.
         """
         stale = sorted(stale)
         if stale:
@@ -231,16 +229,7 @@ class ExecutorLink:
         budget = max(max_batch + 1, int(self._config.token_level.token_budget * budget_fraction))
         plan.token_budget = budget
         budget -= sum(1 for r in self.requests.values() if r.first_token_ms is not None)
-        for admit in plan.admit:
-            if budget <= 0:
-                break
-            grant = min(
-                budget,
-                len(admit.prompt_token_ids) + len(admit.output_token_ids),
-                self._config.token_level.max_prefill_chunk,
-            )
-            plan.prefill.append(pb.PrefillGrant(request_id=admit.request_id, num_tokens=grant))
-            budget -= grant
+        plan.prefill.extend(prefill_grants(plan.admit, budget, self._config.token_level.max_prefill_chunk))
         plan.seq = self._next_seq()
         plan.iteration = self.iteration + 1
         self._outbox.put_nowait(plan)

@@ -1,10 +1,11 @@
 """What an executor link keeps and exchanges: its view of each request, the gRPC channel
-options, the sampling conversion for plans, and the task that moves step reports into an inbox."""
+options, the sampling conversion and prefill grants for plans, and the task that moves step
+reports into an inbox."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass
 
 from common.pb import executor_pb2 as pb
@@ -42,6 +43,18 @@ class LinkedRequest:
     def remaining(self) -> int:
         """Output tokens still expected: what length-aware merging compares."""
         return max(1, self.expected_output - self.generated)
+
+
+def prefill_grants(admits: Iterable[pb.AdmitRequest], budget: int, max_chunk: int) -> list[pb.PrefillGrant]:
+    """Prefill tokens for the newly admitted, in plan order, from what the step budget leaves."""
+    grants: list[pb.PrefillGrant] = []
+    for admit in admits:
+        if budget <= 0:
+            break
+        grant = min(budget, len(admit.prompt_token_ids) + len(admit.output_token_ids), max_chunk)
+        grants.append(pb.PrefillGrant(request_id=admit.request_id, num_tokens=grant))
+        budget -= grant
+    return grants
 
 
 def sampling_to_pb(params: RequestParams) -> pb.ExecSampling:
