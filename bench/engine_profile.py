@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from throughput import engine_round
+from throughput_engine import engine_round
 from throughput_setup import WARM_PROMPT, WARM_TOKENS, Workload, kv_memory_mb, make_workload
 from transformers import AttentionInterface
 

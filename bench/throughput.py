@@ -19,7 +19,6 @@ import os
 import signal
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -27,92 +26,14 @@ from typing import Any
 
 import torch
 import transformers
-from device_watch import DeviceWatch, sampler_reader
-from throughput_e2e import run_baton_e2e
+from throughput_e2e import RPCS, run_baton_e2e
+from throughput_engine import run_engine
 from throughput_hf import run_hf_cb, run_hf_static
-from throughput_setup import (
-    DTYPES,
-    MAX_BATCH,
-    WARM_PROMPT,
-    WARM_TOKENS,
-    Result,
-    Setup,
-    Workload,
-    finish,
-    kv_memory_mb,
-    make_workload,
-    progress,
-    say,
-)
-from tqdm import tqdm
+from throughput_setup import DTYPES, MAX_BATCH, Result, Setup, Workload, kv_memory_mb, make_workload, say
 
 from baton.make_model import SIZES, make_model
-from common.config import ExecutorConfig
-from executor_service.engine import Engine
-from executor_service.engine_io import AdmitSpec, PlanUpdate
-from executor_service.model_loader import load_engine
-from executor_service.sampling import SamplingParams
 
 TARGETS = {"a/b": 0.95, "a/c": 3.0}
-
-
-# ---- (b) Baton's engine in process ---------------------------------------------------------
-def engine_round(
-    engine: Engine, prompts: list[list[int]], max_tokens: list[int], bar: tqdm | None, max_batch: int = MAX_BATCH
-) -> list[list[int]]:
-    """Admit up to ``max_batch`` at a time (more as others finish); step until all finish."""
-    pending = [
-        AdmitSpec(f"r{engine.plan_seq}-{i}", tuple(p), (), SamplingParams(max_tokens=n, ignore_eos=True), float(i))
-        for i, (p, n) in enumerate(zip(prompts, max_tokens, strict=True))
-    ]
-    ids = [spec.request_id for spec in pending]
-    outputs: dict[str, list[int]] = {rid: [] for rid in ids}
-    done = 0
-    while done < len(ids):
-        room = max_batch - len(engine.running)
-        if pending and room > 0:
-            engine.apply(PlanUpdate(seq=engine.plan_seq + 1, admit=tuple(pending[:room])))
-            del pending[:room]
-        out = engine.step() if engine.has_work else engine.drain()
-        if out.preempted or out.rejected or any(f.error for f in out.finished):
-            raise RuntimeError(f"engine preempted/rejected/failed requests: {out}")
-        for delta in out.tokens:
-            outputs[delta.request_id].extend(delta.token_ids)
-        done += len(out.finished)
-        if bar is not None:
-            bar.update(len(out.finished))
-    return [outputs[rid] for rid in ids]
-
-
-def run_engine(model_dir: Path, wl: Workload, kv_mb: int, setup: Setup | None = None) -> Result:
-    setup = setup or Setup()
-    config = ExecutorConfig(
-        model=str(model_dir),
-        kv_cache_memory_mb=kv_mb,
-        max_batch_size=setup.max_batch,
-        token_budget=setup.token_budget,
-        device=str(setup.torch_device),
-        dtype=setup.dtype,
-        torch_threads=setup.executor_threads,
-    )
-    hf_threads = torch.get_num_threads()
-    engine = load_engine(config).engine  # sets this process's torch threads as the executor would
-    engine_round(engine, [WARM_PROMPT], [WARM_TOKENS], None, setup.max_batch)
-    with (
-        progress(len(wl.prompts), "(b) Baton engine in process") as bar,
-        DeviceWatch(sampler_reader(str(setup.torch_device)) if setup.watch_device else None) as watch,
-    ):
-        started = time.perf_counter()
-        outputs = engine_round(engine, wl.prompts, wl.max_tokens, bar, setup.max_batch)
-        seconds = time.perf_counter() - started
-    governor = engine.threads
-    note = f"torch threads {torch.get_num_threads()}"
-    if governor is not None:
-        note = f"torch threads {governor.few} for light steps, {governor.many} for heavy ones (the executor default)"
-    torch.set_num_threads(hf_threads)  # (c) and (d) get the machine's default, as they would alone
-    result = finish("(b) Baton engine in process", seconds, outputs, wl, sum(map(len, outputs)), note)
-    result.device_load = watch.summary()
-    return result
 
 
 # ---- report --------------------------------------------------------------------------------
@@ -198,6 +119,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--executors", type=int, default=1, help="(a): executor processes, each with the whole model (default 1)"
     )
+    parser.add_argument(
+        "--engine-processes",
+        type=int,
+        default=1,
+        help="(b): engine processes, the workload dealt between them (default 1); match --executors to hold "
+        "an end-to-end run with N executors against N engines",
+    )
+    parser.add_argument(
+        "--rpc",
+        default="generate",
+        choices=RPCS,
+        help="(a): a Generate stream per request (default), or the workload over one GenerateBatch stream",
+    )
     return parser.parse_args(argv)
 
 
@@ -224,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         args.executor_threads,
         args.stream_interval,
         args.executors,
+        args.rpc,
+        args.engine_processes,
     )
     report: dict[str, Any] = {"requests": len(wl.prompts), "seed": args.seed, "wanted_tokens": sum(wl.max_tokens)}
     report |= {"torch": torch.__version__, "transformers": transformers.__version__, "torch_threads": threads}

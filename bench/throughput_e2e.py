@@ -30,8 +30,10 @@ from baton.dev import _free_port
 from common.pb import generate_pb2 as pb
 from common.pb.generate_pb2_grpc import GenerationStub
 
-
 # ---- (a) Baton end to end ------------------------------------------------------------------
+RPCS = ("generate", "batch")  # a Generate stream per request, or the workload over one GenerateBatch
+
+
 def stack_env(setup: Setup, kv_mb: int, metrics_port: int) -> dict[str, str]:
     env = dict(os.environ, BATON_EXECUTOR__KV_CACHE_MEMORY_MB=str(kv_mb))
     env["BATON_EXECUTOR__TORCH_THREADS"] = str(setup.executor_threads)
@@ -53,7 +55,7 @@ def run_baton_e2e(model_dir: Path, wl: Workload, kv_mb: int, logs: Path, setup: 
     env = stack_env(setup, kv_mb, metrics_port)
     with local_stack(model_dir, logs, overrides=env, executors=setup.executors) as stack:
         with DeviceWatch(metrics_reader(metrics_port) if metrics_port else None) as watch:
-            result = asyncio.run(drive_grpc(stack.target, wl, stack.pids | {"client": os.getpid()}))
+            result = asyncio.run(drive_grpc(stack.target, wl, stack.pids | {"client": os.getpid()}, setup.rpc))
         result.device_load = watch.summary()
         return result
 
@@ -66,6 +68,23 @@ async def stream_one(stub: GenerationStub, prompt: list[int], max_tokens: int, b
     if bar is not None:
         bar.update()
     return tokens
+
+
+async def stream_batch(stub: GenerationStub, wl: Workload, bar: tqdm | None = None) -> list[list[int]]:
+    """The whole workload over one GenerateBatch stream: each message carries every request's news."""
+    requests = [
+        pb.GenerateRequest(prompt_token_ids=prompt, params=pb.SamplingParams(max_tokens=n, ignore_eos=True))
+        for prompt, n in zip(wl.prompts, wl.max_tokens, strict=True)
+    ]
+    outputs: list[list[int]] = [[] for _ in requests]
+    async for message in stub.GenerateBatch(iter(requests)):
+        for event in message.events:
+            if event.error_code:
+                raise RuntimeError(f"request {event.position} failed: {event.error_message}")
+            outputs[event.position].extend(event.response.token_ids)
+            if event.response.finish_reason and bar is not None:
+                bar.update()
+    return outputs
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
@@ -88,7 +107,10 @@ def cpu_wait_seconds(pids: list[int]) -> float | None:
     return total / 1e9
 
 
-async def drive_grpc(target: str, wl: Workload, pids: dict[str, int]) -> Result:
+async def drive_grpc(target: str, wl: Workload, pids: dict[str, int], rpc: str = "generate") -> Result:
+    """The workload through ``rpc``: "generate" (a stream per request) or "batch" (one GenerateBatch)."""
+    if rpc not in RPCS:
+        raise ValueError(f"rpc must be one of {RPCS}, not {rpc!r}")
     executors = [pid for name, pid in pids.items() if name.startswith("executor")]
     async with grpc.aio.insecure_channel(target) as channel:
         stub = GenerationStub(channel)
@@ -104,8 +126,11 @@ async def drive_grpc(target: str, wl: Workload, pids: dict[str, int]) -> Result:
         with progress(len(wl.prompts), "(a) Baton end to end over gRPC") as bar:
             wait_before = cpu_wait_seconds(executors)
             cpu_before, started = cpu_seconds(pids), time.perf_counter()
-            jobs = (stream_one(stub, p, n, bar) for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
-            outputs = list(await asyncio.gather(*jobs))
+            if rpc == "batch":
+                outputs = await stream_batch(stub, wl, bar)
+            else:
+                jobs = (stream_one(stub, p, n, bar) for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
+                outputs = list(await asyncio.gather(*jobs))
             seconds, cpu_after = time.perf_counter() - started, cpu_seconds(pids)
             wait_after = cpu_wait_seconds(executors)
     used = ", ".join(f"{name} {cpu_after[name] - cpu_before[name]:.1f}" for name in pids)
@@ -113,4 +138,5 @@ async def drive_grpc(target: str, wl: Workload, pids: dict[str, int]) -> Result:
     if wait_before is not None and wait_after is not None:
         whose = "executor's" if len(executors) == 1 else f"{len(executors)} executors'"
         note += f"; the {whose} threads waited {wait_after - wait_before:.2f} s for a core"
-    return finish("(a) Baton end to end (gRPC)", seconds, outputs, wl, sum(map(len, outputs)), note)
+    label = "(a) Baton end to end (gRPC)" if rpc == "generate" else "(a) Baton end to end (GenerateBatch)"
+    return finish(label, seconds, outputs, wl, sum(map(len, outputs)), note)

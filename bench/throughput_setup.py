@@ -36,6 +36,8 @@ class Setup:
     executor_threads: int = 0  # Baton's torch threads in (a) and (b); 0: the executor's own choice
     stream_interval: int = 1  # (a): tokens a request gathers before the scheduler writes them
     executors: int = 1  # (a): executor processes, each with the whole model
+    rpc: str = "generate"  # (a): a Generate stream per request, or "batch": one GenerateBatch stream
+    engine_processes: int = 1  # (b): engine processes, the workload dealt round-robin between them
 
     @property
     def torch_device(self) -> torch.device:

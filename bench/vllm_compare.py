@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from throughput_e2e import drive_grpc
+from throughput_e2e import RPCS, drive_grpc
 from throughput_setup import MAX_BATCH, kv_memory_mb, make_workload
 from vllm_process import DEFAULT_VENV, ensure_vllm_venv, kv_space_gib, omp_env, say, start_vllm, vllm_threads
 
@@ -86,11 +86,11 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
             worker.wait_ready(args.vllm_start_timeout)
             say(f"vLLM settings: {json.dumps(worker.settings)}")
             with local_stack(model_dir, logs, overrides, executors=args.executors) as stack:
-                say(f"Baton settings: {json.dumps(overrides)}, {args.executors} executor process(es)")
+                say(f"Baton settings: {json.dumps(overrides)}, {args.executors} executor process(es), rpc {args.rpc}")
                 pids = {**stack.pids, "client": os.getpid()}
                 say("warm-up: the whole workload once on each side, untimed")
                 vllm_outputs = worker.run()["outputs"]
-                baton_outputs = asyncio.run(drive_grpc(stack.target, wl, pids)).outputs or []
+                baton_outputs = asyncio.run(drive_grpc(stack.target, wl, pids, args.rpc)).outputs or []
                 pairs: list[PairResult] = []
                 for i in range(args.pairs):
                     idle_before, vllm_before = stack.cpu_seconds(), worker.cpu_seconds()
@@ -98,7 +98,7 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
                     baton_idle = sum(stack.cpu_seconds().values()) - sum(idle_before.values())
                     vllm_cpu = worker.cpu_seconds() - vllm_before
                     vllm_before, baton_before = worker.cpu_seconds(), stack.cpu_seconds()
-                    res = asyncio.run(drive_grpc(stack.target, wl, pids))
+                    res = asyncio.run(drive_grpc(stack.target, wl, pids, args.rpc))
                     vllm_idle = worker.cpu_seconds() - vllm_before
                     baton_cpu = {k: v - baton_before.get(k, 0.0) for k, v in stack.cpu_seconds().items()}
                     pair = PairResult(
@@ -194,6 +194,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1,
         help="Baton's distributed.stream_interval_tokens (default 1: every token is its own message, as "
         "vLLM streams by default); vLLM's offline generate streams nothing",
+    )
+    parser.add_argument(
+        "--rpc",
+        default="generate",
+        choices=RPCS,
+        help="how Baton's client sends the workload: a Generate stream per request (default), or all of it over "
+        "one GenerateBatch stream, the counterpart of vLLM's LLM.generate(prompts)",
     )
     parser.add_argument("--max-model-len", type=int, default=1024, help="vLLM max_model_len (default 1024)")
     parser.add_argument("--vllm-start-timeout", type=float, default=1800, help="seconds to wait for vLLM to load")

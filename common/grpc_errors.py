@@ -97,13 +97,21 @@ def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], A
     return deserialize
 
 
-def _check_decoded(request: Any) -> None:
+def check_decoded(request: Any) -> None:
     if isinstance(request, _Undecodable):
         raise errors.InvalidRequest(f"the request could not be decoded: {request.error}")
 
 
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
-    """Maps domain errors to status codes and undecodable requests to INVALID_ARGUMENT."""
+    """Maps domain errors to status codes and undecodable requests to INVALID_ARGUMENT.
+
+    ``checked_streams`` names the bidirectional methods whose handlers check each message they
+    read (``check_decoded``), so that one bad message fails only itself; any other stream keeps
+    grpc's own decoding.
+    """
+
+    def __init__(self, checked_streams: tuple[str, ...] = ()) -> None:
+        self._checked_streams = frozenset(checked_streams)
 
     async def intercept_service(
         self,
@@ -119,7 +127,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
 
             async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 try:
-                    _check_decoded(request)
+                    check_decoded(request)
                     return await inner_uu(request, context)
                 except Exception as exc:
                     if isinstance(exc, grpc.aio.AbortError):
@@ -134,7 +142,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
 
             async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 try:
-                    _check_decoded(request)
+                    check_decoded(request)
                     async for item in inner_us(request, context):
                         yield item
                 except Exception as exc:
@@ -144,5 +152,22 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
 
             return grpc.unary_stream_rpc_method_handler(
                 unary_stream, _lenient(handler.request_deserializer), handler.response_serializer
+            )
+        if handler.stream_stream is not None and method in self._checked_streams:
+            inner_ss = handler.stream_stream
+
+            async def stream_stream(
+                requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+            ) -> AsyncIterator[Any]:
+                try:
+                    async for item in inner_ss(requests, context):
+                        yield item
+                except Exception as exc:
+                    if isinstance(exc, grpc.aio.AbortError):
+                        raise
+                    await _abort(context, exc, method)
+
+            return grpc.stream_stream_rpc_method_handler(
+                stream_stream, _lenient(handler.request_deserializer), handler.response_serializer
             )
         return handler

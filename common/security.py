@@ -72,7 +72,9 @@ def load_tokens(path: str) -> dict[str, str]:
     return data
 
 
-def _denied(code: grpc.StatusCode, message: str, streaming: bool) -> grpc.RpcMethodHandler:
+def _denied(code: grpc.StatusCode, message: str, like: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as ``like`` that refuses every call."""
+
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(code, message)
 
@@ -80,7 +82,9 @@ def _denied(code: grpc.StatusCode, message: str, streaming: bool) -> grpc.RpcMet
         await context.abort(code, message)
         yield None  # pragma: no cover - abort raises
 
-    if streaming:
+    if like.stream_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(stream)
+    if like.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(stream)
     return grpc.unary_unary_rpc_method_handler(unary)
 
@@ -109,9 +113,8 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or details.method.startswith(OPEN_SERVICES):
             return handler
         principal = self._principal(details.invocation_metadata)
-        streaming = handler.unary_stream is not None
         if principal is None:
-            return _denied(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required", streaming)
+            return _denied(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required", handler)
         return _with_principal(handler, principal)
 
 
@@ -137,4 +140,15 @@ def _with_principal(handler: grpc.RpcMethodHandler, principal: Principal) -> grp
         return grpc.unary_stream_rpc_method_handler(
             unary_stream, handler.request_deserializer, handler.response_serializer
         )
-    return handler
+    if handler.stream_stream is not None:
+        inner_ss = handler.stream_stream
+
+        async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            current_principal.set(principal)  # the handler's tasks copy this context
+            async for item in inner_ss(requests, context):
+                yield item
+
+        return grpc.stream_stream_rpc_method_handler(
+            stream_stream, handler.request_deserializer, handler.response_serializer
+        )
+    raise ValueError("client-streaming methods are not served behind auth")  # none exist: fail loudly

@@ -24,9 +24,13 @@ def setup_logging(level: str) -> None:
 
 
 def make_server(
-    max_message_bytes: int, auth_tokens: dict[str, str] | None = None, tracing: bool = False
+    max_message_bytes: int,
+    auth_tokens: dict[str, str] | None = None,
+    tracing: bool = False,
+    checked_streams: tuple[str, ...] = (),
 ) -> grpc.aio.Server:
-    """A grpc.aio server with Baton's interceptors: auth first (when tokens are given), then error mapping."""
+    """A grpc.aio server with Baton's interceptors: auth first (when tokens are given), then error
+    mapping (``checked_streams``: see ``ErrorMappingInterceptor``)."""
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -37,7 +41,7 @@ def make_server(
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
         ("grpc.http2.max_ping_strikes", 0),
     ]
-    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor()]
+    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor(checked_streams)]
     if auth_tokens:
         interceptors.insert(0, BearerAuthInterceptor(auth_tokens))
     interceptors[:0] = server_interceptors(tracing)

@@ -32,6 +32,8 @@ from scheduler_service.tokenizer_source import TokenizerSource
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
+# GenerateBatch judges each request it reads on its own, undecodable ones included.
+CHECKED_STREAMS = (f"/{SERVICE_NAME}/GenerateBatch",)
 
 
 @dataclass
@@ -65,7 +67,7 @@ async def start_scheduler(config: BatonConfig) -> RunningScheduler:
     frontend = Frontend(store, dispatcher, TokenizerSource(redis, keys, config.scheduler.tokenizer), config)
     tracing = setup_tracing("baton-scheduler", config.monitoring.tracing, config.monitoring.otlp_endpoint)
     tokens = load_tokens(config.security.auth_tokens_file)
-    server = service.make_server(config.scheduler.max_message_bytes, tokens, tracing)
+    server = service.make_server(config.scheduler.max_message_bytes, tokens, tracing, CHECKED_STREAMS)
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(frontend), server)
     health_servicer = add_health_and_reflection(server, [SERVICE_NAME])
     await set_serving(health_servicer, [SERVICE_NAME], serving=False)

@@ -11,6 +11,7 @@ import grpc
 from common.lifecycle import FinishReason
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
+from scheduler_service.batch_stream import BatchStream
 from scheduler_service.frontend import Frontend, RequestStatus
 from scheduler_service.requests import TokenEvent
 
@@ -70,11 +71,21 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                 yield response_pb(req.request_id, event)
         finally:
             if not finished:  # the client went away or its deadline passed: free the executor's KV blocks
-                log.info("request %s abandoned by its client; cancelling", req.request_id)
-                self._frontend.dispatcher.metrics.aborted.labels("client_gone").inc()
-                task = asyncio.ensure_future(self._frontend.cancel(req.request_id))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._abandon(req.request_id)
+
+    async def GenerateBatch(
+        self, request_iterator: AsyncIterator[pb.GenerateRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateBatchResponse]:
+        async for message in BatchStream(self._frontend, response_pb, self._abandon).run(request_iterator):
+            yield message
+
+    def _abandon(self, request_id: str) -> None:
+        """Cancel a request its client left unfinished, without holding up the handler's exit."""
+        log.info("request %s abandoned by its client; cancelling", request_id)
+        self._frontend.dispatcher.metrics.aborted.labels("client_gone").inc()
+        task = asyncio.ensure_future(self._frontend.cancel(request_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def Resume(
         self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext

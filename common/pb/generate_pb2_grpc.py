@@ -40,6 +40,11 @@ class GenerationStub:
                 request_serializer=baton_dot_v1_dot_generate__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_generate__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateBatch = channel.stream_stream(
+                '/baton.v1.Generation/GenerateBatch',
+                request_serializer=baton_dot_v1_dot_generate__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_generate__pb2.GenerateBatchResponse.FromString,
+                _registered_method=True)
         self.Complete = channel.unary_unary(
                 '/baton.v1.Generation/Complete',
                 request_serializer=baton_dot_v1_dot_generate__pb2.GenerateRequest.SerializeToString,
@@ -78,6 +83,17 @@ class GenerationServicer:
 
     def Generate(self, request, context):
         """/ Streams the tokens of one request as they are generated.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateBatch(self, request_iterator, context):
+        """/ Many requests over one stream, for batch clients (evaluation, offline jobs). Send each
+        / request as a message and half-close; every message back carries the events of whichever
+        / requests have news, each request's in order. Each request is judged on its own: a bad or
+        / refused one gets its own error event, and the others go on. The stream ends once every
+        / request sent has finished; cancelling it cancels those still running.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -133,6 +149,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=baton_dot_v1_dot_generate__pb2.GenerateRequest.FromString,
                     response_serializer=baton_dot_v1_dot_generate__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateBatch': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateBatch,
+                    request_deserializer=baton_dot_v1_dot_generate__pb2.GenerateRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_generate__pb2.GenerateBatchResponse.SerializeToString,
             ),
             'Complete': grpc.unary_unary_rpc_method_handler(
                     servicer.Complete,
@@ -193,6 +214,33 @@ class Generation:
             '/baton.v1.Generation/Generate',
             baton_dot_v1_dot_generate__pb2.GenerateRequest.SerializeToString,
             baton_dot_v1_dot_generate__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateBatch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/baton.v1.Generation/GenerateBatch',
+            baton_dot_v1_dot_generate__pb2.GenerateRequest.SerializeToString,
+            baton_dot_v1_dot_generate__pb2.GenerateBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.bench import load_script
+from tests.stack import stack_config, start_stack
 
 tp = load_script("throughput")
 watch = load_script("device_watch")
+e2e = load_script("throughput_e2e")
 
 
 def test_kv_memory_follows_the_model_dtype(tmp_path: Path) -> None:
@@ -45,6 +49,29 @@ def test_executors_flag_reaches_the_setup() -> None:
     assert tp.Setup().executors == 1
 
 
+def test_rpc_flag_reaches_the_setup() -> None:
+    assert tp.parse_args([]).rpc == "generate"
+    assert tp.parse_args(["--rpc", "batch"]).rpc == "batch"
+    with pytest.raises(SystemExit):
+        tp.parse_args(["--rpc", "carrier-pigeon"])
+
+
+async def test_the_client_gets_the_same_greedy_outputs_over_either_rpc(redis_url: str, tiny_model_dir: Path) -> None:
+    stack = await start_stack(stack_config(redis_url, tiny_model_dir))
+    try:
+        wl = tp.make_workload(4, 3)
+        pids = {"client": os.getpid()}
+        per_request = await e2e.drive_grpc(stack.target, wl, pids, "generate")
+        batched = await e2e.drive_grpc(stack.target, wl, pids, "batch")
+        assert [len(o) for o in batched.outputs] == wl.max_tokens
+        assert batched.outputs == per_request.outputs
+        assert "GenerateBatch" in batched.label and batched.tok_s and batched.tok_s > 0
+        with pytest.raises(ValueError):
+            await e2e.drive_grpc(stack.target, wl, pids, "smoke-signals")
+    finally:
+        await stack.stop()
+
+
 def test_device_watch_summarises_its_samples() -> None:
     readings = iter([{"util_pct": 50.0, "memory_bytes": 2.0**30, "power_w": 100.0}] * 1000)
     with watch.DeviceWatch(lambda: next(readings), interval_s=0.005) as w:
@@ -64,6 +91,18 @@ def test_engine_phase_runs_the_workload(tiny_model_dir: Path) -> None:
     assert result.useful_tokens == sum(wl.max_tokens) and result.tok_s and result.tok_s > 0
     assert [len(o) for o in result.outputs] == wl.max_tokens
     assert "torch threads" in result.note
+
+
+def test_engine_phase_in_two_processes_gives_the_same_outputs(tiny_model_dir: Path) -> None:
+    wl = tp.make_workload(3, 5)
+    setup = tp.Setup(max_batch=2, token_budget=128)
+    alone = tp.run_engine(tiny_model_dir, wl, 64, setup)
+    split = tp.run_engine(tiny_model_dir, wl, 64, tp.Setup(max_batch=2, token_budget=128, engine_processes=2))
+    assert split.outputs == alone.outputs
+    assert "x2 processes" in split.label and split.tok_s and split.tok_s > 0
+    assert tp.parse_args(["--engine-processes", "2"]).engine_processes == 2
+    with pytest.raises(ValueError):
+        tp.run_engine(tiny_model_dir, wl, 64, tp.Setup(engine_processes=0))
 
 
 def test_metrics_reader_reads_the_executor_gauges() -> None:

@@ -19,6 +19,7 @@ def test_defaults_alternate_three_pairs_on_both_models_and_dtypes() -> None:
     assert not args.vllm_default_malloc, "vLLM gets the allocator settings Baton's executor gives itself"
     assert args.stream_interval == 1, "Baton streams every token, as vLLM does by default"
     assert args.executors == 1
+    assert args.rpc == "generate", "a Generate stream per request unless asked"
 
 
 def test_flags() -> None:
@@ -26,6 +27,7 @@ def test_flags() -> None:
     assert (args.sizes, args.dtypes, args.pairs, args.threads) == (["tiny"], ["float32"], 5, 2)
     assert compare.parse_args(["--stream-interval", "4"]).stream_interval == 4
     assert compare.parse_args(["--executors", "2"]).executors == 2
+    assert compare.parse_args(["--rpc", "batch"]).rpc == "batch"
     with pytest.raises(SystemExit):
         compare.parse_args(["--executors", "0"])
     with pytest.raises(SystemExit):

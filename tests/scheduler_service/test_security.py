@@ -122,6 +122,24 @@ async def test_requests_without_a_valid_token_are_unauthenticated(secure_stack: 
 
     assert await _code(stream()) == grpc.StatusCode.UNAUTHENTICATED
 
+    async def batch() -> None:
+        async for _ in stub.GenerateBatch(iter([short()])):
+            pass
+
+    assert await _code(batch()) == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_batch_stream_runs_as_its_tokens_tenant(secure_stack: Stack) -> None:
+    requests = [short("alice-batch"), short(tenant="bob")]
+    events = [
+        e async for m in secure_stack.stub.GenerateBatch(iter(requests), metadata=auth("tok-alice")) for e in m.events
+    ]
+    record = await secure_stack.scheduler.frontend.store.get("alice-batch")
+    assert record is not None and record["tenant"] == "alice"
+    refused = [e for e in events if e.position == 1]
+    assert len(refused) == 1 and refused[0].error_code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+    assert sum(len(e.response.token_ids) for e in events if e.position == 0) == 3
+
 
 async def test_a_token_is_served_and_pins_its_tenant(secure_stack: Stack) -> None:
     reply = await secure_stack.stub.Complete(short("alice-1"), metadata=auth("tok-alice"))

@@ -88,6 +88,34 @@ async def test_a_late_reader_of_a_local_stream_gets_what_it_missed(redis_url: st
     await redis.aclose()
 
 
+async def test_a_late_reader_of_a_local_stream_is_served_from_memory(redis_url: str) -> None:
+    redis = connect(redis_url)
+    mux = StreamMux(redis, block_ms=5000)
+    # Ids never written to Redis: only the kept entries can answer these reads.
+    mux.published("s:mem", "100-0", {"n": "1"}, final=False)
+    mux.published("s:mem", "100-1", {"n": "2"}, final=False)
+    assert [f["n"] for _, f in await asyncio.wait_for(mux.read("s:mem", "100-0", 2000), 1.0)] == ["2"]
+    mux.published("s:mem", "100-2", {"n": "3"}, final=True)
+    # A finished stream's last entries stay for a late reader too.
+    assert [f["n"] for _, f in await asyncio.wait_for(mux.read("s:mem", "100-0", 2000), 1.0)] == ["2", "3"]
+    await mux.close()
+    await redis.aclose()
+
+
+async def test_a_reader_older_than_the_kept_entries_reads_redis(redis_url: str, monkeypatch) -> None:
+    monkeypatch.setattr("scheduler_service.stream_mux.RECENT_ENTRIES", 2)
+    redis = connect(redis_url)
+    mux = StreamMux(redis, block_ms=5000)
+    ids = []
+    for n in ("1", "2", "3", "4"):
+        ids.append(await redis.xadd("s:old", {"n": n}))
+        mux.published("s:old", ids[-1], {"n": n}, final=False)
+    assert [f["n"] for _, f in await mux.read("s:old", ids[0], 2000)] == ["2", "3", "4"]
+    assert [f["n"] for _, f in await mux.read("s:old", ids[2], 2000)] == ["4"]
+    await mux.close()
+    await redis.aclose()
+
+
 async def test_a_released_or_silent_local_stream_is_read_from_redis_again(redis_url: str, monkeypatch) -> None:
     redis = connect(redis_url)
     mux = StreamMux(redis, block_ms=300)
