@@ -123,7 +123,7 @@ async def drive_grpc(target: str, wl: Workload, pids: dict[str, int], rpc: str =
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)
-        with progress(len(wl.prompts), "(a) Baton end to end over gRPC") as bar:
+        with progress(len(wl.prompts), f"(a) Baton end to end over gRPC ({rpc})") as bar:
             wait_before = cpu_wait_seconds(executors)
             cpu_before, started = cpu_seconds(pids), time.perf_counter()
             if rpc == "batch":
