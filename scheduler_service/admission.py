@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 _MAX_TENANTS = 64  # waiting tenants considered per round: those with the smallest counters
 _MAX_CANDIDATES = 256
 _PREEMPT_CHECK_S = 0.05
+# A queue found empty is read again on any wake, or after this long without one: the wakes
+# (submits here or on other replicas, links' room moving) cover every way work arrives that this
+# replica should see at once; the recheck covers a wake lost with a pub/sub connection.
+_EMPTY_RECHECK_S = 0.25
 
 
 class Admission:
@@ -50,9 +54,19 @@ class Admission:
         # Claims that may be recorded in Redis with no link running them: made for a link that
         # closed while they were in flight, or sent in a round whose reply Redis never gave.
         self._unsettled: list[tuple[str, ExecutorLink]] = []
+        self._found_empty_at: float | None = None  # when the last read found no waiting tenant
 
-    async def run(self, links: Sequence[ExecutorLink]) -> int:
-        """Admit what fits now; return how many requests were admitted."""
+    @property
+    def queue_known_empty(self) -> bool:
+        """The last read found the queue empty, and no wake or recheck time has come since."""
+        found = self._found_empty_at
+        return found is not None and time.monotonic() - found < _EMPTY_RECHECK_S
+
+    async def run(self, links: Sequence[ExecutorLink], woken: bool = True) -> int:
+        """Admit what fits now; return how many requests were admitted. Without ``woken``, a
+        queue known to be empty is not read (an idle tick costs no round trip)."""
+        if woken:
+            self._found_empty_at = None
         if self._unsettled:
             await self._settle()
         links = [link for link in links if link.ready]
@@ -67,6 +81,8 @@ class Admission:
             if time.monotonic() - self._preempt_checked < _PREEMPT_CHECK_S or not self._could_preempt(links):
                 return 0
             self._preempt_checked = time.monotonic()
+        if self.queue_known_empty:
+            return 0
         ordered = await self._with_promise(await self.candidates(min(_MAX_CANDIDATES, 2 * max(room, 1))))
         if not ordered:
             return 0
@@ -135,7 +151,9 @@ class Admission:
 
     async def candidates(self, limit: int) -> list[QueuedRequest]:
         """Up to ``limit`` queued requests in fair order: O(T log n) for T waiting tenants."""
+        read_at = time.monotonic()
         counters = await self.store.waiting_tenants(_MAX_TENANTS)
+        self._found_empty_at = None if counters else read_at  # no waiting tenant: nothing queued
         if not counters:
             return []
         # A fair round takes about limit / T from each tenant; a little more covers uneven

@@ -223,18 +223,21 @@ class Dispatcher:
         while not self._stopping:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), _PLAN_TICK_S)
+            woken = self._wake.is_set()
             self._wake.clear()
             try:
-                await self.plan_once()
+                await self.plan_once(woken)
                 await self.refresh_queue_gauges()
             except RedisError as exc:
                 log.warning("planning failed: %s", exc)
                 await asyncio.sleep(0.2)
 
-    async def plan_once(self) -> int:
-        """Admit what fits now; return how many requests were admitted."""
+    async def plan_once(self, woken: bool = True) -> int:
+        """Admit what fits now; return how many requests were admitted. ``woken``: something
+        happened since the last round (a submit, a wake from another replica, a link's room
+        moved), rather than only the tick coming round."""
         started = time.perf_counter()
-        admitted = await self.admission.run(list(self.links.values()))
+        admitted = await self.admission.run(list(self.links.values()), woken)
         self.metrics.plan_latency.observe(time.perf_counter() - started)
         self.metrics.executors.set(len(self.links))
         self.metrics.running.set(sum(len(link.requests) for link in self.links.values()))
@@ -242,8 +245,13 @@ class Dispatcher:
 
     async def refresh_queue_gauges(self, sample: int = 1000, every_s: float = 1.0) -> None:
         """Queue depth every tick; the fleet's load, the estimator and the queue by priority and
-        tenant (over the queue's head) at most every ``every_s``."""
-        self.metrics.waiting.set(await self.store.queue_length())
+        tenant (over the queue's head) at most every ``every_s``. A queue that admission just found
+        empty, with nothing new since, is not read again: an idle replica then makes no round trip
+        per tick."""
+        if not self.admission.queue_known_empty:
+            self.metrics.waiting.set(await self.store.queue_length())
+        else:
+            self.metrics.waiting.set(0)
         now = time.monotonic()
         if now - self._classes_refreshed < every_s:
             return

@@ -252,3 +252,18 @@ async def test_a_token_write_lost_by_redis_is_recovered_exactly(stack: Stack, ti
     assert_matches_reference(got, reference_greedy(load_reference_model(tiny_model_dir), prompt, 90), "recovered")
     assert [c.index for c in first + rest] == sorted({c.index for c in first + rest})
     assert int(await redis.hget(KeySchema().request("loses-a-write"), "migrations")) >= 1
+
+
+async def test_an_idle_scheduler_does_not_read_the_queue_every_tick(stack: Stack) -> None:
+    await stack.wait_for_executors(1)
+    await stack.generate(greedy([1, 5, 6], 2))  # the queue has been read, found empty again
+    redis = stack.scheduler.frontend.store.redis
+    await redis.config_resetstat()
+    await asyncio.sleep(1.0)  # 20 planning ticks
+    stats = await redis.info("commandstats")
+    # The planner's queue reads: ZRANGE of the waiting tenants, ZCARD for the depth gauge. Each
+    # tick made both before; now an empty queue is re-read only on a wake or every 0.25 s.
+    assert stats.get("cmdstat_zcard", {}).get("calls", 0) == 0
+    assert stats.get("cmdstat_zrange", {}).get("calls", 0) <= 8
+    # A wake still reads it at once: a new request is admitted and served.
+    assert len(joined_tokens(await stack.generate(greedy([1, 7, 8], 3)))) == 3
