@@ -8,6 +8,7 @@ the last one finishes. That is the baseline to hold an end-to-end run with N exe
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -20,6 +21,7 @@ from throughput_setup import MAX_BATCH, WARM_PROMPT, WARM_TOKENS, Result, Setup,
 from tqdm import tqdm
 
 from common.config import ExecutorConfig
+from executor_service.cpu_threads import prefer_passive_openmp
 from executor_service.engine import Engine
 from executor_service.engine_io import AdmitSpec, PlanUpdate
 from executor_service.model_loader import load_engine
@@ -116,11 +118,19 @@ def run_engine_processes(model_dir: Path, wl: Workload, kv_mb: int, setup: Setup
     ctx = mp.get_context("spawn")  # a fresh interpreter each: no forked OpenMP state
     ready, done, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     procs = []
-    for i, shard in enumerate(shards):
-        part = Workload([wl.prompts[j] for j in shard], [wl.max_tokens[j] for j in shard])
-        proc = ctx.Process(target=_engine_worker, args=(i, model_dir, part, kv_mb, setup, ready, go, done))
-        proc.start()
-        procs.append(proc)
+    # Each child loads libgomp with the policy an executor process gets (PASSIVE: idle OpenMP
+    # workers sleep). Spinning workers of N processes on shared cores would wait on each other.
+    saved = dict(os.environ)
+    prefer_passive_openmp()
+    try:
+        for i, shard in enumerate(shards):
+            part = Workload([wl.prompts[j] for j in shard], [wl.max_tokens[j] for j in shard])
+            proc = ctx.Process(target=_engine_worker, args=(i, model_dir, part, kv_mb, setup, ready, go, done))
+            proc.start()
+            procs.append(proc)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     try:
         for _ in procs:
             ready.get(timeout=900)
