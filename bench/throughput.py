@@ -127,6 +127,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "an end-to-end run with N executors against N engines",
     )
     parser.add_argument(
+        "--request-stream-interval",
+        type=int,
+        default=0,
+        help="(a): each request's own stream_interval_tokens, tokens per message for it (default 0: none)",
+    )
+    parser.add_argument(
         "--rpc",
         default="generate",
         choices=RPCS,
@@ -160,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         args.executors,
         args.rpc,
         args.engine_processes,
+        args.request_stream_interval,
     )
     report: dict[str, Any] = {"requests": len(wl.prompts), "seed": args.seed, "wanted_tokens": sum(wl.max_tokens)}
     report |= {"torch": torch.__version__, "transformers": transformers.__version__, "torch_threads": threads}

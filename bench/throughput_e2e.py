@@ -55,13 +55,22 @@ def run_baton_e2e(model_dir: Path, wl: Workload, kv_mb: int, logs: Path, setup: 
     env = stack_env(setup, kv_mb, metrics_port)
     with local_stack(model_dir, logs, overrides=env, executors=setup.executors) as stack:
         with DeviceWatch(metrics_reader(metrics_port) if metrics_port else None) as watch:
-            result = asyncio.run(drive_grpc(stack.target, wl, stack.pids | {"client": os.getpid()}, setup.rpc))
+            result = asyncio.run(
+                drive_grpc(stack.target, wl, stack.pids | {"client": os.getpid()}, setup.rpc, setup.request_chunk)
+            )
         result.device_load = watch.summary()
         return result
 
 
-async def stream_one(stub: GenerationStub, prompt: list[int], max_tokens: int, bar: tqdm | None = None) -> list[int]:
-    params = pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+def params_pb(max_tokens: int, chunk: int = 0) -> pb.SamplingParams:
+    """Greedy to exactly ``max_tokens``; ``chunk``: the request's own stream interval (0: none)."""
+    return pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True, stream_interval_tokens=chunk)
+
+
+async def stream_one(
+    stub: GenerationStub, prompt: list[int], max_tokens: int, bar: tqdm | None = None, chunk: int = 0
+) -> list[int]:
+    params = params_pb(max_tokens, chunk)
     tokens: list[int] = []
     async for chunk in stub.Generate(pb.GenerateRequest(prompt_token_ids=prompt, params=params)):
         tokens.extend(chunk.token_ids)
@@ -70,10 +79,10 @@ async def stream_one(stub: GenerationStub, prompt: list[int], max_tokens: int, b
     return tokens
 
 
-async def stream_batch(stub: GenerationStub, wl: Workload, bar: tqdm | None = None) -> list[list[int]]:
+async def stream_batch(stub: GenerationStub, wl: Workload, bar: tqdm | None = None, chunk: int = 0) -> list[list[int]]:
     """The whole workload over one GenerateBatch stream: each message carries every request's news."""
     requests = [
-        pb.GenerateRequest(prompt_token_ids=prompt, params=pb.SamplingParams(max_tokens=n, ignore_eos=True))
+        pb.GenerateRequest(prompt_token_ids=prompt, params=params_pb(n, chunk))
         for prompt, n in zip(wl.prompts, wl.max_tokens, strict=True)
     ]
     outputs: list[list[int]] = [[] for _ in requests]
@@ -107,8 +116,9 @@ def cpu_wait_seconds(pids: list[int]) -> float | None:
     return total / 1e9
 
 
-async def drive_grpc(target: str, wl: Workload, pids: dict[str, int], rpc: str = "generate") -> Result:
-    """The workload through ``rpc``: "generate" (a stream per request) or "batch" (one GenerateBatch)."""
+async def drive_grpc(target: str, wl: Workload, pids: dict[str, int], rpc: str = "generate", chunk: int = 0) -> Result:
+    """The workload through ``rpc``: "generate" (a stream per request) or "batch" (one GenerateBatch);
+    ``chunk``: each request's own ``stream_interval_tokens``."""
     if rpc not in RPCS:
         raise ValueError(f"rpc must be one of {RPCS}, not {rpc!r}")
     executors = [pid for name, pid in pids.items() if name.startswith("executor")]
@@ -127,9 +137,9 @@ async def drive_grpc(target: str, wl: Workload, pids: dict[str, int], rpc: str =
             wait_before = cpu_wait_seconds(executors)
             cpu_before, started = cpu_seconds(pids), time.perf_counter()
             if rpc == "batch":
-                outputs = await stream_batch(stub, wl, bar)
+                outputs = await stream_batch(stub, wl, bar, chunk)
             else:
-                jobs = (stream_one(stub, p, n, bar) for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
+                jobs = (stream_one(stub, p, n, bar, chunk) for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
                 outputs = list(await asyncio.gather(*jobs))
             seconds, cpu_after = time.perf_counter() - started, cpu_seconds(pids)
             wait_after = cpu_wait_seconds(executors)

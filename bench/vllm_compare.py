@@ -86,11 +86,17 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
             worker.wait_ready(args.vllm_start_timeout)
             say(f"vLLM settings: {json.dumps(worker.settings)}")
             with local_stack(model_dir, logs, overrides, executors=args.executors) as stack:
-                say(f"Baton settings: {json.dumps(overrides)}, {args.executors} executor process(es), rpc {args.rpc}")
+                say(
+                    f"Baton settings: {json.dumps(overrides)}, {args.executors} executor process(es), rpc {args.rpc}, "
+                    f"request stream interval {args.request_stream_interval}"
+                )
                 pids = {**stack.pids, "client": os.getpid()}
                 say("warm-up: the whole workload once on each side, untimed")
                 vllm_outputs = worker.run()["outputs"]
-                baton_outputs = asyncio.run(drive_grpc(stack.target, wl, pids, args.rpc)).outputs or []
+                baton_outputs = (
+                    asyncio.run(drive_grpc(stack.target, wl, pids, args.rpc, args.request_stream_interval)).outputs
+                    or []
+                )
                 pairs: list[PairResult] = []
                 for i in range(args.pairs):
                     idle_before, vllm_before = stack.cpu_seconds(), worker.cpu_seconds()
@@ -98,7 +104,7 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
                     baton_idle = sum(stack.cpu_seconds().values()) - sum(idle_before.values())
                     vllm_cpu = worker.cpu_seconds() - vllm_before
                     vllm_before, baton_before = worker.cpu_seconds(), stack.cpu_seconds()
-                    res = asyncio.run(drive_grpc(stack.target, wl, pids, args.rpc))
+                    res = asyncio.run(drive_grpc(stack.target, wl, pids, args.rpc, args.request_stream_interval))
                     vllm_idle = worker.cpu_seconds() - vllm_before
                     baton_cpu = {k: v - baton_before.get(k, 0.0) for k, v in stack.cpu_seconds().items()}
                     pair = PairResult(
@@ -194,6 +200,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1,
         help="Baton's distributed.stream_interval_tokens (default 1: every token is its own message, as "
         "vLLM streams by default); vLLM's offline generate streams nothing",
+    )
+    parser.add_argument(
+        "--request-stream-interval",
+        type=int,
+        default=0,
+        help="each Baton request's own stream_interval_tokens (default 0: every token as it comes)",
     )
     parser.add_argument(
         "--rpc",

@@ -199,6 +199,7 @@ class ExecutorLink:
             deadline_ms=claimed.deadline_ms,
             expected_output=claimed.expected_output or claimed.params.max_tokens,
         )
+        self._batcher.set_interval(claimed.request_id, claimed.params.stream_interval_tokens)
         self._pending.admit.append(
             pb.AdmitRequest(
                 request_id=claimed.request_id,
@@ -272,7 +273,7 @@ class ExecutorLink:
 
     def _batched(self, writes: list[StepWrite]) -> list[StepWrite]:
         """Apply the stream interval: hold back what may wait, add what has waited long enough."""
-        if not self._batcher.interval.batching:
+        if not self._batcher.batching:
             return writes  # every write goes out as it comes (the default); nothing ever waits
         now = time.monotonic()
         return [out for write in writes for out in self._batcher.offer(write, now)] + self._batcher.due(now)

@@ -10,7 +10,7 @@ from common.lifecycle import FinishReason
 
 @dataclass(frozen=True)
 class RequestParams:
-    """Validated sampling and stopping parameters."""
+    """Validated sampling and stopping parameters, and how the output is chunked."""
 
     max_tokens: int
     temperature: float = 0.0
@@ -20,6 +20,7 @@ class RequestParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    stream_interval_tokens: int = 0  # 0: the server's stream interval alone
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -61,20 +61,37 @@ class _Waiting:
 
 
 class StreamBatcher:
-    """Holds back each request's step writes until its interval is reached; pure, no I/O."""
+    """Holds back each request's step writes until its interval is reached; pure, no I/O.
+
+    ``interval`` is the server's; a request may ask for a coarser one of its own (its
+    ``stream_interval_tokens``, given to ``set_interval``), never a finer one.
+    """
 
     def __init__(self, interval: StreamInterval) -> None:
         self.interval = interval
         self._waiting: dict[str, _Waiting] = {}
         self._started: set[str] = set()  # requests whose first event went out
+        self._own: dict[str, StreamInterval] = {}  # requests with a coarser interval of their own
+
+    def set_interval(self, request_id: str, tokens: int) -> None:
+        """``request_id`` gathers ``tokens`` before a write, if that is more than the server's."""
+        if tokens > self.interval.tokens:
+            self._own[request_id] = StreamInterval(tokens, self.interval.ms)
+
+    @property
+    def batching(self) -> bool:
+        """Some write may be held back: the server batches, or some request asked to."""
+        return self.interval.batching or bool(self._own)
 
     def offer(self, write: StepWrite, now: float) -> list[StepWrite]:
         """The writes to make now for this step's ``write`` (possibly none, possibly a merged one)."""
         request_id, event = write.request_id, write.event
         final = event.finish_reason is not FinishReason.NONE
+        interval = self._own.get(request_id, self.interval)
         if final:
             self._started.discard(request_id)
-        if not self.interval.batching:
+            self._own.pop(request_id, None)
+        if not interval.batching:
             return [write]
         out: list[StepWrite] = []
         waiting = self._waiting.pop(request_id, None)
@@ -99,7 +116,7 @@ class StreamBatcher:
             waiting = _Waiting(event.index, now)
         waiting.tokens.extend(event.token_ids)
         waiting.text += event.text
-        if self._is_due(waiting, now):
+        if self._is_due(waiting, now, interval):
             out.append(waiting.write(request_id))
         else:
             self._waiting[request_id] = waiting
@@ -107,12 +124,17 @@ class StreamBatcher:
 
     def due(self, now: float) -> list[StepWrite]:
         """Writes whose oldest token has waited the interval's ``ms``, for requests without news this step."""
-        ready = [rid for rid, waiting in self._waiting.items() if self._is_due(waiting, now)]
+        ready = [
+            rid
+            for rid, waiting in self._waiting.items()
+            if self._is_due(waiting, now, self._own.get(rid, self.interval))
+        ]
         return [self._waiting.pop(rid).write(rid) for rid in ready]
 
     def take(self, request_id: str) -> StepWrite | None:
         """Everything ``request_id`` has waiting, now (it is being handed back); forget it."""
         self._started.discard(request_id)
+        self._own.pop(request_id, None)
         waiting = self._waiting.pop(request_id, None)
         return None if waiting is None else waiting.write(request_id)
 
@@ -120,10 +142,11 @@ class StreamBatcher:
     def waiting_requests(self) -> int:
         return len(self._waiting)
 
-    def _is_due(self, waiting: _Waiting, now: float) -> bool:
-        if len(waiting.tokens) >= self.interval.tokens:
+    @staticmethod
+    def _is_due(waiting: _Waiting, now: float, interval: StreamInterval) -> bool:
+        if len(waiting.tokens) >= interval.tokens:
             return True
-        return self.interval.ms > 0 and (now - waiting.since) * 1000 >= self.interval.ms
+        return interval.ms > 0 and (now - waiting.since) * 1000 >= interval.ms
 
 
 def coalesce(writes: list[StepWrite]) -> list[StepWrite]:

@@ -16,6 +16,7 @@ from scheduler_service.tokenizer_source import ModelLimits
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 MAX_TENANT_CHARS = 128
+MAX_STREAM_INTERVAL_TOKENS = 1024
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
@@ -38,6 +39,10 @@ def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config
         raise InvalidRequest(
             f"prompt ({prompt_len} tokens) + max_tokens ({msg.max_tokens}) exceeds max_model_len {limits.max_model_len}"
         )
+    if msg.stream_interval_tokens > MAX_STREAM_INTERVAL_TOKENS:
+        raise InvalidRequest(
+            f"stream_interval_tokens must be at most {MAX_STREAM_INTERVAL_TOKENS}, got {msg.stream_interval_tokens}"
+        )
     if len(msg.stop) > config.max_stop_strings:
         raise InvalidRequest(f"at most {config.max_stop_strings} stop strings are allowed, got {len(msg.stop)}")
     for stop in msg.stop:
@@ -55,6 +60,7 @@ def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config
         stop=tuple(msg.stop),
         stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos,
+        stream_interval_tokens=int(msg.stream_interval_tokens),
     )
 
 

@@ -52,6 +52,8 @@ def test_executors_flag_reaches_the_setup() -> None:
 def test_rpc_flag_reaches_the_setup() -> None:
     assert tp.parse_args([]).rpc == "generate"
     assert tp.parse_args(["--rpc", "batch"]).rpc == "batch"
+    assert tp.parse_args([]).request_stream_interval == 0
+    assert tp.parse_args(["--request-stream-interval", "8"]).request_stream_interval == 8
     with pytest.raises(SystemExit):
         tp.parse_args(["--rpc", "carrier-pigeon"])
 
@@ -63,6 +65,8 @@ async def test_the_client_gets_the_same_greedy_outputs_over_either_rpc(redis_url
         pids = {"client": os.getpid()}
         per_request = await e2e.drive_grpc(stack.target, wl, pids, "generate")
         batched = await e2e.drive_grpc(stack.target, wl, pids, "batch")
+        chunked = await e2e.drive_grpc(stack.target, wl, pids, "batch", 4)
+        assert chunked.outputs == per_request.outputs
         assert [len(o) for o in batched.outputs] == wl.max_tokens
         assert batched.outputs == per_request.outputs
         assert "GenerateBatch" in batched.label and batched.tok_s and batched.tok_s > 0

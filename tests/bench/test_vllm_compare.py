@@ -28,6 +28,7 @@ def test_flags() -> None:
     assert compare.parse_args(["--stream-interval", "4"]).stream_interval == 4
     assert compare.parse_args(["--executors", "2"]).executors == 2
     assert compare.parse_args(["--rpc", "batch"]).rpc == "batch"
+    assert compare.parse_args(["--request-stream-interval", "8"]).request_stream_interval == 8
     with pytest.raises(SystemExit):
         compare.parse_args(["--executors", "0"])
     with pytest.raises(SystemExit):

@@ -12,6 +12,7 @@ import redis
 from common.keys import KeySchema
 from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as epb
+from common.pb import generate_pb2 as pb
 from common.redis_client import connect
 from scheduler_service.executor_link import ExecutorLink
 from scheduler_service.request_store import RequestStore
@@ -59,6 +60,21 @@ def test_first_event_at_once_then_every_n_tokens_and_the_rest_on_finish() -> Non
     assert text == "".join(f"<{10 + i}>" for i in range(10))
     assert flat[-1].event.finish_reason is FinishReason.LENGTH
     assert flat[-1].event.usage == {"completion_tokens": 1.0}
+
+
+def test_a_request_may_ask_for_a_coarser_interval_than_the_servers() -> None:
+    batcher = StreamBatcher(StreamInterval())  # the server streams every step
+    batcher.set_interval("coarse", 4)
+    batcher.set_interval("fine", 1)  # not coarser than the server's: nothing to remember
+    assert batcher.batching
+    coarse = [batcher.offer(_step("coarse", i, (i,), final=(i == 6)), 0.0) for i in range(7)]
+    fine = [batcher.offer(_step("fine", i, (i,)), 0.0) for i in range(3)]
+    assert [[len(w.event.token_ids) for w in o] for o in coarse] == [[1], [], [], [], [4], [], [2]]
+    assert [[len(w.event.token_ids) for w in o] for o in fine] == [[1], [1], [1]]
+    assert not batcher.batching, "a finished request's own interval is forgotten"
+    batcher.set_interval("handed-back", 8)
+    batcher.take("handed-back")
+    assert not batcher.batching
 
 
 def test_final_event_carries_everything_waiting() -> None:
@@ -216,3 +232,23 @@ def test_coalesce_merges_each_requests_contiguous_events_in_order() -> None:
         StepWrite("b", TokenEvent(9, (8,), "q")),
         StepWrite("a", TokenEvent(3, (4,), "late")),
     ]
+
+
+async def test_a_requests_own_interval_chunks_its_stream_and_keeps_its_tokens(
+    redis_url: str, tiny_model_dir: Path
+) -> None:
+    stack = await start_stack(stack_config(redis_url, tiny_model_dir))
+    try:
+        prompt = random_prompts(1, seed=43)[0]
+        plain = await stack.generate(greedy(prompt, 21))
+        request = greedy(prompt, 21)
+        request.params.stream_interval_tokens = 5
+        chunked = await stack.generate(request)
+        assert joined_tokens(chunked) == joined_tokens(plain)
+        assert "".join(c.text for c in chunked) == "".join(c.text for c in plain)
+        # first token at once, then 5 at a time, the remainder (0 to 4 tokens) on the final one
+        assert [len(c.token_ids) for c in chunked][:5] == [1, 5, 5, 5, 5]
+        assert len(chunked) <= 6 < len(plain)
+        assert chunked[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    finally:
+        await stack.stop()

@@ -55,6 +55,7 @@ BAD: dict[str, tuple[pb.GenerateRequest, str]] = {
     "nan top_p": (make(params={"top_p": math.nan}), "top_p"),
     "negative top_p": (make(params={"top_p": -0.1}), "top_p"),
     "top_k above vocab": (make(params={"top_k": 1001}), "top_k must be at most the vocabulary size 1000"),
+    "stream interval too coarse": (make(params={"stream_interval_tokens": 1025}), "stream_interval_tokens"),
     "too many stop strings": (make(params={"stop": [f"s{i}" for i in range(17)]}), "at most 16 stop strings"),
     "empty stop string": (make(params={"stop": ["ok", ""]}), "stop strings must have 1 to 256"),
     "too long stop string": (make(params={"stop": ["x" * 257]}), "stop strings must have 1 to 256"),
@@ -191,10 +192,13 @@ def test_sampling_params_are_carried_over() -> None:
                 "stop": ["\n", "END"],
                 "stop_token_ids": [0, 999],
                 "ignore_eos": True,
+                "stream_interval_tokens": 8,
             }
         )
     )
     p = req.params
+    assert p.stream_interval_tokens == 8
+    assert type(p).from_json(p.to_json()) == p, "it travels in the request record's params JSON"
     assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed) == (10, 0.5, 0.25, 1000, 42)
     assert p.stop == ("\n", "END")
     assert p.stop_token_ids == (0, 999)
