@@ -102,6 +102,25 @@ def check_decoded(request: Any) -> None:
         raise errors.InvalidRequest(f"the request could not be decoded: {request.error}")
 
 
+def _mapped_stream(
+    inner: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]], method: str, check_request: bool
+) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+    """``inner``, a response-streaming handler, with its domain errors mapped to status codes."""
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            if check_request:
+                check_decoded(request)
+            async for item in inner(request, context):
+                yield item
+        except Exception as exc:
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            await _abort(context, exc, method)
+
+    return stream
+
+
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
     """Maps domain errors to status codes and undecodable requests to INVALID_ARGUMENT.
 
@@ -138,36 +157,16 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
                 unary_unary, _lenient(handler.request_deserializer), handler.response_serializer
             )
         if handler.unary_stream is not None:
-            inner_us = handler.unary_stream
-
-            async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                try:
-                    check_decoded(request)
-                    async for item in inner_us(request, context):
-                        yield item
-                except Exception as exc:
-                    if isinstance(exc, grpc.aio.AbortError):
-                        raise
-                    await _abort(context, exc, method)
-
             return grpc.unary_stream_rpc_method_handler(
-                unary_stream, _lenient(handler.request_deserializer), handler.response_serializer
+                _mapped_stream(handler.unary_stream, method, check_request=True),
+                _lenient(handler.request_deserializer),
+                handler.response_serializer,
             )
         if handler.stream_stream is not None and method in self._checked_streams:
-            inner_ss = handler.stream_stream
-
-            async def stream_stream(
-                requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
-            ) -> AsyncIterator[Any]:
-                try:
-                    async for item in inner_ss(requests, context):
-                        yield item
-                except Exception as exc:
-                    if isinstance(exc, grpc.aio.AbortError):
-                        raise
-                    await _abort(context, exc, method)
-
+            # The handler checks each message it reads, so its requests are not checked here.
             return grpc.stream_stream_rpc_method_handler(
-                stream_stream, _lenient(handler.request_deserializer), handler.response_serializer
+                _mapped_stream(handler.stream_stream, method, check_request=False),
+                _lenient(handler.request_deserializer),
+                handler.response_serializer,
             )
         return handler

@@ -130,25 +130,24 @@ def _with_principal(handler: grpc.RpcMethodHandler, principal: Principal) -> grp
             unary_unary, handler.request_deserializer, handler.response_serializer
         )
     if handler.unary_stream is not None:
-        inner_us = handler.unary_stream
-
-        async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            current_principal.set(principal)
-            async for item in inner_us(request, context):
-                yield item
-
         return grpc.unary_stream_rpc_method_handler(
-            unary_stream, handler.request_deserializer, handler.response_serializer
+            _streaming_as(principal, handler.unary_stream), handler.request_deserializer, handler.response_serializer
         )
     if handler.stream_stream is not None:
-        inner_ss = handler.stream_stream
-
-        async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            current_principal.set(principal)  # the handler's tasks copy this context
-            async for item in inner_ss(requests, context):
-                yield item
-
         return grpc.stream_stream_rpc_method_handler(
-            stream_stream, handler.request_deserializer, handler.response_serializer
+            _streaming_as(principal, handler.stream_stream), handler.request_deserializer, handler.response_serializer
         )
     raise ValueError("client-streaming methods are not served behind auth")  # none exist: fail loudly
+
+
+def _streaming_as(
+    principal: Principal, inner: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]
+) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+    """A response-streaming handler run as ``principal`` (tasks it starts copy the context)."""
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        current_principal.set(principal)
+        async for item in inner(request, context):
+            yield item
+
+    return stream

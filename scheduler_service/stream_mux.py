@@ -129,11 +129,12 @@ class StreamMux:
 
     def published(self, key: str, entry_id: str, fields: dict[str, str], final: bool) -> None:
         """This process just added ``entry_id`` to stream ``key``: hand it to the waiters now."""
+        now = time.monotonic()
         local = self._local.get(key)
         if local is None or local.final:
-            local = self._local[key] = _LocalStream(time.monotonic())
+            local = self._local[key] = _LocalStream(now)
         local.recent.append((entry_id, fields))
-        local.at = time.monotonic()
+        local.at = now
         if final:  # no more publications: kept a little for a late reader, then dropped
             local.final = True
             asyncio.get_running_loop().call_later(LOCAL_GRACE_S, self._forget_finished, key)
