@@ -39,7 +39,10 @@ def scattered_tables(lengths: list[int], block_size: int, num_blocks: int, rng: 
         (8, 2, 128, 16, torch.float32),  # two 64-wide tiles
         (6, 3, 80, 5, torch.float32),  # a head dim and block size off the vector widths
         (4, 1, 32, 16, torch.float32),
-        (4, 2, 64, 16, torch.bfloat16),
+        (4, 2, 64, 16, torch.bfloat16),  # staged through float32 (an 8 KB block)
+        (12, 12, 64, 16, torch.bfloat16),  # the small model's: read in place where the CPU has AVX-512
+        (16, 4, 128, 16, torch.bfloat16),  # in place, two 64-wide tiles
+        (6, 3, 80, 5, torch.bfloat16),
     ],
 )
 def test_matches_sdpa_over_scattered_blocks(
