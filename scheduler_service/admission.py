@@ -3,7 +3,7 @@
 The steps, each a pure function elsewhere:
 1. ``fair_share.fair_order``: the waiting tenants' queue heads, interleaved by virtual token counters.
 2. ``batching``: hold a first batch at low load (``batch_timeout_ms``); length-aware reordering.
-3. ``placement.place``: each request to the executor with the most free KV room, capacities
+3. ``placement.place``: each request to the executor with the least expected work, capacities
    shrunk under load (``load_aware.min_admission_fraction``).
 4. ``preemption.choose_victims``: when the head fits nowhere, evict running work it outranks.
 """
@@ -92,7 +92,7 @@ class Admission:
             return 0
         remaining = [r.remaining for link in links for r in link.requests.values()]
         ordered = merge_order(ordered, remaining, self.config.scheduler.batch_level.merge_window_ms)
-        candidates = [Candidate(r.request_id, r.num_tokens) for r in ordered]
+        candidates = [Candidate(r.request_id, r.num_tokens, r.num_tokens + r.expected_output) for r in ordered]
         too_large = set(unplaceable(candidates, capacities))
         for request_id in too_large:
             await self._fail_unplaceable(request_id)

@@ -158,6 +158,7 @@ class ExecutorLink:
         assert self.info is not None
         block_size = self.info.block_size
         committed = sum(blocks_for(r.num_tokens + 1, block_size) for r in self.requests.values())
+        outstanding = sum(r.outstanding_tokens for r in self.requests.values())
         total = self.info.kv_blocks_total
         watermark = max(1, total // 100)  # headroom so decodes rarely force a preemption
         max_batch = min(self.info.max_batch_size, self._config.batch_level.max_batch_size)
@@ -167,6 +168,7 @@ class ExecutorLink:
             free_blocks=math.ceil(max(0, total - committed - watermark) * fraction),
             total_blocks=total,
             block_size=block_size,
+            outstanding_tokens=outstanding,
         )
 
     def running_requests(self) -> list[RunningRequest]:

@@ -44,6 +44,12 @@ class LinkedRequest:
         """Output tokens still expected: what length-aware merging compares."""
         return max(1, self.expected_output - self.generated)
 
+    @property
+    def outstanding_tokens(self) -> int:
+        """Tokens its executor still expects to process for it: the output still expected, and the
+        prompt while no token has come (its prefill may be under way)."""
+        return self.remaining + (self.prompt_len if self.generated == 0 else 0)
+
 
 def prefill_grants(admits: Iterable[pb.AdmitRequest], budget: int, max_chunk: int) -> list[pb.PrefillGrant]:
     """Prefill tokens for the newly admitted, in plan order, from what the step budget leaves."""

@@ -1,4 +1,5 @@
-"""scheduler_service.placement: queue order, most free KV, slots and blocks, head-of-line stop."""
+"""scheduler_service.placement: queue order, least expected work then most free KV, slots and blocks,
+head-of-line stop."""
 
 from __future__ import annotations
 
@@ -31,6 +32,30 @@ def test_placements_keep_queue_order() -> None:
     candidates = [Candidate(f"r{i}", 10) for i in range(5)]
     placements = place(candidates, [cap("a", 50), cap("b", 50)])
     assert [p.request_id for p in placements] == ["r0", "r1", "r2", "r3", "r4"]
+
+
+def test_request_goes_to_the_executor_with_the_least_work_ahead() -> None:
+    busy = ExecutorCapacity("busy", 8, 90, 100, block_size=16, outstanding_tokens=5_000)
+    idle = ExecutorCapacity("idle", 8, 20, 100, block_size=16, outstanding_tokens=200)
+    assert place([Candidate("r1", 10, 100)], [busy, idle]) == [Placement("r1", "idle", 1)]
+
+
+def test_successive_requests_split_the_expected_work() -> None:
+    # Prompts alike, outputs not: free KV room alone would alternate them and put both long ones
+    # on one executor; the expected work puts one long and one short on each.
+    expected = [1_000, 1_000, 100, 100]
+    candidates = [Candidate(f"r{i}", 20, 20 + n) for i, n in enumerate(expected)]
+    placements = place(candidates, [cap("a", 50), cap("b", 50)])
+    per_executor = {e: [p.request_id for p in placements if p.executor_id == e] for e in ("a", "b")}
+    assert sorted(map(len, per_executor.values())) == [2, 2]
+    assert {frozenset(ids) for ids in per_executor.values()} == {frozenset({"r0", "r2"}), frozenset({"r1", "r3"})}
+
+
+def test_work_is_weighed_against_kv_size() -> None:
+    # The same work ahead on an executor with twice the KV is half the load.
+    big = ExecutorCapacity("big", 8, 100, 200, block_size=16, outstanding_tokens=1_500)
+    small = ExecutorCapacity("small", 8, 100, 100, block_size=16, outstanding_tokens=1_000)
+    assert place([Candidate("r1", 10, 50)], [small, big])[0].executor_id == "big"
 
 
 def test_request_goes_to_the_executor_with_most_free_kv() -> None:
@@ -116,15 +141,19 @@ capacities = st.lists(
         free_blocks=st.integers(0, 60),
         total_blocks=st.just(60),
         block_size=st.sampled_from([1, 4, 16]),
+        outstanding_tokens=st.sampled_from([0, 0, 100, 500]),
     ),
     max_size=4,
 ).map(
     lambda cs: [
-        ExecutorCapacity(f"e{i}", c.free_slots, c.free_blocks, c.total_blocks, c.block_size) for i, c in enumerate(cs)
+        ExecutorCapacity(
+            f"e{i}", c.free_slots, c.free_blocks, c.total_blocks, c.block_size, outstanding_tokens=c.outstanding_tokens
+        )
+        for i, c in enumerate(cs)
     ]
 )
-candidates = st.lists(st.integers(0, 200), max_size=12).map(
-    lambda sizes: [Candidate(f"r{i}", n) for i, n in enumerate(sizes)]
+candidates = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 300)), max_size=12).map(
+    lambda sizes: [Candidate(f"r{i}", n, n + out) for i, (n, out) in enumerate(sizes)]
 )
 
 
@@ -137,16 +166,22 @@ def test_placement_invariants(cands: list[Candidate], caps: list[ExecutorCapacit
     assert [p.request_id for p in placements] == [c.request_id for c in cands[: len(placements)]]
     slots = {c.executor_id: c.free_slots for c in caps}
     blocks = {c.executor_id: c.free_blocks for c in caps}
+    work = {c.executor_id: c.outstanding_tokens for c in caps}
     for cand, p in zip(cands, placements, strict=False):
         need = {e: blocks_for(cand.num_tokens + 1, c.block_size) for e, c in by_id.items()}
         fitting = [e for e in by_id if slots[e] > 0 and blocks[e] >= need[e]]
         assert p.executor_id in fitting
         assert p.blocks == need[p.executor_id]
-        # No fitting executor had a larger share of its KV free.
-        best = max(blocks[e] / by_id[e].total_blocks for e in fitting)
+        # No fitting executor had less work ahead per KV block; among those with as little, none had
+        # a larger share of its KV free.
+        load = {e: work[e] / by_id[e].total_blocks for e in fitting}
+        least = [e for e in fitting if load[e] == min(load.values())]
+        assert p.executor_id in least
+        best = max(blocks[e] / by_id[e].total_blocks for e in least)
         assert blocks[p.executor_id] / by_id[p.executor_id].total_blocks == best
         slots[p.executor_id] -= 1
         blocks[p.executor_id] -= p.blocks
+        work[p.executor_id] += cand.expected_tokens
     assert all(v >= 0 for v in slots.values()) and all(v >= 0 for v in blocks.values())
     # Admission stopped only because the next request fits nowhere.
     if len(placements) < len(cands):
