@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -24,9 +23,17 @@ from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
 from common.redis_client import with_redis_retry
 from common.security import channel_credentials
-from scheduler_service.link_state import CHANNEL_OPTIONS, LinkedRequest, prefill_grants, read_reports, sampling_to_pb
+from scheduler_service.link_state import (
+    CHANNEL_OPTIONS,
+    LinkedRequest,
+    capacity_of,
+    preemptible,
+    prefill_grants,
+    read_reports,
+    sampling_to_pb,
+)
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.placement import ExecutorCapacity, blocks_for
+from scheduler_service.placement import ExecutorCapacity
 from scheduler_service.preemption import RunningRequest
 from scheduler_service.report_writes import ReportWrites
 from scheduler_service.request_store import RequestStore
@@ -156,31 +163,13 @@ class ExecutorLink:
     def capacity(self, fraction: float = 1.0) -> ExecutorCapacity:
         """Room for new requests; ``fraction`` < 1 shrinks it under load (rounding up, so never to 0)."""
         assert self.info is not None
-        block_size = self.info.block_size
-        committed = sum(blocks_for(r.num_tokens + 1, block_size) for r in self.requests.values())
-        outstanding = sum(r.outstanding_tokens for r in self.requests.values())
-        total = self.info.kv_blocks_total
-        watermark = max(1, total // 100)  # headroom so decodes rarely force a preemption
         max_batch = min(self.info.max_batch_size, self._config.batch_level.max_batch_size)
-        return ExecutorCapacity(
-            executor_id=self.executor_id,
-            free_slots=math.ceil(max(0, max_batch - len(self.requests)) * fraction),
-            free_blocks=math.ceil(max(0, total - committed - watermark) * fraction),
-            total_blocks=total,
-            block_size=block_size,
-            outstanding_tokens=outstanding,
-        )
+        return capacity_of(self.executor_id, self.requests.values(), self.info, max_batch, fraction)
 
     def running_requests(self) -> list[RunningRequest]:
         """What preemption may choose from: requests not already being preempted."""
         assert self.info is not None
-        return [
-            RunningRequest(
-                r.request_id, r.priority, r.preemptions, blocks_for(r.num_tokens + 1, self.info.block_size), r.generated
-            )
-            for r in self.requests.values()
-            if r.request_id not in self.preempting
-        ]
+        return preemptible(self.requests.values(), self.preempting, self.info.block_size)
 
     def preempt(self, request_ids: list[str]) -> None:
         """Ask the executor to give these back; they return to the queue with their tokens kept."""

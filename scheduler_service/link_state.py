@@ -1,14 +1,17 @@
-"""What an executor link keeps and exchanges: its view of each request, the gRPC channel
-options, the sampling conversion and prefill grants for plans, and the task that moves step
-reports into an inbox."""
+"""What an executor link keeps and exchanges: its view of each request (and the room and
+preemption choices that view implies), the gRPC channel options, the sampling conversion and
+prefill grants for plans, and the task that moves step reports into an inbox."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, Iterable
+import math
+from collections.abc import AsyncIterable, Collection, Iterable
 from dataclasses import dataclass
 
 from common.pb import executor_pb2 as pb
+from scheduler_service.placement import ExecutorCapacity, blocks_for
+from scheduler_service.preemption import RunningRequest
 from scheduler_service.requests import RequestParams
 
 CHANNEL_OPTIONS = [
@@ -49,6 +52,35 @@ class LinkedRequest:
         """Tokens its executor still expects to process for it: the output still expected, and the
         prompt while no token has come (its prefill may be under way)."""
         return self.remaining + (self.prompt_len if self.generated == 0 else 0)
+
+
+def capacity_of(
+    executor_id: str, requests: Collection[LinkedRequest], info: pb.InfoResponse, max_batch: int, fraction: float
+) -> ExecutorCapacity:
+    """An executor's room for new requests, given the requests on it; ``fraction`` < 1 shrinks it
+    under load (rounding up, so never to 0)."""
+    committed = sum(blocks_for(r.num_tokens + 1, info.block_size) for r in requests)
+    total = info.kv_blocks_total
+    watermark = max(1, total // 100)  # headroom so decodes rarely force a preemption
+    return ExecutorCapacity(
+        executor_id=executor_id,
+        free_slots=math.ceil(max(0, max_batch - len(requests)) * fraction),
+        free_blocks=math.ceil(max(0, total - committed - watermark) * fraction),
+        total_blocks=total,
+        block_size=info.block_size,
+        outstanding_tokens=sum(r.outstanding_tokens for r in requests),
+    )
+
+
+def preemptible(
+    requests: Iterable[LinkedRequest], preempting: Collection[str], block_size: int
+) -> list[RunningRequest]:
+    """What preemption may choose from: the requests not already being preempted."""
+    return [
+        RunningRequest(r.request_id, r.priority, r.preemptions, blocks_for(r.num_tokens + 1, block_size), r.generated)
+        for r in requests
+        if r.request_id not in preempting
+    ]
 
 
 def prefill_grants(admits: Iterable[pb.AdmitRequest], budget: int, max_chunk: int) -> list[pb.PrefillGrant]:

@@ -135,7 +135,8 @@ static void score_block_bf16(const float *qf, const uint16_t *rows, int64_t slot
         const uint16_t *head = rows + (h / group) * kv_head_stride;
         float *out = scores + h * length;
         int64_t j = 0;
-        for (; j + 8 <= count; j += 8) dot8_bf16(qf + h * dim, head + j * slot_stride, slot_stride, dim, scale, out + j);
+        for (; j + 8 <= count; j += 8)
+            dot8_bf16(qf + h * dim, head + j * slot_stride, slot_stride, dim, scale, out + j);
         for (; j < count; ++j) {
             float sum = 0.0f;
             for (int64_t t = 0; t < dim; ++t) sum += qf[h * dim + t] * bf16_to_f32(head[j * slot_stride + t]);

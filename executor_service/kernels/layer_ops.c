@@ -175,7 +175,8 @@ void baton_rope_store_bf16(uint16_t *qkv, int64_t rows, int64_t row_stride, cons
 /* exp(x) with x clamped to [-87.3, 88.38], beyond which the result is 2^-126 or +inf: what SiLU's
  * 1 + exp(-x) needs. */
 static inline __m256 exp8(__m256 x) {
-    return exp8_in_range(_mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3762626647949f)));
+    __m256 clamped = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_CLAMP_LOW)), _mm256_set1_ps(EXP_CLAMP_HIGH));
+    return exp8_in_range(clamped);
 }
 #endif
 
@@ -183,7 +184,8 @@ static inline __m256 exp8(__m256 x) {
 /* silu(g) = g / (1 + exp(-g)) on sixteen lanes, as silu_times computes it on eight. */
 static inline __m512 silu16(__m512 g) {
     __m512 minus_g = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32((int)0x80000000)));
-    __m512 clamped = _mm512_min_ps(_mm512_max_ps(minus_g, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3762626647949f));
+    __m512 low = _mm512_max_ps(minus_g, _mm512_set1_ps(EXP_CLAMP_LOW));
+    __m512 clamped = _mm512_min_ps(low, _mm512_set1_ps(EXP_CLAMP_HIGH));
     return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16_in_range(clamped)));
 }
 #endif

@@ -1,8 +1,10 @@
-"""scheduler_service.link_state: what a linked request still weighs on its executor."""
+"""scheduler_service.link_state: what a linked request still weighs on its executor, and the room and
+preemption choices that follow from the requests on it."""
 
 from __future__ import annotations
 
-from scheduler_service.link_state import LinkedRequest
+from common.pb import executor_pb2 as pb
+from scheduler_service.link_state import LinkedRequest, capacity_of, preemptible
 
 
 def linked(generated: int, expected_output: int = 100, prompt_len: int = 40) -> LinkedRequest:
@@ -18,3 +20,18 @@ def test_outstanding_tokens_count_the_prompt_until_the_first_token() -> None:
 def test_a_request_past_its_expected_output_still_weighs_a_token() -> None:
     # The estimator guessed short; the request is still running, so it is not free work.
     assert linked(generated=150).outstanding_tokens == 1
+
+
+def test_capacity_counts_committed_blocks_slots_and_outstanding_work() -> None:
+    info = pb.InfoResponse(block_size=16, kv_blocks_total=200)
+    requests = [linked(generated=0, prompt_len=40), linked(generated=10, prompt_len=20)]
+    cap = capacity_of("e1", requests, info, max_batch=8, fraction=1.0)
+    # 41 and 31 tokens need 3 and 2 blocks; 2 blocks (1 %) stay back as the watermark.
+    assert (cap.free_slots, cap.free_blocks, cap.total_blocks) == (6, 200 - 5 - 2, 200)
+    assert cap.outstanding_tokens == 140 + 90
+    assert capacity_of("e1", requests, info, max_batch=8, fraction=0.5).free_slots == 3
+
+
+def test_requests_being_preempted_are_not_offered_again() -> None:
+    requests = [linked(generated=0), LinkedRequest("other", 40, 0, 0, 0, None)]
+    assert [r.request_id for r in preemptible(requests, {"r"}, block_size=16)] == ["other"]
