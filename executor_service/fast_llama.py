@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from executor_service.kernels import layer_ops
+from executor_service.kernels.small_gemm import SmallGemm
 from executor_service.packed_linear import PackedLinear, can_pack
 from executor_service.paged_attention import AttentionBatch, paged_attention
 
@@ -36,7 +37,8 @@ class FusedLinear:
 
     No weight is held twice: where ``can_pack`` (CPU float32, native bf16) the fused weight is
     packed for oneDNN and the layers' own packed copies are dropped; elsewhere the layers' weights
-    become views of the fused one.
+    become views of the fused one. A small bf16 weight also gets the micro-kernel's copy
+    (``SmallGemm``, at most 512 KB), which serves its decode rows.
     """
 
     def __init__(self, linears: Sequence[Any]) -> None:  # nn.Linear or PackedLinear
@@ -48,6 +50,7 @@ class FusedLinear:
             pairs = zip(biases, self.sizes, strict=True)
             self.bias = torch.cat([b.detach() if b is not None else weight.new_zeros(n) for b, n in pairs])
         self.packed = can_pack(weight.device, weight.dtype)
+        self.small = SmallGemm.for_weight(weight, self.bias) if self.packed else None  # decode sizes, bf16
         if self.packed:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
             for layer in linears:
@@ -60,6 +63,8 @@ class FusedLinear:
 
     def joined(self, x: torch.Tensor) -> torch.Tensor:
         """The layers' outputs side by side, [..., sum of their sizes]."""
+        if self.small is not None and self.small.serves(x):
+            return self.small(x)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

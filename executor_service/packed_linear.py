@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from executor_service.kernels.small_gemm import SmallGemm
+
 log = logging.getLogger(__name__)
 
 
@@ -33,12 +35,16 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
         packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
         self.register_buffer("packed", packed, persistent=False)
+        self.small = SmallGemm.for_weight(linear.weight, linear.bias)  # decode sizes, bf16
 
     def release_packed(self) -> None:
-        """Drop the packed copy (its weight is packed elsewhere, fused with others); forward uses ``weight``."""
+        """Drop the packed copies (its weight is packed elsewhere, fused with others); forward uses ``weight``."""
         self.packed = None
+        self.small = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.small is not None and self.small.serves(x):
+            return self.small(x)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
 LAYER_OPS_SOURCE = Path(__file__).with_name("layer_ops.c")
+SMALL_GEMM_SOURCE = Path(__file__).with_name("small_gemm.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 # Each product and sum rounded on its own, as torch's separate ops round them (see layer_ops.c).
 LAYER_OPS_FLAGS = ("-ffp-contract=off",)
@@ -114,4 +115,18 @@ def layer_ops_library() -> ctypes.CDLL | None:
         function = getattr(library, name)
         function.restype = None
         function.argtypes = argtypes
+    return library
+
+
+@cache
+def small_gemm_library() -> ctypes.CDLL | None:
+    """The compiled small-GEMM library, or None (logged once) when it cannot be built or loaded."""
+    try:
+        library = ctypes.CDLL(str(build(SMALL_GEMM_SOURCE)))
+    except OSError as exc:
+        log.warning("native small GEMM unavailable, linear layers stay on oneDNN: %s", exc)
+        return None
+    function = library.baton_small_gemm_bf16
+    function.restype = ctypes.c_int
+    function.argtypes = [_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64]
     return library

@@ -10,6 +10,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from executor_service.fast_llama import FusedLinear, supports
+from executor_service.kernels.small_gemm import torch_brgemm
 from executor_service.packed_linear import PackedLinear, can_pack
 
 
@@ -48,3 +49,23 @@ def test_fused_linear_holds_no_weight_twice() -> None:
         assert all(layer.packed is None for layer in packed), "the fused packed copy replaces the layers' own"
         for layer, want in zip(packed, expected, strict=True):
             torch.testing.assert_close(layer(x), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(torch_brgemm() is None, reason="no bf16 BRGeMM micro-kernel on this CPU")
+def test_fused_bfloat16_layers_take_the_small_gemm_and_drop_their_own() -> None:
+    torch.manual_seed(0)
+    layers = [PackedLinear(nn.Linear(64, 96, bias=False).bfloat16()) for _ in range(3)]
+    assert all(layer.small is not None for layer in layers)
+    x = torch.randn(7, 64, dtype=torch.bfloat16)
+    expected = [layer(x) for layer in layers]
+    fused = FusedLinear(layers)
+    assert fused.small is not None
+    assert all(layer.small is None and layer.packed is None for layer in layers), "no weight held twice"
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert fused.small.serves(x)
+        for got, want in zip(fused(x), expected, strict=True):
+            torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    finally:
+        torch.set_num_threads(before)

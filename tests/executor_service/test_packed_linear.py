@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from executor_service.kernels import small_gemm
 from executor_service.packed_linear import PackedLinear, can_pack, pack_linears
 
 pytestmark = pytest.mark.skipif(
@@ -48,3 +49,12 @@ def test_packed_bfloat16_linear_matches_linear() -> None:
     for shape in [(1, 64), (3, 7, 64), (65, 64)]:
         x = torch.randn(*shape, dtype=torch.bfloat16)
         torch.testing.assert_close(packed(x), linear(x), atol=2e-2, rtol=2e-2)
+
+
+def test_without_the_micro_kernel_bfloat16_layers_keep_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where torch has no bf16 BRGeMM (no AMX or AVX512-BF16, another torch build), nothing changes."""
+    monkeypatch.setattr(small_gemm, "torch_brgemm", lambda: None)
+    weight = torch.zeros(64, 128, dtype=torch.bfloat16)
+    assert small_gemm.SmallGemm.for_weight(weight, None) is None
+    if NATIVE_BF16:
+        assert PackedLinear(nn.Linear(128, 64, bias=False).bfloat16()).small is None
