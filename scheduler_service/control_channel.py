@@ -10,17 +10,22 @@ the caller subscribes again.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import redis.asyncio as aioredis
-from redis.exceptions import ClusterDownError, SlotNotCoveredError
+from redis.exceptions import ClusterDownError, RedisError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from common.redis_client import is_cluster
 
+log = logging.getLogger(__name__)
+
 # How long one poll of a sharded subscription waits; bounds how late a stop is noticed.
 _POLL_S = 1.0
+WAKE = '{"wake":1}'
 
 
 class ControlChannel:
@@ -28,12 +33,40 @@ class ControlChannel:
         self._redis = redis
         self._channel = channel
         self._sharded = is_cluster(redis)
+        self._waker: asyncio.Task[None] | None = None
+        self._wake_again = False
 
     async def publish(self, payload: str) -> None:
         if self._sharded:
             await self._redis.spublish(self._channel, payload)  # type: ignore[attr-defined]
         else:
             await self._redis.publish(self._channel, payload)
+
+    def wake_others(self) -> None:
+        """Tell the other replicas that work was queued, without waiting for Redis.
+
+        A wake asked for while one is being sent becomes one more, sent after it, so the last
+        submit always has a wake published after its enqueue; a burst of submits (a batch stream's
+        64 arrive together) costs two or three publishes instead of one round trip each. A wake
+        that fails is logged: the other planners re-read the queue on their own within 0.25 s.
+        """
+        if self._waker is not None:
+            self._wake_again = True
+            return
+        self._waker = asyncio.create_task(self._send_wakes(), name="wake-others")
+
+    async def _send_wakes(self) -> None:
+        try:
+            again = True
+            while again:
+                self._wake_again = False
+                try:
+                    await self.publish(WAKE)
+                except RedisError as exc:
+                    log.warning("could not wake the other replicas: %s", exc)
+                again = self._wake_again
+        finally:
+            self._waker = None
 
     async def messages(self) -> AsyncIterator[str]:
         """Every payload published from now on, until the connection is lost (a RedisError)."""

@@ -103,7 +103,7 @@ class Frontend:
             scored.expected_output,
         )
         self.dispatcher.wake()
-        await self.dispatcher.control.publish('{"wake":1}')
+        self.dispatcher.control.wake_others()
         return req
 
     async def events(self, request_id: str, from_index: int = 0) -> AsyncIterator[TokenEvent]:

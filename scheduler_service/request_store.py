@@ -42,7 +42,8 @@ class RequestStore(QueueReads, StepPublishing):
         self.ttl_s = request_ttl_s
         self.max_migrations = max_migrations
         self.estimator_alpha = estimator_alpha
-        self._enqueue = redis.register_script(scripts.ENQUEUE)
+        # Submits that arrive together (a batch stream's) share round trips too.
+        self._enqueue = ScriptBatcher(redis, redis.register_script(scripts.ENQUEUE))
         self._claim = redis.register_script(scripts.CLAIM)
         self._append = redis.register_script(scripts.APPEND_TOKENS)
         self._finish = redis.register_script(scripts.FINISH)
@@ -94,7 +95,7 @@ class RequestStore(QueueReads, StepPublishing):
             req.tenant,
             *flat,
         ]
-        result = await self._enqueue(keys=keys, args=args)
+        result = await self._enqueue(keys, args)
         if result == -1:
             raise AlreadyExists(f"request_id {req.request_id!r} was already submitted")
         if result == -2:

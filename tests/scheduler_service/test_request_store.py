@@ -3,6 +3,8 @@ requeues, cancels and hand-backs. Recording steps: test_step_publishing.py."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from common.errors import AlreadyExists, Overloaded
@@ -60,6 +62,21 @@ async def test_enqueue_into_a_full_queue_raises_overloaded_and_writes_nothing(st
         await enqueue(store, "c", max_pending=2)
     assert await store.get("c") is None
     assert await store.queue_length() == 2
+
+
+async def test_enqueues_made_together_share_round_trips_and_each_is_judged_alone(store: RequestStore) -> None:
+    """A batch stream's requests arrive together: their enqueue scripts go out pipelined, in order,
+    and each still gets its own answer (here the third finds the queue full)."""
+    results = await asyncio.gather(
+        *(enqueue(store, rid, score=float(i), max_pending=2) for i, rid in enumerate(["a", "b", "c", "d"])),
+        enqueue(store, "a"),
+        return_exceptions=True,
+    )
+    assert results[:2] == [None, None]
+    assert all(isinstance(r, Overloaded) for r in results[2:4])
+    assert isinstance(results[4], AlreadyExists)
+    assert await store.peek_pending(10) == [("a", 0.0), ("b", 1.0)]
+    assert store._enqueue.round_trips <= 2  # five calls: the first alone, the rest together
 
 
 async def test_peek_pending_returns_lowest_scores_first(store: RequestStore) -> None:
