@@ -7,6 +7,15 @@ costs a few microseconds. The shared library is cached under ``BATON_KERNEL_CACH
 and the CPU, so concurrent executors on one machine build it once and a different CPU never loads
 another's ``-march=native`` build. Without a compiler the executor keeps its torch path (see
 ``executor_service.paged_attention``).
+
+The short calls (the layer ops and the small GEMM, microseconds each) are loaded with
+``ctypes.PyDLL``, which keeps the GIL through the call; ``ctypes.CDLL`` drops it and takes it back.
+Each drop let the executor's gRPC thread take the GIL mid-step, and the engine thread then waited
+for it to be given back. With the small GEMM's 12 more calls a step through ``CDLL``, a tiny round
+end to end took 4-7 % longer than without them in six of eight alternated runs; through ``PyDLL``
+3.5 % less, and ``PyDLL`` for the layer ops as well took off 3 % more (benchmarks.md, "Eleventh
+round"). The decode-attention kernel, hundreds of microseconds a call, keeps ``CDLL``,
+so the gRPC thread can send the last step's report beside it.
 """
 
 from __future__ import annotations
@@ -95,10 +104,10 @@ def decode_attention_library() -> ctypes.CDLL | None:
 
 
 @cache
-def layer_ops_library() -> ctypes.CDLL | None:
+def layer_ops_library() -> ctypes.PyDLL | None:
     """The compiled layer-ops library (norm, RoPE, SiLU, argmax), or None (logged once) when unavailable."""
     try:
-        library = ctypes.CDLL(str(build(LAYER_OPS_SOURCE, LAYER_OPS_FLAGS)))
+        library = ctypes.PyDLL(str(build(LAYER_OPS_SOURCE, LAYER_OPS_FLAGS)))
     except OSError as exc:
         log.warning("native layer ops unavailable, using torch ops: %s", exc)
         return None
@@ -119,10 +128,10 @@ def layer_ops_library() -> ctypes.CDLL | None:
 
 
 @cache
-def small_gemm_library() -> ctypes.CDLL | None:
+def small_gemm_library() -> ctypes.PyDLL | None:
     """The compiled small-GEMM library, or None (logged once) when it cannot be built or loaded."""
     try:
-        library = ctypes.CDLL(str(build(SMALL_GEMM_SOURCE)))
+        library = ctypes.PyDLL(str(build(SMALL_GEMM_SOURCE)))
     except OSError as exc:
         log.warning("native small GEMM unavailable, linear layers stay on oneDNN: %s", exc)
         return None
