@@ -12,7 +12,7 @@ The short calls (the layer ops and the small GEMM, microseconds each) are loaded
 ``ctypes.PyDLL``, which keeps the GIL through the call; ``ctypes.CDLL`` drops it and takes it back.
 Each drop let the executor's gRPC thread take the GIL mid-step, and the engine thread then waited
 for it to be given back. With the small GEMM's 12 more calls a step through ``CDLL``, a tiny round
-end to end took 4-7 % longer than without them in six of eight alternated runs; through ``PyDLL``
+end to end took 4-7 % longer than without them in five of seven alternated runs; through ``PyDLL``
 3.5 % less, and ``PyDLL`` for the layer ops as well took off 3 % more (benchmarks.md, "Eleventh
 round"). The decode-attention kernel, hundreds of microseconds a call, keeps ``CDLL``,
 so the gRPC thread can send the last step's report beside it.
