@@ -47,7 +47,7 @@ class ControlChannel:
 
         A wake asked for while one is being sent becomes one more, sent after it, so the last
         submit always has a wake published after its enqueue; a burst of submits (a batch stream's
-        64 arrive together) costs two or three publishes instead of one round trip each. A wake
+        64 arrive together) costs one or two publishes instead of a round trip each. A wake
         that fails is logged: the other planners re-read the queue on their own within 0.25 s.
         """
         if self._waker is not None:

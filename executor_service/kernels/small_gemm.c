@@ -5,12 +5,13 @@
  * Why: torch's oneDNN linear (mkldnn._linear_pointwise) spends 20-30 us per call outside the
  * arithmetic (creating the primitive descriptor, wrapping tensors), whatever the size: 16x16 takes
  * as long as 256x256. A tiny model's step makes 17 such calls. The micro-kernel is the same AMX
- * code oneDNN's inner product runs (the same float32 accumulation, then one rounding to bf16), and a
- * cached one costs about a microsecond to call.
+ * code oneDNN's inner product runs (the same float32 accumulation, then one rounding to bf16),
+ * and a cached one costs about a microsecond to call.
  *
  * W is packed once (by the Python side) into the VNNI layout the kernel reads: [k/2][n][2], pairs
- * of consecutive k interleaved. After each call the AMX tile state is released, so that torch's record of the
- * configured kernel stays true when oneDNN's own primitives reconfigure the tiles in between.
+ * of consecutive k interleaved. After each call the AMX tile state is released, so that torch's
+ * record of the configured kernel stays true when oneDNN's own primitives reconfigure the tiles in
+ * between.
  */
 #include <stdbool.h>
 #include <stdint.h>
