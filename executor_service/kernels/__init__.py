@@ -10,12 +10,13 @@ another's ``-march=native`` build. Without a compiler the executor keeps its tor
 
 The short calls (the layer ops and the small GEMM, microseconds each) are loaded with
 ``ctypes.PyDLL``, which keeps the GIL through the call; ``ctypes.CDLL`` drops it and takes it back.
-Each drop let the executor's gRPC thread take the GIL mid-step, and the engine thread then waited
-for it to be given back. With the small GEMM's 12 more calls a step through ``CDLL``, a tiny round
-end to end took 4-7 % longer than without them in five of seven alternated runs; through ``PyDLL``
-3.5 % less, and ``PyDLL`` for the layer ops as well took off 3 % more (benchmarks.md, "Eleventh
-round"). The decode-attention kernel, hundreds of microseconds a call, keeps ``CDLL``,
-so the gRPC thread can send the last step's report beside it.
+A drop lets the executor's gRPC thread take the GIL mid-step, and the engine thread then waits for
+it to be given back. This removes the drops of about 25 calls a tiny step (torch's own ops may
+drop it as well). Measured end to end (benchmarks.md, "Eleventh round"), the effect is within the
+noise of the alternated comparison: rounds 3 % shorter with ``PyDLL`` for the small GEMM and 3 %
+again for the layer ops, where identical trees differed by 0.5-7 %. It is kept: it holds the GIL
+for microseconds at a time, which cannot delay a step. The decode-attention kernel, hundreds of
+microseconds a call, keeps ``CDLL``, so the gRPC thread can send the last step's report beside it.
 """
 
 from __future__ import annotations
