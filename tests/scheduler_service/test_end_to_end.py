@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from common.pb import generate_pb2 as pb
+from tests.conftest import RedisServer
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.stack import Stack, eventually, joined_tokens, stack_config, start_stack
 
@@ -254,7 +255,21 @@ async def test_a_token_write_lost_by_redis_is_recovered_exactly(stack: Stack, ti
     assert int(await redis.hget(KeySchema().request("loses-a-write"), "migrations")) >= 1
 
 
-async def test_an_idle_scheduler_does_not_read_the_queue_every_tick(stack: Stack) -> None:
+@pytest.fixture
+async def lone_stack(tmp_path: Path, tiny_model_dir: Path) -> AsyncIterator[Stack]:
+    """A stack on a redis-server of its own: Redis's command counts then hold this stack's calls
+    only, not those of a stack another test left shutting down on the shared server."""
+    server = RedisServer(tmp_path)
+    try:
+        running = await start_stack(stack_config(server.url, tiny_model_dir))
+        yield running
+        await running.stop()
+    finally:
+        server.stop()
+
+
+async def test_an_idle_scheduler_does_not_read_the_queue_every_tick(lone_stack: Stack) -> None:
+    stack = lone_stack
     await stack.wait_for_executors(1)
     await stack.generate(greedy([1, 5, 6], 2))  # the queue has been read, found empty again
     redis = stack.scheduler.frontend.store.redis
