@@ -100,6 +100,27 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return {name: sum(psutil.Process(pid).cpu_times()[:2]) for name, pid in pids.items()}
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds of each of ``pid``'s threads, by thread id (Linux; {} elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    seconds: dict[int, float] = {}
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+    except (OSError, IndexError, ValueError):
+        return {}
+    return seconds
+
+
+def thread_split(pid: int, before: dict[int, float], after: dict[int, float]) -> str:
+    """ "main 0.4, then 1.3 0.9": the main thread's CPU in the window (the executor's asyncio and gRPC
+    service work), then its busiest other threads (the engine thread and torch's workers)."""
+    used = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+    others = sorted((v for tid, v in used.items() if tid != pid and v >= 0.05), reverse=True)
+    return f"main {used.get(pid, 0.0):.1f}, then " + " ".join(f"{v:.1f}" for v in others[:3])
+
+
 def cpu_wait_seconds(pids: list[int]) -> float | None:
     """Seconds the processes' threads spent runnable but waiting for a core (Linux schedstat).
 
@@ -135,6 +156,7 @@ async def drive_grpc(target: str, wl: Workload, pids: dict[str, int], rpc: str =
                 await asyncio.sleep(0.2)
         with progress(len(wl.prompts), f"(a) Baton end to end over gRPC ({rpc})") as bar:
             wait_before = cpu_wait_seconds(executors)
+            threads_before = {pid: thread_cpu_seconds(pid) for pid in executors}
             cpu_before, started = cpu_seconds(pids), time.perf_counter()
             if rpc == "batch":
                 outputs = await stream_batch(stub, wl, bar, chunk)
@@ -143,10 +165,13 @@ async def drive_grpc(target: str, wl: Workload, pids: dict[str, int], rpc: str =
                 outputs = list(await asyncio.gather(*jobs))
             seconds, cpu_after = time.perf_counter() - started, cpu_seconds(pids)
             wait_after = cpu_wait_seconds(executors)
+            threads = [thread_split(pid, threads_before[pid], thread_cpu_seconds(pid)) for pid in executors]
     used = ", ".join(f"{name} {cpu_after[name] - cpu_before[name]:.1f}" for name in pids)
     note = f"CPU seconds used in the {seconds:.1f} s window ({os.cpu_count()} cores): {used}"
     if wait_before is not None and wait_after is not None:
         whose = "executor's" if len(executors) == 1 else f"{len(executors)} executors'"
         note += f"; the {whose} threads waited {wait_after - wait_before:.2f} s for a core"
+    if any(threads):
+        note += "; executor threads: " + " | ".join(threads)
     label = "(a) Baton end to end (gRPC)" if rpc == "generate" else "(a) Baton end to end (GenerateBatch)"
     return finish(label, seconds, outputs, wl, sum(map(len, outputs)), note)

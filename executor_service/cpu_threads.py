@@ -12,7 +12,14 @@ the scheduler, Redis and the clients, which need a few milliseconds of CPU per s
 
 So a heavy step gets every core and a light one leaves one core free, but only while something
 else on the machine uses it: an executor alone on its host (the scheduler elsewhere) gives light
-steps every core too. The next step is judged by the last one's work (its forward-pass seconds
+steps every core too. A heavy step leaves out the cores other processes keep busy, though. Two
+executors of the small model on 2 cores (bfloat16, AVX-512), each giving its heavy steps both
+cores, were slower in 7 of 8 alternated runs (five end to end, three of the engine alone) than
+with one thread each, by up to 12 % (performance.md, "Twelfth round"). Four threads on two cores
+wait on each other at every parallel region, and the other executor already keeps the second
+core busy.
+
+The next step is judged by the last one's work (its forward-pass seconds
 times the threads it had), with a gap between the two thresholds so that halving a step's time by
 doubling its threads does not flip it back.
 
@@ -38,6 +45,10 @@ LIGHT_STEP_CPU_MS = 60.0  # below this: all cores but one next time, if others u
 # and 0.09 beside small's, where the choice for its few light steps (the tail of a round) made no
 # difference measurable here; an idle machine's background is about 0.02.
 OTHERS_BUSY_CORES = 0.05
+# Others using at least this many cores' worth (rounded to whole cores) take those cores from a
+# heavy step as well: another executor uses about 1.0 beside its own steps, the benchmarks' stack
+# (scheduler, client, Redis) 0.09 beside small's heavy steps, where a second thread is 1.6x faster.
+OTHERS_HOLD_A_CORE = 0.5
 
 
 def usable_cores() -> int:
@@ -65,8 +76,7 @@ class OtherLoad:
     counted: no process of this machine gets it back if a core is left free. A window in which the
     engine sat idle says nothing about the load beside a step (the scheduler and its clients are
     idle then too), so after a pause the figure is unknown, counted as busy, until a window of
-    stepping has passed. (A single step longer than the window also reads as a pause; such a step is
-    heavy whatever the load.)
+    stepping has passed.
     """
 
     def __init__(self, interval_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
@@ -81,9 +91,10 @@ class OtherLoad:
         self._last_call = now
         self.busy_cores = math.inf
 
-    def __call__(self) -> float:
+    def __call__(self, stepped_s: float = 0.0) -> float:
+        """The figure after a step that took ``stepped_s``: a step longer than the window is no pause."""
         now = self._clock()
-        if now - self._last_call > self._interval:
+        if now - self._last_call - stepped_s > self._interval:
             self._start(now)  # the engine paused: begin a new window
         self._last_call = now
         started, machine_then, own_then = self._window
@@ -108,7 +119,8 @@ class ThreadGovernor:
         self,
         cores: int,
         set_threads: Callable[[int], None],
-        others_busy_cores: Callable[[], float] = lambda: math.inf,  # unknown: leave light steps a core
+        # Given the last step's seconds; math.inf when unknown: light steps leave a core, heavy ones do not.
+        others_busy_cores: Callable[[float], float] = lambda stepped_s: math.inf,
     ) -> None:
         if cores < 1:
             raise ValueError(f"cores must be >= 1, got {cores}")
@@ -127,7 +139,9 @@ class ThreadGovernor:
 
     def after_step(self, forward_seconds: float) -> None:
         work_ms = forward_seconds * 1000.0 * self.current
+        others = self._others(forward_seconds)
         if work_ms >= HEAVY_STEP_CPU_MS:
-            self.current = self.many
+            held = 0 if math.isinf(others) else math.floor(others + 1.0 - OTHERS_HOLD_A_CORE)
+            self.current = max(1, self.many - held)
         elif work_ms < LIGHT_STEP_CPU_MS:
-            self.current = self.few if self._others() >= OTHERS_BUSY_CORES else self.many
+            self.current = self.few if others >= OTHERS_BUSY_CORES else self.many

@@ -1,4 +1,4 @@
-"""The CPU thread governor: heavy steps get every core, light ones leave one (pure logic)."""
+"""The CPU thread governor: heavy steps get every core the others leave, light ones leave one (pure logic)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ from executor_service.cpu_threads import (
 )
 
 
-def make(cores: int, others: float = 1.0) -> tuple[ThreadGovernor, list[int]]:
-    """A governor on ``cores`` cores, with other processes keeping ``others`` cores busy."""
+def make(cores: int, others: float = 0.3) -> tuple[ThreadGovernor, list[int]]:
+    """A governor on ``cores`` cores, with other processes keeping ``others`` cores busy (by default
+    a co-located scheduler and its clients: less than half a core)."""
     applied: list[int] = []
-    return ThreadGovernor(cores, applied.append, lambda: others), applied
+    return ThreadGovernor(cores, applied.append, lambda stepped_s: others), applied
 
 
 def test_starts_with_all_cores_but_one_and_applies_each_change_once() -> None:
@@ -55,6 +56,18 @@ def test_between_the_marks_the_choice_stands() -> None:
     assert governor.current == 2
 
 
+def test_heavy_steps_leave_the_cores_other_processes_keep_busy() -> None:
+    beside_another_executor, _ = make(2, others=1.0)
+    beside_another_executor.after_step(HEAVY_STEP_CPU_MS / 1000)
+    assert beside_another_executor.current == 1
+    many, _ = make(8, others=2.6)  # rounded to whole cores: three held
+    many.after_step(HEAVY_STEP_CPU_MS / 1000)
+    assert many.current == 5
+    unknown, _ = make(2, others=math.inf)  # just after a pause: as if nothing else ran
+    unknown.after_step(HEAVY_STEP_CPU_MS / 1000)
+    assert unknown.current == 2
+
+
 def test_light_steps_take_every_core_when_nothing_else_needs_one() -> None:
     governor, _ = make(2, others=OTHERS_BUSY_CORES / 2)  # an executor alone on its host
     governor.after_step(LIGHT_STEP_CPU_MS / 1000 / 10)
@@ -77,6 +90,15 @@ def test_other_load_is_unknown_until_a_window_of_stepping_has_passed() -> None:
     assert load() == measured  # the figure holds until the next window ends
     now[0] = 5.0  # the engine sat idle: that window says nothing about the load beside a step
     assert load() == math.inf
+
+
+def test_a_step_longer_than_the_window_is_no_pause() -> None:
+    now = [0.0]
+    load = OtherLoad(interval_s=0.25, clock=lambda: now[0])
+    for step in range(1, 4):  # steps of 0.4 s, each longer than the window
+        now[0] = 0.4 * step
+        measured = load(stepped_s=0.4)
+    assert 0.0 <= measured < math.inf
 
 
 def test_one_core_is_one_thread_whatever_the_step() -> None:
