@@ -107,8 +107,9 @@ def _engine_worker(
     engine = _load(model_dir, kv_mb, setup)
     ready.put(shard)
     go.wait()
+    cpu = time.process_time()
     outputs = engine_round(engine, wl.prompts, wl.max_tokens, None, setup.max_batch)
-    done.put((shard, time.monotonic(), outputs, _threads_note(engine)))
+    done.put((shard, time.monotonic(), outputs, _threads_note(engine), time.process_time() - cpu))
 
 
 def run_engine_processes(model_dir: Path, wl: Workload, kv_mb: int, setup: Setup) -> Result:
@@ -144,9 +145,10 @@ def run_engine_processes(model_dir: Path, wl: Workload, kv_mb: int, setup: Setup
             if proc.is_alive():
                 proc.kill()
     outputs: list[list[int]] = [[] for _ in wl.prompts]
-    for shard, _, shard_outputs, _ in finished:
+    for shard, _, shard_outputs, _, _ in finished:
         for j, out in zip(shards[shard], shard_outputs, strict=True):
             outputs[j] = out
-    seconds = max(at for _, at, _, _ in finished) - started
-    note = f"{count} engine processes, the workload dealt round-robin; each: {finished[0][3]}"
+    seconds = max(at for _, at, _, _, _ in finished) - started
+    cpu = " ".join(f"{f[4]:.1f}" for f in sorted(finished))
+    note = f"{count} engine processes, the workload dealt round-robin, CPU seconds {cpu}; each: {finished[0][3]}"
     return finish(f"(b) Baton engine x{count} processes", seconds, outputs, wl, sum(map(len, outputs)), note)
