@@ -138,6 +138,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=RPCS,
         help="(a): a Generate stream per request (default), or the workload over one GenerateBatch stream",
     )
+    parser.add_argument(
+        "--report-every-steps",
+        type=int,
+        default=1,
+        help="(a): the executors' report_every_steps, decode steps merged into one step report (default 1)",
+    )
     return parser.parse_args(argv)
 
 
@@ -167,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rpc,
         args.engine_processes,
         args.request_stream_interval,
+        args.report_every_steps,
     )
     report: dict[str, Any] = {"requests": len(wl.prompts), "seed": args.seed, "wanted_tokens": sum(wl.max_tokens)}
     report |= {"torch": torch.__version__, "transformers": transformers.__version__, "torch_threads": threads}

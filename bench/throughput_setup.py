@@ -39,6 +39,7 @@ class Setup:
     rpc: str = "generate"  # (a): a Generate stream per request, or "batch": one GenerateBatch stream
     engine_processes: int = 1  # (b): engine processes, the workload dealt round-robin between them
     request_chunk: int = 0  # (a): each request's own stream_interval_tokens (0: the server's alone)
+    report_every_steps: int = 1  # (a): the executors' executor.report_every_steps
 
     @property
     def torch_device(self) -> torch.device:

@@ -77,6 +77,7 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
         **(omp_env(args.threads) if args.threads else {}),  # 0: the executor's own choice, adaptive
         "BATON_SCHEDULER__BATCH_LEVEL__MAX_BATCH_SIZE": str(MAX_BATCH),
         "BATON_DISTRIBUTED__STREAM_INTERVAL_TOKENS": str(args.stream_interval),
+        "BATON_EXECUTOR__REPORT_EVERY_STEPS": str(args.report_every_steps),
     }
     say(f"== {size} {dtype}: {len(wl.prompts)} requests, {wanted} output tokens; logs in {logs}")
     with open(logs / "vllm.log", "w") as vlog:
@@ -200,6 +201,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1,
         help="Baton's distributed.stream_interval_tokens (default 1: every token is its own message, as "
         "vLLM streams by default); vLLM's offline generate streams nothing",
+    )
+    parser.add_argument(
+        "--report-every-steps",
+        type=int,
+        default=1,
+        help="Baton's executor.report_every_steps: decode steps an executor merges into one step report",
     )
     parser.add_argument(
         "--request-stream-interval",

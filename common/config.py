@@ -235,9 +235,16 @@ class ExecutorConfig:
     max_batch_size: int = 256
     token_budget: int = 512
     # Worker threads torch may use. 0: on CPU chosen per step (executor_service/cpu_threads.py):
-    # every core for a heavy step; for a light one all but one, left to the rest of the stack,
-    # while other processes use it; on CUDA torch's default. A fixed N turns that off.
+    # every core that other processes leave for a heavy step; for a light one all but one, left to
+    # the rest of the stack, while other processes use it; on CUDA torch's default. A fixed N
+    # turns that off.
     torch_threads: int = 0
+    # Step reports: 1 sends one per step. N > 1 holds plain decode tokens for up to N steps or
+    # report_max_wait_ms, merged into one report; finishes, preemptions, plan acknowledgements,
+    # pending prefill and first tokens still go at once (executor_service/report_coalescing.py).
+    # For CPU hosts where the scheduler shares the cores and clients take tokens in chunks.
+    report_every_steps: int = 1
+    report_max_wait_ms: float = 50.0
     # The engine's fast paths: a lean forward with fused projections for Llama-layout models;
     # on CPU the native decode-attention kernel and float32 layer ops (compiled once with the
     # system C compiler), float32 linear layers through oneDNN with prepacked weights, and glibc
@@ -252,6 +259,8 @@ class ExecutorConfig:
             raise ValueError("executor.block_size and kv_cache_memory_mb must be >= 1")
         if self.max_batch_size < 1 or self.token_budget < 1:
             raise ValueError("executor.max_batch_size and token_budget must be >= 1")
+        if self.report_every_steps < 1 or self.report_max_wait_ms < 0:
+            raise ValueError("executor.report_every_steps must be >= 1 and report_max_wait_ms >= 0")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from executor_service.load_metrics import LoadSampler
 from executor_service.metrics import ExecutorMetrics
 from executor_service.model_loader import LoadedModel, load_engine
 from executor_service.registration import Registration
+from executor_service.report_coalescing import ReportCoalescer
 from executor_service.report_hub import ReportHub
 from executor_service.sampling import SamplingParams
 from executor_service.servicer import ExecutorServicer
@@ -89,7 +90,9 @@ async def start_executor(config: BatonConfig) -> RunningExecutor:
     tracing = setup_tracing("baton-executor", config.monitoring.tracing, config.monitoring.otlp_endpoint)
     server = service.make_server(config.scheduler.max_message_bytes, tracing=tracing)
     metrics = ExecutorMetrics()
-    servicer = ExecutorServicer(metrics, tracing)
+    servicer = ExecutorServicer(
+        metrics, tracing, lambda: ReportCoalescer(cfg.report_every_steps, cfg.report_max_wait_ms)
+    )
     executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, [SERVICE_NAME])
     await set_serving(health_servicer, [SERVICE_NAME], serving=False)

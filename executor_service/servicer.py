@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from opentelemetry.trace import Span
@@ -17,6 +17,7 @@ from executor_service.convert import plan_from_pb, report_to_pb
 from executor_service.engine_io import PlanUpdate, StepOutput
 from executor_service.load_metrics import LoadSampler
 from executor_service.metrics import ExecutorMetrics
+from executor_service.report_coalescing import ReportCoalescer
 from executor_service.report_hub import ReportHub
 from executor_service.worker import EngineWorker
 
@@ -26,9 +27,15 @@ log = logging.getLogger(__name__)
 class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     """Serves as soon as the port is bound; answers UNAVAILABLE until ``bind`` (model loaded and warmed)."""
 
-    def __init__(self, metrics: ExecutorMetrics | None = None, tracing: bool = False) -> None:
+    def __init__(
+        self,
+        metrics: ExecutorMetrics | None = None,
+        tracing: bool = False,
+        coalescer: Callable[[], ReportCoalescer] = lambda: ReportCoalescer(1, 0.0),  # one per stream
+    ) -> None:
         self._metrics = metrics or ExecutorMetrics()
         self._tracing = tracing
+        self._coalescer = coalescer
         self._spans: dict[str, Span] = {}  # one per running request, when tracing
         self._readers: set[asyncio.Task[None]] = set()
         self._worker: EngineWorker | None = None
@@ -57,6 +64,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         """
         worker, hub, load, _ = self._ready()
         queue = hub.attach()
+        held = self._coalescer()
         log.info("scheduler attached to Run stream %s", context.peer())
         reader = asyncio.create_task(self._read_plans(worker, request_iterator, queue))
         self._readers.add(reader)
@@ -69,8 +77,11 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 self._end_spans(out)
                 device = load.sample()
                 self._metrics.observe(out, device)
+                report = held.offer(out)
+                if report is None:
+                    continue
                 try:
-                    await context.write(report_to_pb(out, device))
+                    await context.write(report_to_pb(report, device))
                 except (grpc.aio.AioRpcError, grpc.aio.UsageError, RuntimeError) as exc:
                     log.info("Run stream %s: write failed, the call is over (%s)", context.peer(), exc)
                     break

@@ -32,7 +32,13 @@ def test_kv_memory_follows_the_model_dtype(tmp_path: Path) -> None:
 
 def test_stack_env_carries_the_setup() -> None:
     setup = tp.Setup(
-        device="cpu", dtype="bfloat16", max_batch=8, token_budget=64, executor_threads=1, stream_interval=4
+        device="cpu",
+        dtype="bfloat16",
+        max_batch=8,
+        token_budget=64,
+        executor_threads=1,
+        stream_interval=4,
+        report_every_steps=8,
     )
     env = load_script("throughput_e2e").stack_env(setup, kv_mb=300, metrics_port=9999)
     assert env["BATON_EXECUTOR__DTYPE"] == "bfloat16" and env["BATON_EXECUTOR__DEVICE"] == "cpu"
@@ -40,12 +46,14 @@ def test_stack_env_carries_the_setup() -> None:
     assert env["BATON_SCHEDULER__TOKEN_LEVEL__TOKEN_BUDGET"] == "64"
     assert env["BATON_EXECUTOR__TORCH_THREADS"] == "1" and env["BATON_EXECUTOR__KV_CACHE_MEMORY_MB"] == "300"
     assert env["BATON_DISTRIBUTED__STREAM_INTERVAL_TOKENS"] == "4"
+    assert env["BATON_EXECUTOR__REPORT_EVERY_STEPS"] == "8"
     assert env["BATON_MONITORING__EXECUTOR_METRICS_PORT"] == "9999"
 
 
 def test_executors_flag_reaches_the_setup() -> None:
     assert tp.parse_args([]).executors == 1
     assert tp.parse_args(["--executors", "2"]).executors == 2
+    assert tp.parse_args(["--report-every-steps", "8"]).report_every_steps == 8
     assert tp.Setup().executors == 1
 
 

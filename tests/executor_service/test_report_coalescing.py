@@ -1,0 +1,142 @@
+"""Step reports held and merged while nothing needs the scheduler: the rules (pure logic), then a
+real stack with coalescing on, whose greedy outputs must still equal ``model.generate``'s."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from common.lifecycle import FinishReason
+from common.pb import generate_pb2 as pb
+from executor_service.engine_io import FinishOut, StepOutput, TokenOut
+from executor_service.report_coalescing import ReportCoalescer
+from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
+from tests.stack import Stack, joined_tokens, stack_config, start_stack
+
+
+def step(iteration: int, *tokens: TokenOut, plan_seq: int = 1, **fields: object) -> StepOutput:
+    base = StepOutput(
+        iteration=iteration,
+        plan_seq=plan_seq,
+        tokens=tokens,
+        finished=(),
+        preempted=(),
+        rejected=(),
+        num_tokens=len(tokens),
+        step_time_ns=1000 * iteration,
+        num_running=len(tokens),
+        kv_blocks_used=iteration,
+        kv_blocks_total=100,
+        pending_prefill_tokens=0,
+    )
+    return replace(base, **fields)  # type: ignore[arg-type]
+
+
+def tok(request_id: str, index: int) -> TokenOut:
+    return TokenOut(request_id, (100 + index,), f"t{index}", index)
+
+
+def started(every: int = 3, wait_ms: float = 1000.0, clock: list[float] | None = None) -> ReportCoalescer:
+    """A coalescer whose stream has already reported requests a and b (plan 1 acknowledged)."""
+    now = clock if clock is not None else [0.0]
+    held = ReportCoalescer(every, wait_ms, clock=lambda: now[0])
+    assert held.offer(step(1, tok("a", 0), tok("b", 0))) is not None  # first tokens: at once
+    return held
+
+
+def test_one_step_a_report_passes_every_output_through() -> None:
+    held = ReportCoalescer(1, 50.0)
+    for i in range(3):
+        out = step(i, tok("a", i))
+        assert held.offer(out) is out
+
+
+def test_plain_decode_steps_are_merged_into_one_report() -> None:
+    held = started(every=3)
+    assert held.offer(step(2, tok("a", 1), tok("b", 1))) is None
+    assert held.offer(step(3, tok("a", 2))) is None
+    report = held.offer(step(4, tok("a", 3), tok("b", 2)))
+    assert report is not None
+    assert [(t.request_id, t.index, t.token_ids, t.text) for t in report.tokens] == [
+        ("a", 1, (101, 102, 103), "t1t2t3"),
+        ("b", 1, (101, 102), "t1t2"),
+    ]
+    assert (report.iteration, report.kv_blocks_used, report.step_time_ns) == (4, 4, 4000)  # the last step's load
+    assert report.num_tokens == 5
+
+
+@pytest.mark.parametrize(
+    "urgent",
+    [
+        step(3, tok("a", 2), finished=(FinishOut("b", FinishReason.LENGTH),)),
+        step(3, tok("a", 2), preempted=("b",)),
+        step(3, tok("a", 2), rejected=(FinishOut("c", FinishReason.NONE),)),
+        step(3, tok("a", 2), plan_seq=2),  # a new plan's acknowledgement
+        step(3, tok("a", 2), pending_prefill_tokens=40),  # the scheduler grants each chunk
+        step(3, tok("a", 2), tok("c", 0)),  # c's first token: its time to first token
+        step(3),  # nothing decoded: a plan applied while idle
+    ],
+    ids=["finish", "preempt", "reject", "plan", "prefill", "first-token", "no-tokens"],
+)
+def test_what_the_scheduler_must_act_on_goes_at_once_with_what_was_held(urgent: StepOutput) -> None:
+    held = started(every=8)
+    assert held.offer(step(2, tok("a", 1), tok("b", 1))) is None
+    report = held.offer(urgent)
+    assert report is not None
+    assert report.finished == urgent.finished and report.preempted == urgent.preempted
+    assert report.plan_seq == urgent.plan_seq
+    assert report.tokens[0] == TokenOut("a", (101, 102), "t1t2", 1) or not urgent.tokens
+
+
+def test_a_request_back_after_a_preemption_counts_as_new() -> None:
+    held = started(every=8)
+    assert held.offer(step(2, tok("a", 1), preempted=("b",))) is not None
+    assert held.offer(step(3, tok("a", 2), tok("b", 0))) is not None
+
+
+def test_held_tokens_wait_no_longer_than_the_cap() -> None:
+    now = [0.0]
+    held = started(every=100, wait_ms=20.0, clock=now)
+    now[0] = 0.005
+    assert held.offer(step(2, tok("a", 1))) is None
+    now[0] = 0.024
+    assert held.offer(step(3, tok("a", 2))) is None  # 19 ms since the first held step
+    now[0] = 0.026
+    report = held.offer(step(4, tok("a", 3)))
+    assert report is not None and report.tokens[0].token_ids == (101, 102, 103)
+
+
+def test_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="every_steps"):
+        ReportCoalescer(0, 50.0)
+
+
+@pytest.fixture
+async def coalescing_stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
+    running = await start_stack(stack_config(redis_url, tiny_model_dir, executor={"report_every_steps": 4}))
+    yield running
+    await running.stop()
+
+
+async def test_greedy_outputs_match_generate_with_reports_merged(coalescing_stack: Stack, tiny_model_dir: Path) -> None:
+    rng = random.Random(21)
+    prompts = [[1] + [rng.randrange(5, 8000) for _ in range(rng.randrange(4, 120))] for _ in range(10)]
+    lengths = [rng.randrange(6, 40) for _ in prompts]
+
+    async def one(i: int) -> list[pb.GenerateResponse]:
+        await asyncio.sleep(0.02 * i)  # join and leave a running batch at different moments
+        params = pb.SamplingParams(max_tokens=lengths[i], ignore_eos=True)
+        return await coalescing_stack.generate(pb.GenerateRequest(prompt_token_ids=prompts[i], params=params))
+
+    results = await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    reference_model = load_reference_model(tiny_model_dir)
+    for i, chunks in enumerate(results):
+        expected = reference_greedy(reference_model, prompts[i], lengths[i])
+        assert_matches_reference(joined_tokens(chunks), expected, f"prompt {i}")
+        assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        assert [c.index for c in chunks] == sorted(c.index for c in chunks)
