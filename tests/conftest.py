@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,28 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-model")
     make_model(out, size="tiny", seed=0)
     return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def _no_task_outlives_the_session() -> AsyncIterator[None]:
+    """Cancel what a test left running on the session's event loop, again and again if need be.
+
+    pytest-asyncio cancels leftover tasks once when it closes the loop and then waits for them. A
+    task whose cleanup retries Redis calls (a link handing back its requests, with up to
+    ``redis_retry_s`` of backoff each) against a server already stopped would hold the whole run
+    for minutes; one CI run hung there. Each cancel interrupts the await the task is in. What is
+    still running after that is named on the terminal, so the leak can be found.
+    """
+    yield
+    current = asyncio.current_task()
+    deadline = time.monotonic() + 15.0
+    while time.monotonic() < deadline:
+        pending = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+        if not pending:
+            return
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=0.5)
+    for task in asyncio.all_tasks():
+        if task is not current and not task.done():
+            print(f"task still running at the end of the session: {task!r}", file=sys.__stderr__)
