@@ -115,11 +115,15 @@ async def _no_task_outlives_the_session() -> AsyncIterator[None]:
     pytest-asyncio cancels leftover tasks once when it closes the loop and then waits for them. A
     task whose cleanup retries Redis calls (a link handing back its requests, with up to
     ``redis_retry_s`` of backoff each) against a server already stopped would hold the whole run
-    for minutes; one CI run hung there. Each cancel interrupts the await the task is in. What is
-    still running after that is named on the terminal, so the leak can be found.
+    for minutes. One CI run hung there, on what was most likely such a task (a full run after it
+    left none). Each cancel interrupts the await the task is in. What is
+    left, and what still runs after 15 s, is named on the terminal, so the leak can be found.
     """
     yield
     current = asyncio.current_task()
+    for task in asyncio.all_tasks():
+        if task is not current and not task.done():
+            print(f"task left running at the end of the session: {task.get_coro()!r}", file=sys.__stderr__)
     deadline = time.monotonic() + 15.0
     while time.monotonic() < deadline:
         pending = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
