@@ -102,16 +102,11 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
 
 
 def thread_cpu_seconds(pid: int) -> dict[int, float]:
-    """CPU seconds of each of ``pid``'s threads, by thread id (Linux; {} elsewhere)."""
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    seconds: dict[int, float] = {}
+    """CPU seconds of each of ``pid``'s threads, by thread id ({} once the process is gone)."""
     try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
-    except (OSError, IndexError, ValueError):
+        return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+    except psutil.Error:
         return {}
-    return seconds
 
 
 def thread_split(pid: int, before: dict[int, float], after: dict[int, float]) -> str:

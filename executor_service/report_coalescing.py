@@ -39,6 +39,8 @@ class ReportCoalescer:
 
     def offer(self, out: StepOutput) -> StepOutput | None:
         """The report to send now (``out`` merged into the held ones), or None while it is held."""
+        if self._every == 1:
+            return out  # the default: a report per step, with no bookkeeping on the step's path
         now = self._clock()
         if not self._held:
             self._first_held_at = now
@@ -48,7 +50,7 @@ class ReportCoalescer:
         return None
 
     def _urgent(self, out: StepOutput) -> bool:
-        if self._every == 1 or out.finished or out.preempted or out.rejected or not out.tokens:
+        if out.finished or out.preempted or out.rejected or not out.tokens:
             return True
         if out.plan_seq != self._acked_seq or out.pending_prefill_tokens:
             return True
