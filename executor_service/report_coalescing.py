@@ -12,6 +12,11 @@ tokens on this stream (its time to first token). Otherwise its tokens wait, merg
 steps' into one report, until N steps have gathered or the first of them has waited
 ``report_max_wait_ms``. Every held request's tokens go out together, so their next flush falls on
 the same step. N = 1 sends every step, as before.
+
+A request's own stream interval (``AdmitRequest.report_interval_steps``, the tokens its client
+takes as one chunk) raises N while every request in the step allows it: a fleet of clients that
+asked for 8-token chunks gets reports every 8 steps with no executor setting, and one request that
+streams token by token brings back a report per step.
 """
 
 from __future__ import annotations
@@ -36,18 +41,41 @@ class ReportCoalescer:
         self._first_held_at = 0.0
         self._acked_seq = -1
         self._reported: set[str] = set()  # requests whose tokens this stream has carried
+        self._coarser: dict[str, int] = {}  # requests whose own interval exceeds every_steps
+
+    def admitted(self, request_id: str, interval_steps: int) -> None:
+        """A plan admitted ``request_id``, whose client takes ``interval_steps`` tokens per chunk."""
+        if interval_steps > self._every:
+            self._coarser[request_id] = interval_steps
+        else:
+            self._coarser.pop(request_id, None)  # re-admitted with a finer interval
+
+    def forget(self, request_id: str) -> None:
+        """``request_id`` left this executor (aborted); finishes and hand-backs are seen in ``offer``."""
+        self._coarser.pop(request_id, None)
 
     def offer(self, out: StepOutput) -> StepOutput | None:
         """The report to send now (``out`` merged into the held ones), or None while it is held."""
-        if self._every == 1:
+        if self._every == 1 and not self._coarser:
             return out  # the default: a report per step, with no bookkeeping on the step's path
         now = self._clock()
         if not self._held:
             self._first_held_at = now
         self._held.append(out)
-        if self._urgent(out) or len(self._held) >= self._every or now - self._first_held_at >= self._max_wait_s:
+        if (
+            self._urgent(out)
+            or len(self._held) >= self._steps_allowed(out)
+            or now - self._first_held_at >= self._max_wait_s
+        ):
             return self._flush()
         return None
+
+    def _steps_allowed(self, out: StepOutput) -> int:
+        """How many steps this step's requests let a report gather: the finest interval among them."""
+        if not self._coarser:
+            return self._every
+        coarser, every = self._coarser, self._every
+        return min((coarser.get(t.request_id, every) for t in out.tokens), default=every)
 
     def _urgent(self, out: StepOutput) -> bool:
         if out.finished or out.preempted or out.rejected or not out.tokens:
@@ -63,7 +91,10 @@ class ReportCoalescer:
         self._reported.update(t.request_id for t in last.tokens)
         for ended in (*last.finished, *last.rejected):
             self._reported.discard(ended.request_id)
+            self._coarser.pop(ended.request_id, None)
         self._reported.difference_update(last.preempted)
+        for request_id in last.preempted:
+            self._coarser.pop(request_id, None)
         if len(held) == 1:
             return last
         return replace(last, tokens=merged_tokens(held), num_tokens=sum(o.num_tokens for o in held))

@@ -66,7 +66,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         queue = hub.attach()
         held = self._coalescer()
         log.info("scheduler attached to Run stream %s", context.peer())
-        reader = asyncio.create_task(self._read_plans(worker, request_iterator, queue))
+        reader = asyncio.create_task(self._read_plans(worker, request_iterator, queue, held))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
         try:
@@ -96,11 +96,19 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             log.info("Run stream %s ended", context.peer())
 
     async def _read_plans(
-        self, worker: EngineWorker, plans: AsyncIterator[pb.Plan], queue: asyncio.Queue[StepOutput | None]
+        self,
+        worker: EngineWorker,
+        plans: AsyncIterator[pb.Plan],
+        queue: asyncio.Queue[StepOutput | None],
+        held: ReportCoalescer,
     ) -> None:
         try:
             async for plan in plans:
                 self._start_spans(plan)
+                for request_id in plan.abort:
+                    held.forget(request_id)
+                for admit in plan.admit:
+                    held.admitted(admit.request_id, admit.report_interval_steps)
                 worker.submit(plan_from_pb(plan))
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.CancelledError, RuntimeError):
             pass  # the call ended

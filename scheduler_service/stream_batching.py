@@ -78,6 +78,10 @@ class StreamBatcher:
         if tokens > self.interval.tokens:
             self._own[request_id] = StreamInterval(tokens, self.interval.ms)
 
+    def tokens_per_write(self, request_id: str) -> int:
+        """The tokens ``request_id`` gathers before a write: what its executor may hold per report."""
+        return self._own.get(request_id, self.interval).tokens
+
     @property
     def batching(self) -> bool:
         """Some write may be held back: the server batches, or some request asked to."""
