@@ -153,5 +153,5 @@ async def serve(config: BatonConfig) -> None:
     service.install_signal_handlers(stop)
     running = await start_executor(config)
     await stop.wait()
-    log.info("executor %s shutting down", running.executor_id)
+    log.info("executor %s shutting down after %d steps", running.executor_id, running.worker.engine.iteration)
     await running.stop()
