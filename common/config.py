@@ -242,7 +242,8 @@ class ExecutorConfig:
     # Step reports: 1 sends one per step. N > 1 holds plain decode tokens for up to N steps or
     # report_max_wait_ms, merged into one report; finishes, preemptions, plan acknowledgements,
     # pending prefill and first tokens still go at once (executor_service/report_coalescing.py).
-    # For CPU hosts where the scheduler shares the cores and clients take tokens in chunks.
+    # For CPU hosts where the scheduler shares the cores and clients take tokens in chunks. A
+    # request's own stream interval raises N while every request in the step allows it.
     report_every_steps: int = 1
     report_max_wait_ms: float = 50.0
     # The engine's fast paths: a lean forward with fused projections for Llama-layout models;

@@ -14,8 +14,9 @@ receives is unchanged, only chunked more coarsely:
 Tokens that wait here are not yet recorded in Redis. If this replica dies, they are lost with it;
 the request is re-queued from what Redis recorded and those tokens are generated again (exactly so
 for greedy and seeded sampling). Clients never saw them, so nothing a client saw is contradicted.
-Time limits are checked when a step report arrives, which happens every step while the executor
-has work.
+Time limits are checked when a step report arrives: every step while the executor has work, or,
+where every request in a step asked for chunks (their interval is sent with each admission), at
+least every ``executor.report_max_wait_ms``.
 """
 
 from __future__ import annotations
