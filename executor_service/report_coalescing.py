@@ -29,7 +29,12 @@ from executor_service.engine_io import StepOutput, TokenOut
 
 
 class ReportCoalescer:
-    """One Run stream's held step outputs; ``offer`` each step's, send what it returns."""
+    """One Run stream's held step outputs; ``offer`` each step's, send what it returns.
+
+    ``offer`` runs on the engine thread (``ReportHub``); ``admitted`` and ``forget`` on the event
+    loop's, before the plan they come from reaches the engine. They share only ``_coarser``, whose
+    single dict operations are atomic.
+    """
 
     def __init__(self, every_steps: int, max_wait_ms: float, clock: Callable[[], float] = time.monotonic) -> None:
         if every_steps < 1 or max_wait_ms < 0:

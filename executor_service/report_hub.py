@@ -5,27 +5,44 @@ Exactly one scheduler replica drives an executor at a time. When a new Run strea
 are dropped on purpose: they belong to requests the next driver re-queues from Redis (Redis,
 not this process, is the record of what a client has received), and delivering them late could
 mislabel the tokens of a re-admitted request.
+
+Each step is observed (metrics) and offered to the attached stream's ``ReportCoalescer`` on the
+engine thread itself, so a step whose report is held never wakes the event loop's thread. On a
+CPU host that thread shares the cores with the steps: a wake-up per step was a context switch per
+step, taken out of the step.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from executor_service.engine_io import StepOutput
+from executor_service.report_coalescing import ReportCoalescer
+
+
+def _ignore(out: StepOutput) -> None:
+    pass
 
 
 class ReportHub:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, observe: Callable[[StepOutput], None] = _ignore) -> None:
         self._loop = loop
+        self._observe = observe  # called on the engine thread with every step (thread-safe metrics)
         self._subscriber: asyncio.Queue[StepOutput | None] | None = None
+        self._held: ReportCoalescer | None = None  # the attached stream's
         self.latest: StepOutput | None = None
 
     def publish_threadsafe(self, out: StepOutput) -> None:
-        """Called from the engine thread."""
-        self._loop.call_soon_threadsafe(self._publish, out)
+        """Called from the engine thread, once per step."""
+        self.latest = out
+        self._observe(out)
+        held = self._held
+        report = out if held is None else held.offer(out)
+        if report is not None:
+            self._loop.call_soon_threadsafe(self._publish, report)
 
     def _publish(self, out: StepOutput) -> None:
-        self.latest = out
         if self._subscriber is not None:
             self._subscriber.put_nowait(out)
 
@@ -33,15 +50,16 @@ class ReportHub:
     def attached(self) -> bool:
         return self._subscriber is not None
 
-    def attach(self) -> asyncio.Queue[StepOutput | None]:
+    def attach(self, held: ReportCoalescer | None = None) -> asyncio.Queue[StepOutput | None]:
+        """A new stream's queue of reports; ``held``: its coalescer (None: every step is a report)."""
         if self._subscriber is not None:
             self._subscriber.put_nowait(None)  # supersede the old stream
         queue: asyncio.Queue[StepOutput | None] = asyncio.Queue()
-        self._subscriber = queue
+        self._subscriber, self._held = queue, held
         return queue
 
     def detach(self, queue: asyncio.Queue[StepOutput | None]) -> bool:
         """Detach ``queue``; True when no stream is attached any more."""
         if self._subscriber is queue:
-            self._subscriber = None
+            self._subscriber, self._held = None, None
         return self._subscriber is None

@@ -90,9 +90,7 @@ async def start_executor(config: BatonConfig) -> RunningExecutor:
     tracing = setup_tracing("baton-executor", config.monitoring.tracing, config.monitoring.otlp_endpoint)
     server = service.make_server(config.scheduler.max_message_bytes, tracing=tracing)
     metrics = ExecutorMetrics()
-    servicer = ExecutorServicer(
-        metrics, tracing, lambda: ReportCoalescer(cfg.report_every_steps, cfg.report_max_wait_ms)
-    )
+    servicer = ExecutorServicer(tracing, lambda: ReportCoalescer(cfg.report_every_steps, cfg.report_max_wait_ms))
     executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, [SERVICE_NAME])
     await set_serving(health_servicer, [SERVICE_NAME], serving=False)
@@ -102,10 +100,11 @@ async def start_executor(config: BatonConfig) -> RunningExecutor:
     serve_metrics(metrics.registry, config.monitoring.executor_metrics_port)
     loaded = await asyncio.to_thread(load_engine, cfg)
     await asyncio.to_thread(warm_up, loaded.engine)
-    hub = ReportHub(asyncio.get_running_loop())
+    load = LoadSampler(str(loaded.device))
+    hub = ReportHub(asyncio.get_running_loop(), lambda out: metrics.observe(out, load.sample()))
     worker = EngineWorker(loaded.engine, hub.publish_threadsafe)
     info = _info(executor_id, loaded, config)
-    servicer.bind(worker, hub, LoadSampler(str(loaded.device)), info)
+    servicer.bind(worker, hub, load, info)
     worker.start()
 
     def load_summary() -> dict[str, object]:

@@ -16,7 +16,6 @@ from common.tracing import start_request_span
 from executor_service.convert import plan_from_pb, report_to_pb
 from executor_service.engine_io import PlanUpdate, StepOutput
 from executor_service.load_metrics import LoadSampler
-from executor_service.metrics import ExecutorMetrics
 from executor_service.report_coalescing import ReportCoalescer
 from executor_service.report_hub import ReportHub
 from executor_service.worker import EngineWorker
@@ -29,11 +28,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
 
     def __init__(
         self,
-        metrics: ExecutorMetrics | None = None,
         tracing: bool = False,
         coalescer: Callable[[], ReportCoalescer] = lambda: ReportCoalescer(1, 0.0),  # one per stream
     ) -> None:
-        self._metrics = metrics or ExecutorMetrics()
         self._tracing = tracing
         self._coalescer = coalescer
         self._spans: dict[str, Span] = {}  # one per running request, when tracing
@@ -63,25 +60,20 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         in fifteen. Nothing is written once the call is over or its plans have stopped.
         """
         worker, hub, load, _ = self._ready()
-        queue = hub.attach()
         held = self._coalescer()
+        queue = hub.attach(held)  # the hub offers each step to ``held`` on the engine thread
         log.info("scheduler attached to Run stream %s", context.peer())
         reader = asyncio.create_task(self._read_plans(worker, request_iterator, queue, held))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
         try:
             while True:
-                out: StepOutput | None = await queue.get()
-                if out is None or reader.done() or context.done():
+                report: StepOutput | None = await queue.get()
+                if report is None or reader.done() or context.done():
                     break
-                self._end_spans(out)
-                device = load.sample()
-                self._metrics.observe(out, device)
-                report = held.offer(out)
-                if report is None:
-                    continue
+                self._end_spans(report)
                 try:
-                    await context.write(report_to_pb(report, device))
+                    await context.write(report_to_pb(report, load.sample()))
                 except (grpc.aio.AioRpcError, grpc.aio.UsageError, RuntimeError) as exc:
                     log.info("Run stream %s: write failed, the call is over (%s)", context.peer(), exc)
                     break

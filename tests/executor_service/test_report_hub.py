@@ -1,0 +1,58 @@
+"""The hub between the engine thread and the attached Run stream: steps observed and held on the
+engine thread, only reports crossing to the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from executor_service.engine_io import StepOutput
+from executor_service.report_coalescing import ReportCoalescer
+from executor_service.report_hub import ReportHub
+from tests.executor_service.test_report_coalescing import step, tok
+
+
+def from_engine_thread(hub: ReportHub, outputs: list[StepOutput]) -> None:
+    thread = threading.Thread(target=lambda: [hub.publish_threadsafe(out) for out in outputs])
+    thread.start()
+    thread.join()
+
+
+async def drained(queue: asyncio.Queue[StepOutput | None]) -> list[StepOutput | None]:
+    await asyncio.sleep(0.05)  # let the loop run the callbacks the engine thread scheduled
+    return [queue.get_nowait() for _ in range(queue.qsize())]
+
+
+async def test_held_steps_stay_on_the_engine_thread_and_every_step_is_observed() -> None:
+    observed: list[int] = []
+    hub = ReportHub(asyncio.get_running_loop(), lambda out: observed.append(out.iteration))
+    held = ReportCoalescer(1, 1000.0)
+    held.admitted("a", 3)
+    queue = hub.attach(held)
+    from_engine_thread(hub, [step(i + 1, tok("a", i)) for i in range(4)])
+    reports = await drained(queue)
+    assert observed == [1, 2, 3, 4]
+    assert [r.iteration for r in reports if r is not None] == [1, 4]  # the first token, then 3 merged
+    assert reports[1] is not None and reports[1].tokens[0].token_ids == (101, 102, 103)
+    assert hub.latest is not None and hub.latest.iteration == 4
+
+
+async def test_without_a_coalescer_every_step_is_a_report_and_without_a_stream_none_is() -> None:
+    observed: list[int] = []
+    hub = ReportHub(asyncio.get_running_loop(), lambda out: observed.append(out.iteration))
+    queue = hub.attach()
+    from_engine_thread(hub, [step(1, tok("a", 0)), step(2, tok("a", 1))])
+    assert [r.iteration for r in await drained(queue) if r is not None] == [1, 2]
+    assert hub.detach(queue)
+    from_engine_thread(hub, [step(3, tok("a", 2))])
+    assert await drained(queue) == [] and observed == [1, 2, 3]
+
+
+async def test_a_new_stream_supersedes_the_old_one() -> None:
+    hub = ReportHub(asyncio.get_running_loop())
+    old = hub.attach()
+    new = hub.attach(ReportCoalescer(1, 0.0))
+    assert old.get_nowait() is None  # the old stream is told to end
+    assert not hub.detach(old)  # the new one is still attached
+    from_engine_thread(hub, [step(1, tok("a", 0))])
+    assert [r.iteration for r in await drained(new) if r is not None] == [1]
