@@ -24,7 +24,8 @@ class ExecutorMetrics:
         self.gpu_memory = Gauge("baton:gpu_memory_used_bytes", "GPU (or process) memory used", registry=r)
         self.gpu_power = Gauge("baton:gpu_power_watts", "GPU power draw", registry=r)
 
-    def observe(self, out: StepOutput, device: DeviceLoad) -> None:
+    def observe_step(self, out: StepOutput) -> None:
+        """Every step, on the engine thread (prometheus_client's metrics are thread-safe)."""
         self.running.set(out.num_running)
         if out.kv_blocks_total:
             self.kv_usage.set(out.kv_blocks_used / out.kv_blocks_total)
@@ -32,6 +33,9 @@ class ExecutorMetrics:
             self.step_time.observe(out.step_time_ns / 1e9)
             self.tokens.inc(out.num_tokens)
         self.preemptions.inc(len(out.preempted))
+
+    def observe_device(self, device: DeviceLoad) -> None:
+        """With each step report, off the engine thread: a sample may read NVML or /proc."""
         self.gpu_util.set(device.utilization_pct)
         self.gpu_memory.set(device.memory_used_bytes)
         self.gpu_power.set(device.power_watts)

@@ -61,8 +61,12 @@ class ReportCoalescer:
 
     def offer(self, out: StepOutput) -> StepOutput | None:
         """The report to send now (``out`` merged into the held ones), or None while it is held."""
-        if self._every == 1 and not self._coarser:
-            return out  # the default: a report per step, with no bookkeeping on the step's path
+        if self._every == 1 and not self._coarser and not self._held:
+            # The default: a report per step, with no bookkeeping on the step's path. What this
+            # stream carried is forgotten, so if holding resumes (a coarse request is admitted)
+            # every request's next tokens count as first ones: at worst one report more.
+            self._reported.clear()
+            return out
         now = self._clock()
         if not self._held:
             self._first_held_at = now

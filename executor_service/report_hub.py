@@ -20,6 +20,8 @@ from collections.abc import Callable
 from executor_service.engine_io import StepOutput
 from executor_service.report_coalescing import ReportCoalescer
 
+ReportQueue = asyncio.Queue[StepOutput | None]
+
 
 def _ignore(out: StepOutput) -> None:
     pass
@@ -29,37 +31,41 @@ class ReportHub:
     def __init__(self, loop: asyncio.AbstractEventLoop, observe: Callable[[StepOutput], None] = _ignore) -> None:
         self._loop = loop
         self._observe = observe  # called on the engine thread with every step (thread-safe metrics)
-        self._subscriber: asyncio.Queue[StepOutput | None] | None = None
-        self._held: ReportCoalescer | None = None  # the attached stream's
+        # The attached stream's queue and coalescer, as one attribute: the engine thread reads
+        # both in one load, so it never pairs one stream's coalescer with another's queue.
+        self._stream: tuple[ReportQueue, ReportCoalescer | None] | None = None
         self.latest: StepOutput | None = None
 
     def publish_threadsafe(self, out: StepOutput) -> None:
         """Called from the engine thread, once per step."""
         self.latest = out
         self._observe(out)
-        held = self._held
+        stream = self._stream
+        if stream is None:
+            return  # nobody drives this executor: dropped (see the module's docstring)
+        queue, held = stream
         report = out if held is None else held.offer(out)
         if report is not None:
-            self._loop.call_soon_threadsafe(self._publish, report)
+            self._loop.call_soon_threadsafe(self._publish, queue, report)
 
-    def _publish(self, out: StepOutput) -> None:
-        if self._subscriber is not None:
-            self._subscriber.put_nowait(out)
+    def _publish(self, queue: ReportQueue, report: StepOutput) -> None:
+        if self._stream is not None and self._stream[0] is queue:  # not a superseded stream's
+            queue.put_nowait(report)
 
     @property
     def attached(self) -> bool:
-        return self._subscriber is not None
+        return self._stream is not None
 
-    def attach(self, held: ReportCoalescer | None = None) -> asyncio.Queue[StepOutput | None]:
+    def attach(self, held: ReportCoalescer | None = None) -> ReportQueue:
         """A new stream's queue of reports; ``held``: its coalescer (None: every step is a report)."""
-        if self._subscriber is not None:
-            self._subscriber.put_nowait(None)  # supersede the old stream
-        queue: asyncio.Queue[StepOutput | None] = asyncio.Queue()
-        self._subscriber, self._held = queue, held
+        if self._stream is not None:
+            self._stream[0].put_nowait(None)  # supersede the old stream
+        queue: ReportQueue = asyncio.Queue()
+        self._stream = (queue, held)
         return queue
 
-    def detach(self, queue: asyncio.Queue[StepOutput | None]) -> bool:
+    def detach(self, queue: ReportQueue) -> bool:
         """Detach ``queue``; True when no stream is attached any more."""
-        if self._subscriber is queue:
-            self._subscriber, self._held = None, None
-        return self._subscriber is None
+        if self._stream is not None and self._stream[0] is queue:
+            self._stream = None
+        return self._stream is None

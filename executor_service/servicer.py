@@ -16,6 +16,7 @@ from common.tracing import start_request_span
 from executor_service.convert import plan_from_pb, report_to_pb
 from executor_service.engine_io import PlanUpdate, StepOutput
 from executor_service.load_metrics import LoadSampler
+from executor_service.metrics import ExecutorMetrics
 from executor_service.report_coalescing import ReportCoalescer
 from executor_service.report_hub import ReportHub
 from executor_service.worker import EngineWorker
@@ -28,9 +29,11 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
 
     def __init__(
         self,
+        metrics: ExecutorMetrics | None = None,
         tracing: bool = False,
         coalescer: Callable[[], ReportCoalescer] = lambda: ReportCoalescer(1, 0.0),  # one per stream
     ) -> None:
+        self._metrics = metrics or ExecutorMetrics()
         self._tracing = tracing
         self._coalescer = coalescer
         self._spans: dict[str, Span] = {}  # one per running request, when tracing
@@ -72,8 +75,10 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 if report is None or reader.done() or context.done():
                     break
                 self._end_spans(report)
+                device = load.sample()
+                self._metrics.observe_device(device)
                 try:
-                    await context.write(report_to_pb(report, load.sample()))
+                    await context.write(report_to_pb(report, device))
                 except (grpc.aio.AioRpcError, grpc.aio.UsageError, RuntimeError) as exc:
                     log.info("Run stream %s: write failed, the call is over (%s)", context.peer(), exc)
                     break

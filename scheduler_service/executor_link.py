@@ -199,7 +199,7 @@ class ExecutorLink:
                 sampling=sampling_to_pb(claimed.params),
                 rank=claimed.score,
                 traceparent=claimed.traceparent,
-                report_interval_steps=self._batcher.tokens_per_write(claimed.request_id),
+                report_interval_steps=self._batcher.executor_may_hold(claimed.request_id),
             )
         )
 

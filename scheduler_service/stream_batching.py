@@ -15,8 +15,8 @@ Tokens that wait here are not yet recorded in Redis. If this replica dies, they 
 the request is re-queued from what Redis recorded and those tokens are generated again (exactly so
 for greedy and seeded sampling). Clients never saw them, so nothing a client saw is contradicted.
 Time limits are checked when a step report arrives: every step while the executor has work, or,
-where every request in a step asked for chunks (their interval is sent with each admission), at
-least every ``executor.report_max_wait_ms``.
+where every request in a step asked for chunks (their interval is sent with each admission, unless
+a time bound ``ms`` is set), at least every ``executor.report_max_wait_ms``.
 """
 
 from __future__ import annotations
@@ -79,9 +79,11 @@ class StreamBatcher:
         if tokens > self.interval.tokens:
             self._own[request_id] = StreamInterval(tokens, self.interval.ms)
 
-    def tokens_per_write(self, request_id: str) -> int:
-        """The tokens ``request_id`` gathers before a write: what its executor may hold per report."""
-        return self._own.get(request_id, self.interval).tokens
+    def executor_may_hold(self, request_id: str) -> int:
+        """Steps ``request_id``'s executor may hold its tokens for: the tokens it gathers before a
+        write, or 1 under a time bound (``ms``), which only this batcher can keep."""
+        interval = self._own.get(request_id, self.interval)
+        return interval.tokens if interval.ms == 0 else 1
 
     @property
     def batching(self) -> bool:

@@ -144,6 +144,18 @@ def test_a_request_that_left_no_longer_holds_reports() -> None:
     assert held.offer(out) is out
 
 
+def test_an_abort_while_steps_are_held_sends_them_in_order_with_the_next_step() -> None:
+    held = ReportCoalescer(1, 1000.0)
+    held.admitted("a", 8)
+    assert held.offer(step(1, tok("a", 0))) is not None
+    assert held.offer(step(2, tok("a", 1))) is None
+    held.forget("a")  # the plan reader, while the engine steps on
+    report = held.offer(step(3, tok("a", 2)))
+    assert report is not None and report.tokens == (TokenOut("a", (101, 102), "t1t2", 1),)
+    out = step(4, finished=(FinishOut("a", FinishReason.CANCELLED),))
+    assert held.offer(out) is out  # nothing held any more: the per-step path again
+
+
 def test_rejects_bad_settings() -> None:
     with pytest.raises(ValueError, match="every_steps"):
         ReportCoalescer(0, 50.0)

@@ -56,3 +56,12 @@ async def test_a_new_stream_supersedes_the_old_one() -> None:
     assert not hub.detach(old)  # the new one is still attached
     from_engine_thread(hub, [step(1, tok("a", 0))])
     assert [r.iteration for r in await drained(new) if r is not None] == [1]
+
+
+async def test_a_superseded_streams_report_never_reaches_the_new_stream() -> None:
+    hub = ReportHub(asyncio.get_running_loop())
+    old = hub.attach()
+    from_engine_thread(hub, [step(1, tok("a", 0))])  # handed to the loop for the old stream
+    new = hub.attach()  # before the loop ran that hand-over
+    assert await drained(new) == []
+    assert await drained(old) == [None]  # the old stream is only told to end

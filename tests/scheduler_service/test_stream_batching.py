@@ -77,6 +77,15 @@ def test_a_request_may_ask_for_a_coarser_interval_than_the_servers() -> None:
     assert not batcher.batching
 
 
+def test_the_executor_may_hold_a_chunk_but_never_past_a_time_bound() -> None:
+    untimed = StreamBatcher(StreamInterval(tokens=4))
+    untimed.set_interval("coarse", 16)
+    assert (untimed.executor_may_hold("coarse"), untimed.executor_may_hold("other")) == (16, 4)
+    timed = StreamBatcher(StreamInterval(tokens=4, ms=20))
+    timed.set_interval("coarse", 16)
+    assert (timed.executor_may_hold("coarse"), timed.executor_may_hold("other")) == (1, 1)
+
+
 def test_final_event_carries_everything_waiting() -> None:
     batcher = StreamBatcher(StreamInterval(tokens=100))
     assert len(batcher.offer(_step("r", 0, (1,)), 0.0)) == 1
