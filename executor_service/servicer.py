@@ -18,7 +18,7 @@ from executor_service.engine_io import PlanUpdate, StepOutput
 from executor_service.load_metrics import LoadSampler
 from executor_service.metrics import ExecutorMetrics
 from executor_service.report_coalescing import ReportCoalescer
-from executor_service.report_hub import ReportHub
+from executor_service.report_hub import ReportHub, ReportQueue
 from executor_service.worker import EngineWorker
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self,
         worker: EngineWorker,
         plans: AsyncIterator[pb.Plan],
-        queue: asyncio.Queue[StepOutput | None],
+        queue: ReportQueue,
         held: ReportCoalescer,
     ) -> None:
         try:

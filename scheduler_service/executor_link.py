@@ -26,11 +26,12 @@ from common.security import channel_credentials
 from scheduler_service.link_state import (
     CHANNEL_OPTIONS,
     LinkedRequest,
+    admit_pb,
     capacity_of,
+    linked_request_of,
     preemptible,
     prefill_grants,
     read_reports,
-    sampling_to_pb,
 )
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import ExecutorCapacity
@@ -178,30 +179,9 @@ class ExecutorLink:
         self._pending.preempt.extend(fresh)
 
     def admit(self, claimed: ClaimedRequest) -> None:
-        self.requests[claimed.request_id] = LinkedRequest(
-            request_id=claimed.request_id,
-            prompt_len=len(claimed.prompt_ids),
-            generated=len(claimed.output_ids),
-            arrival_ms=claimed.arrival_ms,
-            assigned_ms=claimed.assigned_ms,
-            first_token_ms=claimed.first_token_ms,
-            priority=claimed.priority,
-            preemptions=claimed.preemptions,
-            deadline_ms=claimed.deadline_ms,
-            expected_output=claimed.expected_output or claimed.params.max_tokens,
-        )
+        self.requests[claimed.request_id] = linked_request_of(claimed)
         self._batcher.set_interval(claimed.request_id, claimed.params.stream_interval_tokens)
-        self._pending.admit.append(
-            pb.AdmitRequest(
-                request_id=claimed.request_id,
-                prompt_token_ids=claimed.prompt_ids,
-                output_token_ids=claimed.output_ids,
-                sampling=sampling_to_pb(claimed.params),
-                rank=claimed.score,
-                traceparent=claimed.traceparent,
-                report_interval_steps=self._batcher.executor_may_hold(claimed.request_id),
-            )
-        )
+        self._pending.admit.append(admit_pb(claimed, self._batcher.executor_may_hold(claimed.request_id)))
 
     def abort(self, request_id: str) -> None:
         if request_id in self.requests:

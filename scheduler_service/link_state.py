@@ -1,6 +1,6 @@
 """What an executor link keeps and exchanges: its view of each request (and the room and
-preemption choices that view implies), the gRPC channel options, the sampling conversion and
-prefill grants for plans, and the task that moves step reports into an inbox."""
+preemption choices that view implies), the gRPC channel options, the admission and sampling
+conversions and prefill grants for plans, and the task that moves step reports into an inbox."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from common.pb import executor_pb2 as pb
 from scheduler_service.placement import ExecutorCapacity, blocks_for
 from scheduler_service.preemption import RunningRequest
-from scheduler_service.requests import RequestParams
+from scheduler_service.requests import ClaimedRequest, RequestParams
 
 CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
@@ -93,6 +93,34 @@ def prefill_grants(admits: Iterable[pb.AdmitRequest], budget: int, max_chunk: in
         grants.append(pb.PrefillGrant(request_id=admit.request_id, num_tokens=grant))
         budget -= grant
     return grants
+
+
+def linked_request_of(claimed: ClaimedRequest) -> LinkedRequest:
+    return LinkedRequest(
+        request_id=claimed.request_id,
+        prompt_len=len(claimed.prompt_ids),
+        generated=len(claimed.output_ids),
+        arrival_ms=claimed.arrival_ms,
+        assigned_ms=claimed.assigned_ms,
+        first_token_ms=claimed.first_token_ms,
+        priority=claimed.priority,
+        preemptions=claimed.preemptions,
+        deadline_ms=claimed.deadline_ms,
+        expected_output=claimed.expected_output or claimed.params.max_tokens,
+    )
+
+
+def admit_pb(claimed: ClaimedRequest, report_interval_steps: int) -> pb.AdmitRequest:
+    """The plan's admission of ``claimed``; its executor may hold its tokens ``report_interval_steps`` steps."""
+    return pb.AdmitRequest(
+        request_id=claimed.request_id,
+        prompt_token_ids=claimed.prompt_ids,
+        output_token_ids=claimed.output_ids,
+        sampling=sampling_to_pb(claimed.params),
+        rank=claimed.score,
+        traceparent=claimed.traceparent,
+        report_interval_steps=report_interval_steps,
+    )
 
 
 def sampling_to_pb(params: RequestParams) -> pb.ExecSampling:
