@@ -17,6 +17,7 @@ import gc
 import json
 import os
 import signal
+import statistics
 import sys
 import tempfile
 from collections.abc import Callable
@@ -67,6 +68,24 @@ def print_report(size: str, results: dict[str, Result], wl: Workload, threads: i
             print(f"device load {key}: " + ", ".join(f"{k} {v:.1f}" for k, v in res.device_load.items()))
 
 
+def median_ratios(repeats: list[dict[str, float | None]]) -> dict[str, float]:
+    """Each ratio's median over the repeats that measured it."""
+    names = {name for ratios_of_one in repeats for name in ratios_of_one}
+    found = {name: [r[name] for r in repeats if r.get(name) is not None] for name in sorted(names)}
+    return {name: statistics.median(values) for name, values in found.items() if values}
+
+
+def print_repeats(size: str, repeats: list[dict[str, float | None]]) -> None:
+    """The ratios of every repeat, then their medians: a slow minute of a shared machine moves one
+    repeat, not the verdict."""
+    print(f"\n== {size} model: {len(repeats)} repeats of the phases, alternated ==")
+    for name, median in median_ratios(repeats).items():
+        each = " ".join("n/a" if r.get(name) is None else f"{r[name]:.3f}" for r in repeats)
+        target = TARGETS.get(name)
+        verdict = "" if target is None else f"  (target >= {target:g}: {'met' if median >= target else 'NOT met'})"
+        print(f"median {name} = {median:.3f} over {each}{verdict}")
+
+
 def run_size(
     size: str,
     wl: Workload,
@@ -106,6 +125,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "baton-bench"))
     parser.add_argument("--json", help="also write the results here as JSON")
     parser.add_argument("--phases", nargs="+", default=list("abcd"), choices=list("abcd"), help="phases to run")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the phases this many times in turn (a b a b ...) and print each ratio's median (default 1)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto, for Baton and HF alike (default cpu)")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="model and KV dtype")
     parser.add_argument("--max-batch", type=int, default=MAX_BATCH, help="running requests at most (Baton)")
@@ -153,6 +178,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
     signal.signal(signal.SIGTERM, _interrupt)
     transformers.utils.logging.disable_progress_bar()
     workdir = Path(args.workdir).resolve()
@@ -182,15 +209,26 @@ def main(argv: list[str] | None = None) -> int:
         report["gpu"] = torch.cuda.get_device_name(setup.torch_device)
     try:
         for size in args.sizes:
+            repeats: list[dict[str, float | None]] = []
 
-            def record(results: dict[str, Result], size: str = size) -> None:
+            def record(
+                results: dict[str, Result], size: str = size, repeats: list[dict[str, float | None]] = repeats
+            ) -> None:
                 # Written after every phase, so a run cut short still leaves what it measured.
                 rows = {k: {f: v for f, v in asdict(r).items() if f != "outputs"} for k, r in results.items()}
                 report["sizes"][size] = {"results": rows, "ratios": ratios(results)}
+                if repeats:
+                    report["sizes"][size] |= {"repeats": repeats, "median_ratios": median_ratios(repeats)}
                 if args.json:
                     Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
 
-            print_report(size, run_size(size, wl, workdir, args.phases, setup, record), wl, threads)
+            for _ in range(args.repeats):
+                results = run_size(size, wl, workdir, args.phases, setup, record)
+                print_report(size, results, wl, threads)
+                repeats.append(ratios(results))
+                record(results)
+            if args.repeats > 1:
+                print_repeats(size, repeats)
     except KeyboardInterrupt:
         say("interrupted; services stopped")
         return 130

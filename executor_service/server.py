@@ -13,6 +13,7 @@ from grpc_health.v1 import health
 
 from common import service
 from common.config import BatonConfig
+from common.gc_heap import freeze_startup_heap
 from common.health import add_health_and_reflection, set_serving
 from common.keys import KeySchema
 from common.metrics import serve_metrics
@@ -153,6 +154,7 @@ async def serve(config: BatonConfig) -> None:
     stop = asyncio.Event()
     service.install_signal_handlers(stop)
     running = await start_executor(config)
+    freeze_startup_heap()
     await stop.wait()
     log.info("executor %s shutting down after %d steps", running.executor_id, running.worker.engine.iteration)
     await running.stop()

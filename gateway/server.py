@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     # Imported here so that `baton --help` and the other subcommands do not pay for the web stack.
     import uvicorn
 
+    from common.gc_heap import freeze_startup_heap
     from common.service import setup_logging
     from common.tracing import setup_tracing
     from gateway.app import create_app
@@ -37,8 +38,10 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     tracing = setup_tracing("baton-gateway", args.tracing, args.otlp_endpoint)
     log.info("gateway on %s:%d forwarding to %s", args.host, args.port, args.target)
+    app = create_app(args.target, tracing)
+    freeze_startup_heap()
     uvicorn.run(
-        create_app(args.target, tracing),
+        app,
         host=args.host,
         port=args.port,
         log_level=args.log_level.lower(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -13,6 +14,7 @@ from redis.exceptions import RedisError
 
 from common import service
 from common.config import BatonConfig
+from common.gc_heap import freeze_startup_heap
 from common.health import add_health_and_reflection, set_serving
 from common.keys import KeySchema
 from common.metrics import serve_metrics
@@ -57,14 +59,17 @@ class RunningScheduler:
         await self.frontend.store.redis.aclose()
 
 
-async def start_scheduler(config: BatonConfig) -> RunningScheduler:
+async def start_scheduler(
+    config: BatonConfig, after_tokenizer_load: Callable[[], object] | None = None
+) -> RunningScheduler:
     dist = config.distributed
     redis = connect(dist.redis_url)
     keys = KeySchema(dist.key_prefix)
     store = RequestStore(redis, keys, dist.request_ttl_s, dist.max_migrations)
     metrics = SchedulerMetrics()
     dispatcher = Dispatcher(store, config, metrics=metrics)
-    frontend = Frontend(store, dispatcher, TokenizerSource(redis, keys, config.scheduler.tokenizer), config)
+    tokenizers = TokenizerSource(redis, keys, config.scheduler.tokenizer, after_tokenizer_load)
+    frontend = Frontend(store, dispatcher, tokenizers, config)
     tracing = setup_tracing("baton-scheduler", config.monitoring.tracing, config.monitoring.otlp_endpoint)
     tokens = load_tokens(config.security.auth_tokens_file)
     server = service.make_server(config.scheduler.max_message_bytes, tokens, tracing, CHECKED_STREAMS)
@@ -100,7 +105,8 @@ async def _track_readiness(redis: Redis, health_servicer: health.aio.HealthServi
 async def serve(config: BatonConfig) -> None:
     stop = asyncio.Event()
     service.install_signal_handlers(stop)
-    running = await start_scheduler(config)
+    running = await start_scheduler(config, after_tokenizer_load=freeze_startup_heap)
+    freeze_startup_heap()
     await stop.wait()
     log.info("scheduler shutting down")
     await running.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -24,10 +25,19 @@ class ModelLimits:
 
 
 class TokenizerSource:
-    def __init__(self, redis: aioredis.Redis, keys: KeySchema, configured: str = "") -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: KeySchema,
+        configured: str = "",
+        after_load: Callable[[], object] | None = None,
+    ) -> None:
+        """``after_load``: called once the tokenizer is loaded (``serve`` freezes the heap again, since
+        the tokenizer is loaded on the first request, after startup's freeze)."""
         self._redis = redis
         self._keys = keys
         self._configured = configured
+        self._after_load = after_load
         self._lock = asyncio.Lock()
         self.tokenizer: object | None = None
         self.limits: ModelLimits | None = None
@@ -58,3 +68,5 @@ class TokenizerSource:
         self.limits = ModelLimits(record.get("model", model), int(record["max_model_len"]), vocab)
         self.tokenizer = tokenizer
         log.info("tokenizer loaded from %s (max_model_len %d)", model, self.limits.max_model_len)
+        if self._after_load is not None:
+            self._after_load()

@@ -32,7 +32,12 @@ def test_two_executor_processes_share_the_work(tiny_model_dir: Path, tmp_path: P
         served_by = {key: store.hget(key, "executor") for key in request_keys}
         assert len(served_by) == len(specs) + 1  # and the warm-up request
         assert len(set(served_by.values())) == 2, "placement by free KV room spreads the requests over both"
-        assert {(tmp_path / "logs" / f"{executor_name(n)}.log").exists() for n in (1, 2)} == {True}
+        names = (executor_name(1), executor_name(2), "scheduler")
+        logs = {name: (tmp_path / "logs" / f"{name}.log").read_text() for name in names}
+        # Each service's entry point takes its startup heap out of the collector's full passes.
+        assert all("startup objects out of the garbage collector" in text for text in logs.values())
+        # The scheduler loads the tokenizer with the first request, and freezes again after it.
+        assert logs["scheduler"].count("startup objects out of the garbage collector") == 2
 
 
 def test_at_least_one_executor(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -57,6 +57,18 @@ def test_executors_flag_reaches_the_setup() -> None:
     assert tp.Setup().executors == 1
 
 
+def test_repeats_report_each_ratio_and_its_median(capsys: pytest.CaptureFixture[str]) -> None:
+    assert tp.parse_args([]).repeats == 1
+    repeats = [{"a/b": 0.9, "a/c": 3.5}, {"a/b": 0.7, "a/c": None}, {"a/b": 1.0, "a/c": 4.5}]
+    assert tp.median_ratios(repeats) == {"a/b": 0.9, "a/c": 4.0}  # a repeat without a figure is left out
+    tp.print_repeats("tiny", repeats)
+    out = capsys.readouterr().out
+    assert "median a/b = 0.900 over 0.900 0.700 1.000  (target >= 0.95: NOT met)" in out
+    assert "median a/c = 4.000 over 3.500 n/a 4.500  (target >= 3: met)" in out
+    with pytest.raises(SystemExit, match="repeats"):
+        tp.main(["--repeats", "0"])
+
+
 def test_rpc_flag_reaches_the_setup() -> None:
     assert tp.parse_args([]).rpc == "generate"
     assert tp.parse_args(["--rpc", "batch"]).rpc == "batch"
