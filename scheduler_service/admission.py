@@ -62,6 +62,15 @@ class Admission:
         found = self._found_empty_at
         return found is not None and time.monotonic() - found < _EMPTY_RECHECK_S
 
+    def idle_wait_s(self) -> float:
+        """How long the planner may sleep without a wake: until the empty queue's recheck is due,
+        or 0 while anything waits on time (a queue not known empty: aging, deadlines, held
+        batches, preemption checks; claims to settle)."""
+        found = self._found_empty_at
+        if found is None or self._unsettled:
+            return 0.0
+        return max(0.0, _EMPTY_RECHECK_S - (time.monotonic() - found))
+
     async def run(self, links: Sequence[ExecutorLink], woken: bool = True) -> int:
         """Admit what fits now; return how many requests were admitted. Without ``woken``, a
         queue known to be empty is not read (an idle tick costs no round trip)."""

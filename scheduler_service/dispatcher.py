@@ -221,8 +221,11 @@ class Dispatcher:
     # ---- admission -----------------------------------------------------------------------
     async def _planning_loop(self) -> None:
         while not self._stopping:
+            # Ticks re-plan what time changes; with the queue known empty, nothing does until its
+            # recheck: an idle replica then wakes 4 times a second rather than 20.
+            tick = max(_PLAN_TICK_S, self.admission.idle_wait_s())
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), _PLAN_TICK_S)
+                await asyncio.wait_for(self._wake.wait(), tick)
             woken = self._wake.is_set()
             self._wake.clear()
             try:

@@ -283,3 +283,22 @@ async def test_an_idle_scheduler_does_not_read_the_queue_every_tick(lone_stack: 
     assert stats.get("cmdstat_zrange", {}).get("calls", 0) <= 12  # a read per tick: over 20
     # A wake still reads it at once: a new request is admitted and served.
     assert len(joined_tokens(await stack.generate(greedy([1, 7, 8], 3)))) == 3
+
+
+async def test_an_idle_planner_sleeps_until_the_empty_queue_is_due_a_recheck(lone_stack: Stack) -> None:
+    stack = lone_stack
+    await stack.wait_for_executors(1)
+    await stack.generate(greedy([1, 5, 6], 2))
+    registry = stack.scheduler.dispatcher.metrics.registry
+
+    def passes() -> float:
+        return registry.get_sample_value("baton:plan_latency_seconds_count") or 0.0
+
+    before = passes()
+    await asyncio.sleep(1.0)
+    # 20 ticks a second while work waits on time; with the queue known empty, a pass per recheck
+    # (every 0.25 s) and the odd wake (a step report, the fleet signals).
+    assert passes() - before <= 10
+    assert stack.scheduler.dispatcher.admission.idle_wait_s() <= 0.25
+    # A submit wakes it at once: served as before.
+    assert len(joined_tokens(await stack.generate(greedy([1, 7, 8], 3)))) == 3
