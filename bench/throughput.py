@@ -4,9 +4,10 @@ Same requests (default 64: prompts of 32-256 random ids starting with BOS, outpu
 tokens, greedy, EOS ignored) and same generated model (float32 on CPU by default) in every
 phase: (a) Baton end to end, redis-server + executor + scheduler processes, gRPC Generate
 streams; (b) Baton's engine loop in process; (c) HF ``generate`` in static batches of 16 (left
-padding); (d) transformers' continuous batching, ``generate_batch``. tok/s = tokens the requests
-asked for / seconds from the first submit to the last finish; padding tokens that (c) and (d)
-compute are not counted. On a GPU (``--device cuda --dtype bfloat16 --sizes 1b``) phases (a) and
+padding); (d) transformers' continuous batching, ``generate_batch``. Each phase first runs the
+whole workload once, untimed (``--short-warmup``: one short request instead). tok/s = tokens the
+requests asked for / seconds from the first submit to the last finish; padding tokens that (c)
+and (d) compute are not counted. On a GPU (``--device cuda --dtype bfloat16 --sizes 1b``) phases (a) and
 (b) also report the device load (NVML) sampled during their window.
 """
 
@@ -164,6 +165,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="(a): a Generate stream per request (default), or the workload over one GenerateBatch stream",
     )
     parser.add_argument(
+        "--short-warmup",
+        action="store_true",
+        help="warm each phase with one short request only (default: the whole workload once, untimed)",
+    )
+    parser.add_argument(
         "--report-every-steps",
         type=int,
         default=1,
@@ -201,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         args.engine_processes,
         args.request_stream_interval,
         args.report_every_steps,
+        not args.short_warmup,
     )
     report: dict[str, Any] = {"requests": len(wl.prompts), "seed": args.seed, "wanted_tokens": sum(wl.max_tokens)}
     report |= {"torch": torch.__version__, "transformers": transformers.__version__, "torch_threads": threads}

@@ -56,8 +56,9 @@ def run_baton_e2e(model_dir: Path, wl: Workload, kv_mb: int, logs: Path, setup: 
     env = stack_env(setup, kv_mb, metrics_port)
     with local_stack(model_dir, logs, overrides=env, executors=setup.executors) as stack:
         with DeviceWatch(metrics_reader(metrics_port) if metrics_port else None) as watch:
+            pids = stack.pids | {"client": os.getpid()}
             result = asyncio.run(
-                drive_grpc(stack.target, wl, stack.pids | {"client": os.getpid()}, setup.rpc, setup.request_chunk)
+                drive_grpc(stack.target, wl, pids, setup.rpc, setup.request_chunk, warm_workload=setup.warm_workload)
             )
         result.device_load = watch.summary()
         return result
@@ -97,6 +98,15 @@ async def stream_batch(stub: GenerationStub, wl: Workload, bar: tqdm | None = No
     return outputs
 
 
+async def _send_workload(
+    stub: GenerationStub, wl: Workload, rpc: str, chunk: int, bar: tqdm | None = None
+) -> list[list[int]]:
+    if rpc == "batch":
+        return await stream_batch(stub, wl, bar, chunk)
+    jobs = (stream_one(stub, p, n, bar, chunk) for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
+    return list(await asyncio.gather(*jobs))
+
+
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return {name: sum(psutil.Process(pid).cpu_times()[:2]) for name, pid in pids.items()}
 
@@ -133,9 +143,12 @@ def cpu_wait_seconds(pids: list[int]) -> float | None:
     return total / 1e9
 
 
-async def drive_grpc(target: str, wl: Workload, pids: dict[str, int], rpc: str = "generate", chunk: int = 0) -> Result:
+async def drive_grpc(
+    target: str, wl: Workload, pids: dict[str, int], rpc: str = "generate", chunk: int = 0, warm_workload: bool = False
+) -> Result:
     """The workload through ``rpc``: "generate" (a stream per request) or "batch" (one GenerateBatch);
-    ``chunk``: each request's own ``stream_interval_tokens``."""
+    ``chunk``: each request's own ``stream_interval_tokens``; ``warm_workload``: run the workload once,
+    untimed, first."""
     if rpc not in RPCS:
         raise ValueError(f"rpc must be one of {RPCS}, not {rpc!r}")
     executors = [pid for name, pid in pids.items() if name.startswith("executor")]
@@ -150,15 +163,14 @@ async def drive_grpc(target: str, wl: Workload, pids: dict[str, int], rpc: str =
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)
+        if warm_workload:
+            say(f"(a) warm-up: the workload once over {rpc}, untimed")
+            await _send_workload(stub, wl, rpc, chunk)
         with progress(len(wl.prompts), f"(a) Baton end to end over gRPC ({rpc})") as bar:
             wait_before = cpu_wait_seconds(executors)
             threads_before = {pid: thread_cpu_seconds(pid) for pid in executors}
             cpu_before, started = cpu_seconds(pids), time.perf_counter()
-            if rpc == "batch":
-                outputs = await stream_batch(stub, wl, bar, chunk)
-            else:
-                jobs = (stream_one(stub, p, n, bar, chunk) for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
-                outputs = list(await asyncio.gather(*jobs))
+            outputs = await _send_workload(stub, wl, rpc, chunk, bar)
             seconds, cpu_after = time.perf_counter() - started, cpu_seconds(pids)
             wait_after = cpu_wait_seconds(executors)
             threads = [thread_split(pid, threads_before[pid], thread_cpu_seconds(pid)) for pid in executors]

@@ -72,6 +72,11 @@ def _load(model_dir: Path, kv_mb: int, setup: Setup) -> Engine:
     return engine
 
 
+def _warm(engine: Engine, wl: Workload, setup: Setup) -> None:
+    if setup.warm_workload:
+        engine_round(engine, wl.prompts, wl.max_tokens, None, setup.max_batch)
+
+
 def _threads_note(engine: Engine) -> str:
     governor = engine.threads
     if governor is None:
@@ -87,6 +92,7 @@ def run_engine(model_dir: Path, wl: Workload, kv_mb: int, setup: Setup | None = 
         return run_engine_processes(model_dir, wl, kv_mb, setup)
     hf_threads = torch.get_num_threads()
     engine = _load(model_dir, kv_mb, setup)
+    _warm(engine, wl, setup)
     with (
         progress(len(wl.prompts), LABEL) as bar,
         DeviceWatch(sampler_reader(str(setup.torch_device)) if setup.watch_device else None) as watch,
@@ -105,6 +111,7 @@ def _engine_worker(
     shard: int, model_dir: Path, wl: Workload, kv_mb: int, setup: Setup, ready: Queue[Any], go: Event, done: Queue[Any]
 ) -> None:
     engine = _load(model_dir, kv_mb, setup)
+    _warm(engine, wl, setup)
     ready.put(shard)
     go.wait()
     cpu = time.process_time()

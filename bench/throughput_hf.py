@@ -19,6 +19,7 @@ from throughput_setup import (
     progress,
     say,
 )
+from tqdm import tqdm
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 
@@ -42,20 +43,30 @@ def hf_static_batch(model: Any, prompts: list[list[int]], new: int, pad: int) ->
     return model.generate(input_ids=ids, attention_mask=mask, **options)[:, width:].tolist()
 
 
+def static_round(model: Any, wl: Workload, pad: int, bar: tqdm | None = None) -> tuple[list[list[int]], int]:
+    """The workload in static batches: each request's own tokens, and the tokens computed."""
+    outputs: list[list[int]] = []
+    computed = 0
+    for start in range(0, len(wl.prompts), STATIC_BATCH):
+        wanted = wl.max_tokens[start : start + STATIC_BATCH]
+        rows = hf_static_batch(model, wl.prompts[start : start + STATIC_BATCH], max(wanted), pad)
+        outputs += [row[:n] for row, n in zip(rows, wanted, strict=True)]
+        computed += len(rows) * max(wanted)
+        if bar is not None:
+            bar.update(len(rows))
+    return outputs, computed
+
+
 def run_hf_static(model_dir: Path, wl: Workload, setup: Setup) -> Result:
     model = load_hf(model_dir, setup)
     pad = int(model.generation_config.pad_token_id)
     hf_static_batch(model, [WARM_PROMPT, WARM_PROMPT[:5]], WARM_TOKENS, pad)
-    outputs: list[list[int]] = []
-    computed = 0
+    if setup.warm_workload:
+        say(f"(c) warm-up: the workload once in static batches of {STATIC_BATCH}, untimed")
+        static_round(model, wl, pad)
     with progress(len(wl.prompts), f"(c) HF generate, static batches of {STATIC_BATCH}") as bar:
         started = time.perf_counter()
-        for start in range(0, len(wl.prompts), STATIC_BATCH):
-            wanted = wl.max_tokens[start : start + STATIC_BATCH]
-            rows = hf_static_batch(model, wl.prompts[start : start + STATIC_BATCH], max(wanted), pad)
-            outputs += [row[:n] for row, n in zip(rows, wanted, strict=True)]
-            computed += len(rows) * max(wanted)
-            bar.update(len(rows))
+        outputs, computed = static_round(model, wl, pad, bar)
         seconds = time.perf_counter() - started
     note = "each batch runs to its longest output; only each request's own tokens count"
     return finish(f"(c) HF generate, static {STATIC_BATCH}", seconds, outputs, wl, computed, note)
@@ -69,6 +80,9 @@ def run_hf_cb(model_dir: Path, wl: Workload, setup: Setup) -> Result:
         options = {"do_sample": False, "eos_token_id": -1, "pad_token_id": pad}  # eos -1: never stop early
         warm = GenerationConfig(max_new_tokens=WARM_TOKENS, **options)
         model.generate_batch(inputs=[WARM_PROMPT, WARM_PROMPT[:5]], generation_config=warm)
+        if setup.warm_workload:
+            say("(d) warm-up: the workload once, untimed")
+            model.generate_batch(wl.prompts, GenerationConfig(max_new_tokens=longest, **options))
         say(f"(d) HF generate_batch (continuous batching), max_new_tokens={longest} for every request")
         called = time.perf_counter()
         results = model.generate_batch(wl.prompts, GenerationConfig(max_new_tokens=longest, **options))

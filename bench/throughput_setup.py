@@ -40,6 +40,10 @@ class Setup:
     engine_processes: int = 1  # (b): engine processes, the workload dealt round-robin between them
     request_chunk: int = 0  # (a): each request's own stream_interval_tokens (0: the server's alone)
     report_every_steps: int = 1  # (a): the executors' executor.report_every_steps
+    # Every phase runs the whole workload once, untimed, before its timed run (as bench/vllm_compare.py
+    # warms both sides): what is timed is a warm server, not its first minute. False: one short
+    # request only, as before the fourteenth round.
+    warm_workload: bool = True
 
     @property
     def torch_device(self) -> torch.device:

@@ -59,6 +59,8 @@ def test_executors_flag_reaches_the_setup() -> None:
 
 def test_repeats_report_each_ratio_and_its_median(capsys: pytest.CaptureFixture[str]) -> None:
     assert tp.parse_args([]).repeats == 1
+    assert (tp.parse_args([]).short_warmup, tp.parse_args(["--short-warmup"]).short_warmup) == (False, True)
+    assert tp.Setup().warm_workload  # every phase runs the workload once, untimed, by default
     repeats = [{"a/b": 0.9, "a/c": 3.5}, {"a/b": 0.7, "a/c": None}, {"a/b": 1.0, "a/c": 4.5}]
     assert tp.median_ratios(repeats) == {"a/b": 0.9, "a/c": 4.0}  # a repeat without a figure is left out
     tp.print_repeats("tiny", repeats)
