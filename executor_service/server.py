@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -84,8 +85,9 @@ def warm_up(engine: Engine) -> None:
     engine.drain()
 
 
-async def start_executor(config: BatonConfig) -> RunningExecutor:
-    """Bind the port first (health: NOT_SERVING), then load and warm the model, then SERVING."""
+async def start_executor(config: BatonConfig, before_serving: Callable[[], object] | None = None) -> RunningExecutor:
+    """Bind the port first (health: NOT_SERVING), then load and warm the model, then SERVING.
+    ``before_serving``: called once warm, before the executor registers and reports SERVING."""
     cfg = config.executor
     executor_id = cfg.executor_id or f"exec-{uuid.uuid4().hex[:8]}"
     tracing = setup_tracing("baton-executor", config.monitoring.tracing, config.monitoring.otlp_endpoint)
@@ -143,6 +145,8 @@ async def start_executor(config: BatonConfig) -> RunningExecutor:
         dist.heartbeat_interval_ms,
         dist.executor_timeout_ms,
     )
+    if before_serving is not None:
+        before_serving()  # serve() freezes the heap here: its full collection never stalls a request
     await registration.start()
     await set_serving(health_servicer, [SERVICE_NAME], serving=True)
     log.info("executor %s serving at %s", executor_id, address)
@@ -153,8 +157,7 @@ async def serve(config: BatonConfig) -> None:
     """Run until SIGINT/SIGTERM."""
     stop = asyncio.Event()
     service.install_signal_handlers(stop)
-    running = await start_executor(config)
-    freeze_startup_heap()
+    running = await start_executor(config, before_serving=freeze_startup_heap)
     await stop.wait()
     log.info("executor %s shutting down after %d steps", running.executor_id, running.worker.engine.iteration)
     await running.stop()

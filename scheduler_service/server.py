@@ -106,7 +106,7 @@ async def serve(config: BatonConfig) -> None:
     stop = asyncio.Event()
     service.install_signal_handlers(stop)
     running = await start_scheduler(config, after_tokenizer_load=freeze_startup_heap)
-    freeze_startup_heap()
+    freeze_startup_heap()  # before the readiness task has run: health still says NOT_SERVING
     await stop.wait()
     log.info("scheduler shutting down")
     await running.stop()

@@ -1,0 +1,28 @@
+"""``start_executor``: the order of its start, as ``serve`` relies on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+
+from common.keys import KeySchema
+from executor_service.server import start_executor
+from tests.stack import stack_config
+
+
+async def test_before_serving_runs_before_the_executor_registers(redis_url: str, tiny_model_dir: Path) -> None:
+    store, keys = redis.Redis.from_url(redis_url, decode_responses=True), KeySchema("baton")
+    registered_then: list[int] = []
+
+    def before_serving() -> None:
+        # serve() freezes the heap here, after the warm-up: no scheduler knows of the executor yet.
+        registered_then.append(store.zcard(keys.executors))
+
+    running = await start_executor(stack_config(redis_url, tiny_model_dir), before_serving=before_serving)
+    try:
+        assert registered_then == [0]
+        assert store.zcard(keys.executors) == 1  # registered after it
+    finally:
+        await running.stop()
+        store.close()
