@@ -175,7 +175,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1,
         help="(a): the executors' report_every_steps, decode steps merged into one step report (default 1)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    return args
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -184,8 +187,6 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.repeats < 1:
-        raise SystemExit("--repeats must be at least 1")
     signal.signal(signal.SIGTERM, _interrupt)
     transformers.utils.logging.disable_progress_bar()
     workdir = Path(args.workdir).resolve()

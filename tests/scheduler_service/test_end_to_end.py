@@ -299,6 +299,5 @@ async def test_an_idle_planner_sleeps_until_the_empty_queue_is_due_a_recheck(lon
     # 20 ticks a second while work waits on time; with the queue known empty, a pass per recheck
     # (every 0.25 s) and the odd wake (a step report, the fleet signals).
     assert passes() - before <= 10
-    assert stack.scheduler.dispatcher.admission.idle_wait_s() <= 0.25
     # A submit wakes it at once: served as before.
     assert len(joined_tokens(await stack.generate(greedy([1, 7, 8], 3)))) == 3
