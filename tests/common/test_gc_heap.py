@@ -22,7 +22,9 @@ def unfrozen_after() -> Iterator[None]:
 def test_startup_objects_leave_the_full_passes() -> None:
     kept = [[i] for i in range(1000)]
     frozen = freeze_startup_heap()
-    assert frozen == gc.get_freeze_count() >= len(kept)
+    # Frozen objects still die by reference counting (another thread's may, at any moment), so
+    # the count only bounds what is still alive.
+    assert frozen >= len(kept) and gc.get_freeze_count() >= len(kept)
     # What the collector still walks is what came after the freeze, not the startup heap.
     assert len(gc.get_objects()) < frozen
 
