@@ -3,7 +3,7 @@
 A started service holds 300,000-400,000 long-lived objects: torch, transformers, grpc and the
 model's modules in an executor; grpc, redis and the tokenizer in a scheduler. Python's oldest-
 generation collection walks every one of them while holding the GIL. Measured in both services:
-210-250 ms a pass, one every 25-35 s of serving, and each pass stalls every stream of the process
+210-250 ms a pass, at 9-35 s of serving in one run, and each pass stalls every stream of the process
 at once (an executor's engine thread included). None of those objects is ever garbage, so once the
 service is up (and an executor warm) they move to the permanent generation that the collector
 skips (``gc.freeze``). vLLM, SGLang and TensorRT-LLM do the same after their warm-up.
