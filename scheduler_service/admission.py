@@ -33,9 +33,10 @@ log = logging.getLogger(__name__)
 _MAX_TENANTS = 64  # waiting tenants considered per round: those with the smallest counters
 _MAX_CANDIDATES = 256
 _PREEMPT_CHECK_S = 0.05
-# A queue found empty is read again on any wake, or after this long without one: the wakes
-# (submits here or on other replicas, links' room moving) cover every way work arrives that this
-# replica should see at once; the recheck covers a wake lost with a pub/sub connection.
+# A queue found empty is read again on a wake that says the queue moved, or after this long
+# without one: those wakes (submits here, hand-backs, other replicas' submits) cover every way
+# work arrives that this replica should see at once; the recheck covers a wake lost with a
+# pub/sub connection, and work another replica hands back.
 _EMPTY_RECHECK_S = 0.25
 
 
@@ -71,16 +72,17 @@ class Admission:
             return 0.0
         return max(0.0, _EMPTY_RECHECK_S - (time.monotonic() - found))
 
-    async def run(self, links: Sequence[ExecutorLink], woken: bool = True) -> int:
-        """Admit what fits now; return how many requests were admitted. Without ``woken``, a
-        queue known to be empty is not read (an idle tick costs no round trip)."""
-        if woken:
+    async def run(self, links: Sequence[ExecutorLink], queue_moved: bool = True) -> int:
+        """Admit what fits now; return how many requests were admitted. Without ``queue_moved``,
+        a queue known to be empty is not read: an idle tick, or a finish that only freed room,
+        costs no round trip."""
+        if queue_moved:
             self._found_empty_at = None
         if self._unsettled:
             await self._settle()
         links = [link for link in links if link.ready]
-        if not links:
-            return 0
+        if not links or self.queue_known_empty:
+            return 0  # nothing to admit, and so no one to preempt for
         fraction = self._scaled(self.config.scheduler.load_aware.min_admission_fraction)
         capacities = [link.capacity(fraction) for link in links]
         room = sum(c.free_slots for c in capacities if c.free_blocks > 0)
@@ -90,8 +92,6 @@ class Admission:
             if time.monotonic() - self._preempt_checked < _PREEMPT_CHECK_S or not self._could_preempt(links):
                 return 0
             self._preempt_checked = time.monotonic()
-        if self.queue_known_empty:
-            return 0
         ordered = await self._with_promise(await self.candidates(min(_MAX_CANDIDATES, 2 * max(room, 1))))
         if not ordered:
             return 0
@@ -151,6 +151,7 @@ class Admission:
             if link.closed or request_id not in link.requests:
                 # Nothing ran it, so it spends none of its migrations or preemptions.
                 await self.store.hand_back(request_id, link.executor_id, "unclaim", link.owner)
+                self._found_empty_at = None  # it may be queued again
                 log.info("request %s: a claim for %s reached no executor; handed back", request_id, link.executor_id)
             self._unsettled.pop()
 

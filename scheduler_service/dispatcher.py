@@ -49,6 +49,7 @@ class Dispatcher:
         # a zombie replica renewing leases after stop().
         self._stopping = False
         self._wake = asyncio.Event()
+        self._queue_moved = False  # a wake since the last round said the queue may hold new work
         self._tasks: list[asyncio.Task[None]] = []
         self._link_tasks: dict[str, asyncio.Task[None]] = {}
         self.scorer = RequestScorer(config)
@@ -81,7 +82,11 @@ class Dispatcher:
             if stuck:
                 log.warning("%d dispatcher tasks did not stop within %.1f s", len(stuck), timeout)
 
-    def wake(self) -> None:
+    def wake(self, queue_moved: bool = True) -> None:
+        """Plan again now. ``queue_moved``: the queue may hold new work (a submit here, a
+        hand-back, another replica's word); False when only room moved (a request finished), which
+        a queue found empty cannot use, so the round then makes no round trip."""
+        self._queue_moved |= queue_moved
         self._wake.set()
 
     # ---- cancels -----------------------------------------------------------------------
@@ -226,21 +231,20 @@ class Dispatcher:
             tick = max(_PLAN_TICK_S, self.admission.idle_wait_s())
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), tick)
-            woken = self._wake.is_set()
+            queue_moved, self._queue_moved = self._queue_moved, False
             self._wake.clear()
             try:
-                await self.plan_once(woken)
+                await self.plan_once(queue_moved)
                 await self.refresh_queue_gauges()
             except RedisError as exc:
                 log.warning("planning failed: %s", exc)
                 await asyncio.sleep(0.2)
 
-    async def plan_once(self, woken: bool = True) -> int:
-        """Admit what fits now; return how many requests were admitted. ``woken``: something
-        happened since the last round (a submit, a wake from another replica, a link's room
-        moved), rather than only the tick coming round."""
+    async def plan_once(self, queue_moved: bool = True) -> int:
+        """Admit what fits now; return how many requests were admitted. ``queue_moved``: a wake
+        since the last round said the queue may hold new work (see ``wake``)."""
         started = time.perf_counter()
-        admitted = await self.admission.run(list(self.links.values()), woken)
+        admitted = await self.admission.run(list(self.links.values()), queue_moved)
         self.metrics.plan_latency.observe(time.perf_counter() - started)
         self.metrics.executors.set(len(self.links))
         self.metrics.running.set(sum(len(link.requests) for link in self.links.values()))

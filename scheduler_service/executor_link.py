@@ -52,7 +52,7 @@ class ExecutorLink:
         address: str,
         store: RequestStore,
         config: SchedulerConfig,
-        on_change: Callable[[], None],
+        on_change: Callable[[bool], None],
         redis_retry_s: float = 30.0,
         security: SecurityConfig | None = None,
         metrics: SchedulerMetrics | None = None,
@@ -182,6 +182,8 @@ class ExecutorLink:
         self.requests[claimed.request_id] = linked_request_of(claimed)
         self._batcher.set_interval(claimed.request_id, claimed.params.stream_interval_tokens)
         self._pending.admit.append(admit_pb(claimed, self._batcher.executor_may_hold(claimed.request_id)))
+        if not claimed.output_ids:  # a fresh stream: its readers here need no shared XREAD
+            self._store.expect_local(claimed.request_id)
 
     def abort(self, request_id: str) -> None:
         if request_id in self.requests:
@@ -212,6 +214,7 @@ class ExecutorLink:
     async def _on_reports(self, reports: list[pb.StepReport]) -> None:
         """One or more consecutive step reports: record them together, then hand back what left."""
         before = (len(self.requests), self.ready)
+        requeued = False
         writes: list[StepWrite] = []
         for report in reports:
             self.load = report.load
@@ -228,7 +231,7 @@ class ExecutorLink:
                 self._redis_retry_s,
                 f"recording a step of {self.executor_id}",
             )
-            await self._recover_refused(writes, accepted)
+            requeued = await self._recover_refused(writes, accepted)
         for report in reports:
             for request_id in [*report.preempted, *(r.request_id for r in report.rejected)]:
                 self.preempting.discard(request_id)
@@ -237,11 +240,14 @@ class ExecutorLink:
                     if request_id in report.preempted:
                         self._metrics.preemptions.inc()
                     await self.hand_back(request_id)
+                    requeued = True
         # Wake the planner only when its inputs moved: a request left (finished, handed back or
         # refused), freeing room, or the link became ready. A step that only added tokens shrinks
-        # room, never grows it, and the planner's tick covers time-based decisions.
+        # room, never grows it, and the planner's tick covers time-based decisions. ``requeued``
+        # tells it whether the queue moved too: room alone is no reason to re-read a queue it
+        # found empty.
         if (len(self.requests), self.ready) != before:
-            self._on_change()
+            self._on_change(requeued)
 
     def _batched(self, writes: list[StepWrite]) -> list[StepWrite]:
         """Apply the stream interval: hold back what may wait, add what has waited long enough."""
@@ -250,7 +256,7 @@ class ExecutorLink:
         now = time.monotonic()
         return [out for write in writes for out in self._batcher.offer(write, now)] + self._batcher.due(now)
 
-    async def _recover_refused(self, writes: list[StepWrite], accepted: list[bool]) -> None:
+    async def _recover_refused(self, writes: list[StepWrite], accepted: list[bool]) -> bool:
         """Redis refused tokens of a request this link still drives.
 
         Either its record is behind the executor (a write a Redis primary acknowledged, then lost
@@ -258,13 +264,13 @@ class ExecutorLink:
         write would be refused too and its stream would stall for good. So abort it on the
         executor, admit nothing here until the executor confirms the abort (as when a link
         starts), and hand it back: it resumes from what Redis recorded, and readers trim any
-        prefix a client already saw.
+        prefix a client already saw. Returns whether it handed any back.
         """
         refused = [
             w.request_id for w, ok in zip(writes, accepted, strict=True) if not ok and w.request_id in self.requests
         ]
         if not refused:
-            return
+            return False
         for request_id in refused:
             del self.requests[request_id]
             self._report_writes.forget(request_id)
@@ -275,6 +281,7 @@ class ExecutorLink:
         for request_id in refused:
             log.warning("request %s: Redis refused its tokens from %s; re-queued", request_id, self.executor_id)
             await self._store.hand_back(request_id, self.executor_id, "migrate", self.owner)
+        return True
 
     async def hand_back(self, request_id: str, kind: str = "preempt") -> None:
         waiting = self._batcher.take(request_id)

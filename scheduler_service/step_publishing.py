@@ -34,6 +34,8 @@ class StreamListener(Protocol):
 
     def published(self, key: str, entry_id: str, fields: dict[str, str], final: bool) -> None: ...
 
+    def expected(self, key: str) -> None: ...
+
     def released(self, key: str) -> None: ...
 
 
@@ -49,6 +51,11 @@ class StepPublishing:
     listener: StreamListener | None
     _cluster: bool
     _record_step: ScriptBatcher
+
+    def expect_local(self, request_id: str) -> None:
+        """A link in this process took ``request_id`` with an empty stream: only it will write it."""
+        if self.listener is not None:
+            self.listener.expected(self.keys.output(request_id))
 
     async def publish_step(self, executor_id: str, writes: Sequence[StepWrite], owner: str | None = None) -> list[bool]:
         """Record one executor step, then publish what was accepted to the clients' streams.

@@ -14,10 +14,11 @@ client keeps its own read (``StreamMux.supported``).
 Streams written by a link in this same process skip the read altogether: the store tells the mux
 what it just added (``published``), with the ids Redis gave the entries, and the mux hands them to
 their waiters at once. Redis still holds every entry first, so readers elsewhere (another replica,
-a later ``Resume``) see the same stream. A stream counts as written here from its newest
-publication until its final event, until its request is handed back (``released``), or until
-nothing was published for ``LOCAL_GRACE_S``; then the shared XREAD covers it again, so a request
-whose link died without a word is still followed.
+a later ``Resume``) see the same stream. A stream counts as written here from the moment a link
+here takes its fresh request (``expected``) or from its newest publication, until its final
+event, until its request is handed back (``released``), or until nothing was published for
+``LOCAL_GRACE_S``; then the shared XREAD covers it again, so a request whose link died without a
+word is still followed.
 
 The newest few entries published here are also kept in memory (``RECENT_ENTRIES``, and a finished
 stream's for ``LOCAL_GRACE_S``): a client busy writing its previous token to the network when the
@@ -72,12 +73,12 @@ class _LocalStream:
 
     @property
     def newest(self) -> str:
-        return self.recent[-1][0]
+        return self.recent[-1][0] if self.recent else "0"
 
     def after(self, entry_id: str) -> list[Entry] | None:
         """The entries after ``entry_id``, or None if some of them are older than those kept."""
         after = _stream_id(entry_id)
-        if _stream_id(self.recent[0][0]) > after:
+        if not self.recent or _stream_id(self.recent[0][0]) > after:
             return None
         return [entry for entry in self.recent if _stream_id(entry[0]) > after]
 
@@ -140,6 +141,15 @@ class StreamMux:
             asyncio.get_running_loop().call_later(LOCAL_GRACE_S, self._forget_finished, key)
         if key in self._waiting:
             self._deliver([(key, [(entry_id, fields)])])
+
+    def expected(self, key: str) -> None:
+        """A link here just took ``key``'s request with nothing in its stream yet: it will be
+        written here, so the shared read need not cover it meanwhile (its prefill, often most
+        of a short request's life). The usual grace applies: silent for ``LOCAL_GRACE_S``, it is
+        read from Redis again."""
+        local = self._local.get(key)
+        if local is None or local.final:
+            self._local[key] = _LocalStream(time.monotonic())
 
     def released(self, key: str) -> None:
         """``key``'s request left this process's links: follow it through the shared read again."""

@@ -14,6 +14,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from common.config import BatonConfig
+from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as pb
 from scheduler_service.admission import Admission
 from scheduler_service.executor_link import ExecutorLink
@@ -27,7 +28,7 @@ CONFIG = BatonConfig()
 
 
 def open_link(store: RequestStore) -> ExecutorLink:
-    link = ExecutorLink("exec-1", "127.0.0.1:1", store, CONFIG.scheduler, lambda: None)
+    link = ExecutorLink("exec-1", "127.0.0.1:1", store, CONFIG.scheduler, lambda _queue_moved: None)
     link.info = pb.InfoResponse(executor_id="exec-1", kv_blocks_total=100, block_size=16, max_batch_size=8)
     link.fence(())  # nothing stale on the executor: ready at once
     return link
@@ -132,7 +133,7 @@ async def test_a_new_link_admits_nothing_until_its_stale_aborts_are_confirmed(st
     scorer = RequestScorer(CONFIG)
     await queued(store, scorer, "r1")
     admission = Admission(store, CONFIG, scorer, SchedulerMetrics())
-    link = ExecutorLink("exec-1", "127.0.0.1:1", store, CONFIG.scheduler, lambda: None)
+    link = ExecutorLink("exec-1", "127.0.0.1:1", store, CONFIG.scheduler, lambda _queue_moved: None)
     link.info = pb.InfoResponse(executor_id="exec-1", kv_blocks_total=100, block_size=16, max_batch_size=8)
     assert not link.ready and await admission.run([link]) == 0, "connected, but not fenced yet"
     link.fence({"r1"})
@@ -143,3 +144,33 @@ async def test_a_new_link_admits_nothing_until_its_stale_aborts_are_confirmed(st
     assert link.ready and await admission.run([link]) == 1
     link.flush()
     assert [a.request_id for a in link._outbox.get_nowait().admit] == ["r1"]
+
+
+async def test_a_queue_found_empty_is_read_again_only_when_the_queue_moved(store: RequestStore, round_: Round) -> None:
+    """A finish frees room but queues nothing, so the round it wakes does not read the queue."""
+    admission, link = round_.admission, round_.link
+    assert await admission.run([link]) == 1
+    assert await admission.run([link]) == 0 and admission.queue_known_empty
+    await queued(store, admission.scorer, "r2")  # no wake said so: only the recheck would see it
+    assert await admission.run([link], queue_moved=False) == 0
+    assert await admission.run([link], queue_moved=True) == 1 and "r2" in link.requests
+
+
+async def test_a_link_says_whether_the_queue_moved_when_its_requests_leave(store: RequestStore) -> None:
+    moves: list[bool] = []
+    link = ExecutorLink("exec-1", "127.0.0.1:1", store, CONFIG.scheduler, moves.append)
+    link.info = pb.InfoResponse(executor_id="exec-1", kv_blocks_total=100, block_size=16, max_batch_size=8)
+    link.fence(())
+    scorer = RequestScorer(CONFIG)
+    for request_id in ("done", "evicted"):
+        await queued(store, scorer, request_id)
+        claimed = await store.claim(request_id, "exec-1", link.owner)
+        assert claimed is not None
+        link.admit(claimed)
+    finished = pb.FinishedRequest(request_id="done", finish_reason=FinishReason.LENGTH)
+    last_token = pb.TokenDelta(request_id="done", token_ids=[7])
+    await link._on_reports([pb.StepReport(tokens=[last_token], finished=[finished])])
+    assert moves == [False], "a finish only freed room"
+    await link._on_reports([pb.StepReport(preempted=["evicted"])])
+    assert moves == [False, True], "a preempted request went back to the queue"
+    assert await store.queue_position("evicted") == 0

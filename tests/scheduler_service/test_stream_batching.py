@@ -165,7 +165,7 @@ async def test_handed_back_request_keeps_the_tokens_that_waited(redis_url: str) 
         params = RequestParams(max_tokens=50, ignore_eos=True)
         await store.enqueue(NewRequest("hb", (1, 5, 6), params, 5, "t", 0, 0), 0.0, 100)
         link = ExecutorLink(
-            "exec-x", "unused:0", store, stack_config(redis_url, Path(".")).scheduler, lambda: None,
+            "exec-x", "unused:0", store, stack_config(redis_url, Path(".")).scheduler, lambda _queue_moved: None,
             stream_interval=StreamInterval(tokens=16),
         )  # fmt: skip
         claimed = await store.claim("hb", "exec-x", link.owner)

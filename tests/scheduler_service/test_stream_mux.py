@@ -140,3 +140,27 @@ async def test_a_released_or_silent_local_stream_is_read_from_redis_again(redis_
     assert [f["n"] for _, f in got] == ["2"]
     await mux.close()
     await redis.aclose()
+
+
+async def test_an_expected_stream_waits_for_its_link_not_for_a_shared_read(redis_url: str, monkeypatch) -> None:
+    redis = connect(redis_url)
+    mux = StreamMux(redis, block_ms=300)
+    mux.expected("s:fresh")  # a link here took its request: nothing in the stream yet
+    waiting = asyncio.create_task(mux.read("s:fresh", "0", 8000))
+    await eventually(waiting_on(mux, "s:fresh"), "the reader to wait")
+    assert mux._task is None, "no XREAD for a stream only this process writes"
+    mux.published("s:fresh", "100-0", {"n": "1"}, final=False)  # never in Redis: the hand-over alone
+    assert [f["n"] for _, f in await asyncio.wait_for(waiting, 1.0)] == ["1"]
+
+    monkeypatch.setattr("scheduler_service.stream_mux.LOCAL_GRACE_S", 0.2)
+    mux.expected("s:lost")  # its link then dies before the first token
+
+    async def gone_silent() -> bool:
+        return not mux._is_local("s:lost", time.monotonic())
+
+    await eventually(gone_silent, "the grace to pass")
+    await redis.xadd("s:lost", {"n": "1"})  # another replica's link ran it
+    got = await asyncio.wait_for(mux.read("s:lost", "0", 8000), 2.0)
+    assert [f["n"] for _, f in got] == ["1"]
+    await mux.close()
+    await redis.aclose()
