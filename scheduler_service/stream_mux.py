@@ -150,6 +150,13 @@ class StreamMux:
         local = self._local.get(key)
         if local is None or local.final:
             self._local[key] = _LocalStream(time.monotonic())
+            asyncio.get_running_loop().call_later(LOCAL_GRACE_S, self._forget_silent, key)
+
+    def _forget_silent(self, key: str) -> None:
+        """An expected stream nothing was published to within the grace: the shared read's again."""
+        local = self._local.get(key)
+        if local is not None and not local.recent:
+            del self._local[key]
 
     def released(self, key: str) -> None:
         """``key``'s request left this process's links: follow it through the shared read again."""

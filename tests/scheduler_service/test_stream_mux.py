@@ -162,5 +162,6 @@ async def test_an_expected_stream_waits_for_its_link_not_for_a_shared_read(redis
     await redis.xadd("s:lost", {"n": "1"})  # another replica's link ran it
     got = await asyncio.wait_for(mux.read("s:lost", "0", 8000), 2.0)
     assert [f["n"] for _, f in got] == ["1"]
+    assert "s:lost" not in mux._local, "forgotten, not kept for good"
     await mux.close()
     await redis.aclose()
