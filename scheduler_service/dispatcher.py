@@ -132,8 +132,16 @@ class Dispatcher:
         alive = set(
             cast(list[str], await self.redis.zrangebyscore(self.keys.executors, now - dist.executor_timeout_ms, "+inf"))
         )
-        for executor_id in list(self.links):
-            renewed = await self._renew(keys=[self.keys.lease(executor_id)], args=[self.replica_id, dist.lease_ttl_ms])
+        held = list(self.links)
+        async with self.redis.pipeline(transaction=False) as pipe:  # one round trip for every lease
+            for executor_id in held:
+                await self._renew(
+                    keys=[self.keys.lease(executor_id)], args=[self.replica_id, dist.lease_ttl_ms], client=pipe
+                )
+            renewals = await pipe.execute() if held else []
+        for executor_id, renewed in zip(held, renewals, strict=True):
+            if executor_id not in self._link_tasks:
+                continue  # its link ended while the renewals were in flight
             if not renewed or executor_id not in alive:
                 log.warning("dropping executor %s (lease lost or heartbeat stale)", executor_id)
                 self._link_tasks[executor_id].cancel()

@@ -9,7 +9,7 @@ from pathlib import Path
 from baton.client_commands import collect_inspection
 from common.pb import generate_pb2 as pb
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts
-from tests.stack import joined_tokens, stack_config, start_stack
+from tests.stack import eventually, joined_tokens, stack_config, start_stack
 
 
 async def test_work_spreads_over_two_executors(redis_url: str, tiny_model_dir: Path) -> None:
@@ -30,5 +30,25 @@ async def test_work_spreads_over_two_executors(redis_url: str, tiny_model_dir: P
         snapshot = collect_inspection(redis_url, "baton")
         assert snapshot["requests_by_state"] == {"FINISHED": 20}
         assert all(e["load"]["kv_blocks_total"] > 0 for e in snapshot["executors"])
+    finally:
+        await stack.stop()
+
+
+async def test_a_lease_taken_by_another_replica_drops_only_that_link(redis_url: str, tiny_model_dir: Path) -> None:
+    """Every lease is renewed in one round trip; the one that failed to renew drops its link alone."""
+    stack = await start_stack(stack_config(redis_url, tiny_model_dir), executors=2)
+    try:
+        dispatcher = stack.scheduler.dispatcher
+        await dispatcher.redis.set(dispatcher.keys.lease("exec-1"), "sched-other", px=60_000)
+        await dispatcher.discover_once()
+
+        async def dropped() -> bool:
+            return sorted(dispatcher.links) == ["exec-0"]
+
+        await eventually(dropped, "the link to exec-1 to be dropped")
+        assert await dispatcher.redis.get(dispatcher.keys.lease("exec-0")) == dispatcher.replica_id
+        assert await dispatcher.redis.get(dispatcher.keys.lease("exec-1")) == "sched-other"
+        tokens = joined_tokens(await stack.generate(greedy(random_prompts(1, seed=9)[0], 8)))
+        assert len(tokens) == 8  # served by the executor it still holds
     finally:
         await stack.stop()
