@@ -56,7 +56,7 @@ class Dispatcher:
         self.admission = Admission(store, config, self.scorer, self.metrics)
         # Sharded pub/sub on a Redis Cluster, classic elsewhere.
         self.control = ControlChannel(self.redis, self.keys.control_channel)
-        self._renew = self.redis.register_script(scripts.RENEW_LEASE)
+        self._renew = self.redis.register_script(scripts.RENEW_LEASES)
         self._release = self.redis.register_script(scripts.RELEASE_LEASE)
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -133,12 +133,8 @@ class Dispatcher:
             cast(list[str], await self.redis.zrangebyscore(self.keys.executors, now - dist.executor_timeout_ms, "+inf"))
         )
         held = list(self.links)
-        async with self.redis.pipeline(transaction=False) as pipe:  # one round trip for every lease
-            for executor_id in held:
-                await self._renew(
-                    keys=[self.keys.lease(executor_id)], args=[self.replica_id, dist.lease_ttl_ms], client=pipe
-                )
-            renewals = await pipe.execute() if held else []
+        leases = [self.keys.lease(executor_id) for executor_id in held]
+        renewals = await self._renew(keys=leases, args=[self.replica_id, dist.lease_ttl_ms]) if held else []
         for executor_id, renewed in zip(held, renewals, strict=True):
             if executor_id not in self._link_tasks:
                 continue  # its link ended while the renewals were in flight
@@ -180,7 +176,7 @@ class Dispatcher:
             await self.redis.zrem(self.keys.executors, executor_id)
             await self._release(keys=[lease], args=[self.replica_id])
             log.warning("executor %s is gone; its requests were re-queued", executor_id)
-            self.wake()
+            self._wake_for(requeued=True)
 
     def _start_link(self, executor_id: str, address: str) -> None:
         if self._stopping:
@@ -211,7 +207,7 @@ class Dispatcher:
                 await self.store.hand_back(request_id, executor_id, "migrate", owner="")
                 self.metrics.migrations.inc()
             log.info("driving executor %s at %s", executor_id, link.address)
-            self.wake()
+            self._wake_for(requeued=bool(stale))
             await link.run()
             log.warning("executor %s closed its stream", executor_id)
         except asyncio.CancelledError:
@@ -224,12 +220,20 @@ class Dispatcher:
             self._link_tasks.pop(executor_id, None)
             with contextlib.suppress(Exception):
                 await link.close()
+            orphans = list(link.requests)
             with contextlib.suppress(RedisError):
-                for request_id in list(link.requests):
+                for request_id in orphans:
                     await link.hand_back(request_id, "migrate")
                     self.metrics.migrations.inc()
                 await self._release(keys=[self.keys.lease(executor_id)], args=[self.replica_id])
-            self.wake()
+            self._wake_for(requeued=bool(orphans))
+
+    def _wake_for(self, requeued: bool) -> None:
+        """Plan again; when work an executor lost went back to the queue, tell the other replicas
+        too, which may have the room for it (this one may have no executor left)."""
+        self.wake()
+        if requeued:
+            self.control.wake_others()
 
     # ---- admission -----------------------------------------------------------------------
     async def _planning_loop(self) -> None:

@@ -246,7 +246,8 @@ class ExecutorLink:
         # room, never grows it, and the planner's tick covers time-based decisions. ``requeued``
         # tells it whether the queue moved too: room alone is no reason to re-read a queue it
         # found empty.
-        if (len(self.requests), self.ready) != before:
+        # (A hand-back always wakes it: an admit made during the write may hide it in the count.)
+        if requeued or (len(self.requests), self.ready) != before:
             self._on_change(requeued)
 
     def _batched(self, writes: list[StepWrite]) -> list[StepWrite]:

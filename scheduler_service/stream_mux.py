@@ -94,6 +94,7 @@ class StreamMux:
         self._reader_id: int | None = None
         self._in_flight: frozenset[str] = frozenset()  # keys the blocked XREAD covers
         self._unblocked = False  # one CLIENT UNBLOCK per blocked XREAD is enough
+        self._unblocker: asyncio.Task[None] | None = None  # held: a task nobody holds may be collected
         # Streams a link in this process writes (and finished ones, for a grace period).
         self._local: dict[str, _LocalStream] = {}
 
@@ -149,19 +150,29 @@ class StreamMux:
         read from Redis again."""
         local = self._local.get(key)
         if local is None or local.final:
-            self._local[key] = _LocalStream(time.monotonic())
-            asyncio.get_running_loop().call_later(LOCAL_GRACE_S, self._forget_silent, key)
+            local = self._local[key] = _LocalStream(time.monotonic())
+            asyncio.get_running_loop().call_later(LOCAL_GRACE_S, self._forget_silent, key, local)
 
-    def _forget_silent(self, key: str) -> None:
-        """An expected stream nothing was published to within the grace: the shared read's again."""
-        local = self._local.get(key)
-        if local is not None and not local.recent:
+    def _forget_silent(self, key: str, expected: _LocalStream) -> None:
+        """Nothing was published to an expected stream within the grace: someone else may write
+        it (its executor was lost, another replica runs it), so its readers go back to the shared
+        read now, not when their own wait ends."""
+        if self._local.get(key) is expected and not expected.recent:
             del self._local[key]
+            if key in self._waiting:
+                self._cover(key)
 
     def released(self, key: str) -> None:
         """``key``'s request left this process's links: follow it through the shared read again."""
-        if self._local.pop(key, None) is not None and key in self._waiting and self._task is None:
-            self._task = asyncio.create_task(self._run())  # a running read covers it next round
+        if self._local.pop(key, None) is not None and key in self._waiting:
+            self._cover(key)
+
+    def _cover(self, key: str) -> None:
+        """Have the shared read cover ``key``, whose waiters were left to local publications."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run())
+        elif key not in self._in_flight and self._reader_id is not None and self._in_flight:
+            self._unblocker = asyncio.create_task(self._unblock())  # cut the blocked read short
 
     def _forget_finished(self, key: str) -> None:
         local = self._local.get(key)

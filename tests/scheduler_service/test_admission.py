@@ -156,7 +156,9 @@ async def test_a_queue_found_empty_is_read_again_only_when_the_queue_moved(store
     assert await admission.run([link], queue_moved=True) == 1 and "r2" in link.requests
 
 
-async def test_a_link_says_whether_the_queue_moved_when_its_requests_leave(store: RequestStore) -> None:
+async def test_a_link_says_whether_the_queue_moved_when_its_requests_leave(
+    store: RequestStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     moves: list[bool] = []
     link = ExecutorLink("exec-1", "127.0.0.1:1", store, CONFIG.scheduler, moves.append)
     link.info = pb.InfoResponse(executor_id="exec-1", kv_blocks_total=100, block_size=16, max_batch_size=8)
@@ -171,6 +173,16 @@ async def test_a_link_says_whether_the_queue_moved_when_its_requests_leave(store
     last_token = pb.TokenDelta(request_id="done", token_ids=[7])
     await link._on_reports([pb.StepReport(tokens=[last_token], finished=[finished])])
     assert moves == [False], "a finish only freed room"
+    await queued(store, scorer, "late")
+    late = await store.claim("late", "exec-1", link.owner)
+    assert late is not None
+    real_hand_back = store.hand_back
+
+    async def admit_meanwhile(*args: object, **kwargs: object) -> None:
+        await real_hand_back(*args, **kwargs)  # type: ignore[arg-type]
+        link.admit(late)  # the planner admits while the link writes: the count stays the same
+
+    monkeypatch.setattr(store, "hand_back", admit_meanwhile)
     await link._on_reports([pb.StepReport(preempted=["evicted"])])
     assert moves == [False, True], "a preempted request went back to the queue"
     assert await store.queue_position("evicted") == 0

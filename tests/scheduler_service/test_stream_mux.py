@@ -165,3 +165,26 @@ async def test_an_expected_stream_waits_for_its_link_not_for_a_shared_read(redis
     assert "s:lost" not in mux._local, "forgotten, not kept for good"
     await mux.close()
     await redis.aclose()
+
+
+async def test_readers_of_an_expected_stream_that_stays_silent_go_back_to_the_shared_read(
+    redis_url: str, monkeypatch
+) -> None:
+    monkeypatch.setattr("scheduler_service.stream_mux.LOCAL_GRACE_S", 0.2)
+    redis = connect(redis_url)
+    mux = StreamMux(redis, block_ms=5000)
+    mux.expected("s:quiet")
+    waiting = asyncio.create_task(mux.read("s:quiet", "0", 30_000))  # its own wait would be 30 s
+    await eventually(waiting_on(mux, "s:quiet"), "the reader to wait")
+    await asyncio.sleep(0.3)  # the grace is over: the shared read covers it again
+    await redis.xadd("s:quiet", {"n": "1"})  # another replica's link runs it
+    assert [f["n"] for _, f in await asyncio.wait_for(waiting, 2.0)] == ["1"]
+
+    mux.expected("s:again")
+    first = mux._local["s:again"]
+    mux.released("s:again")  # handed back before its first token, then taken here again
+    mux.expected("s:again")
+    mux._forget_silent("s:again", first)  # the first mark's timer
+    assert "s:again" in mux._local, "an old timer leaves the new mark alone"
+    await mux.close()
+    await redis.aclose()
