@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from common.config import BatonConfig
-from scheduler_service import scripts
+from scheduler_service import lease_scripts
 from scheduler_service.admission import Admission
 from scheduler_service.control_channel import ControlChannel
 from scheduler_service.executor_link import ExecutorLink
@@ -56,8 +56,8 @@ class Dispatcher:
         self.admission = Admission(store, config, self.scorer, self.metrics)
         # Sharded pub/sub on a Redis Cluster, classic elsewhere.
         self.control = ControlChannel(self.redis, self.keys.control_channel)
-        self._renew = self.redis.register_script(scripts.RENEW_LEASES)
-        self._release = self.redis.register_script(scripts.RELEASE_LEASE)
+        self._renew = self.redis.register_script(lease_scripts.RENEW_LEASES)
+        self._release = self.redis.register_script(lease_scripts.RELEASE_LEASE)
 
     # ---- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:

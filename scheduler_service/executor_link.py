@@ -243,10 +243,9 @@ class ExecutorLink:
                     requeued = True
         # Wake the planner only when its inputs moved: a request left (finished, handed back or
         # refused), freeing room, or the link became ready. A step that only added tokens shrinks
-        # room, never grows it, and the planner's tick covers time-based decisions. ``requeued``
-        # tells it whether the queue moved too: room alone is no reason to re-read a queue it
-        # found empty.
-        # (A hand-back always wakes it: an admit made during the write may hide it in the count.)
+        # room, never grows it, and the planner's tick covers time-based decisions. A hand-back
+        # always wakes it (an admit made during the write may hide it in the count), and
+        # ``requeued`` says the queue moved: room alone is no reason to re-read an empty queue.
         if requeued or (len(self.requests), self.ready) != before:
             self._on_change(requeued)
 

@@ -287,23 +287,3 @@ end
 return {st[1], '', n, '0'}
 """
 )
-
-# Renew each lease only if we still hold it: one call for every executor a replica drives.
-# KEYS: leases. ARGV: holder, ttl_ms. Returns 1 (renewed) or 0 per lease, in order.
-RENEW_LEASES = """
-local renewed = {}
-for i, lease in ipairs(KEYS) do
-  if redis.call('GET', lease) == ARGV[1] then
-    renewed[i] = redis.call('PEXPIRE', lease, ARGV[2])
-  else
-    renewed[i] = 0
-  end
-end
-return renewed
-"""
-
-# Release a lease only if we hold it. KEYS: lease. ARGV: holder.
-RELEASE_LEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""

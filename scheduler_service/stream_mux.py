@@ -171,8 +171,8 @@ class StreamMux:
         """Have the shared read cover ``key``, whose waiters were left to local publications."""
         if self._task is None:
             self._task = asyncio.create_task(self._run())
-        elif key not in self._in_flight and self._reader_id is not None and self._in_flight:
-            self._unblocker = asyncio.create_task(self._unblock())  # cut the blocked read short
+        elif self._in_flight and key not in self._in_flight:  # cut the blocked read short
+            self._unblocker = asyncio.create_task(self._unblock())
 
     def _forget_finished(self, key: str) -> None:
         local = self._local.get(key)

@@ -1,0 +1,27 @@
+"""Lua scripts of the executor leases: which scheduler replica drives which executor.
+
+Apart from ``scripts.py`` (the request state machine): a lease names an executor, not a request,
+and only the dispatcher's discovery takes, renews and releases them.
+"""
+
+from __future__ import annotations
+
+# Renew each lease only if we still hold it: one call for every executor a replica drives.
+# KEYS: leases. ARGV: holder, ttl_ms. Returns 1 (renewed) or 0 per lease, in order.
+RENEW_LEASES = """
+local renewed = {}
+for i, lease in ipairs(KEYS) do
+  if redis.call('GET', lease) == ARGV[1] then
+    renewed[i] = redis.call('PEXPIRE', lease, ARGV[2])
+  else
+    renewed[i] = 0
+  end
+end
+return renewed
+"""
+
+# Release a lease only if we hold it. KEYS: lease. ARGV: holder.
+RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
