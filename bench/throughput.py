@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 import transformers
+from cpu_account import account
 from throughput_e2e import RPCS, run_baton_e2e
 from throughput_engine import run_engine
 from throughput_hf import run_hf_cb, run_hf_static
@@ -36,12 +37,20 @@ from throughput_setup import DTYPES, MAX_BATCH, Result, Setup, Workload, kv_memo
 from baton.make_model import SIZES, make_model
 
 TARGETS = {"a/b": 0.95, "a/c": 3.0}
+CORES = len(os.sched_getaffinity(0))
+CEILING = "a/b ceiling, free scheduler"
 
 
 # ---- report --------------------------------------------------------------------------------
 def ratios(results: dict[str, Result]) -> dict[str, float | None]:
     a = results["a"].tok_s if "a" in results else None
     return {f"a/{k}": a / r.tok_s if a and r.tok_s else None for k, r in results.items() if k != "a"}
+
+
+def ceilings(results: dict[str, Result]) -> dict[str, float | None]:
+    """The CPU account's ceiling on a/b, when both phases were CPU-bound (else nothing)."""
+    cpu = account(results, CORES)
+    return {} if cpu is None else {CEILING: cpu.ceiling_free_scheduler}
 
 
 def same_as_engine(results: dict[str, Result], key: str) -> str:
@@ -62,6 +71,9 @@ def print_report(size: str, results: dict[str, Result], wl: Workload, threads: i
         met = "met" if (value or 0) >= (target or 0) else "NOT met"
         verdict = "" if target is None else f"  (target >= {target:g}: {met})"
         print(f"{name} = {'n/a' if value is None else f'{value:.3f}'}{verdict}")
+    cpu = account(results, CORES)
+    if cpu is not None:
+        print(cpu.describe())
     for key, res in results.items():
         if res.note:
             print(f"note {key}: {res.note}")
@@ -225,6 +237,12 @@ def main(argv: list[str] | None = None) -> int:
                 # Written after every phase, so a run cut short still leaves what it measured.
                 rows = {k: {f: v for f, v in asdict(r).items() if f != "outputs"} for k, r in results.items()}
                 report["sizes"][size] = {"results": rows, "ratios": ratios(results)}
+                cpu = account(results, CORES)
+                if cpu is not None:
+                    report["sizes"][size]["cpu_account"] = asdict(cpu) | {
+                        "predicted_a_b": cpu.predicted,
+                        "ceiling_a_b_free_scheduler": cpu.ceiling_free_scheduler,
+                    }
                 if repeats:
                     report["sizes"][size] |= {"repeats": repeats, "median_ratios": median_ratios(repeats)}
                 if args.json:
@@ -233,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.repeats):
                 results = run_size(size, wl, workdir, args.phases, setup, record)
                 print_report(size, results, wl, threads)
-                repeats.append(ratios(results))
+                repeats.append(ratios(results) | ceilings(results))
                 record(results)
             if args.repeats > 1:
                 print_repeats(size, repeats)

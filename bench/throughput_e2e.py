@@ -182,4 +182,6 @@ async def drive_grpc(
     if any(threads):
         note += "; executor threads: " + " | ".join(threads)
     label = "(a) Baton end to end (gRPC)" if rpc == "generate" else "(a) Baton end to end (GenerateBatch)"
-    return finish(label, seconds, outputs, wl, sum(map(len, outputs)), note)
+    result = finish(label, seconds, outputs, wl, sum(map(len, outputs)), note)
+    result.cpu_seconds = {name: cpu_after[name] - cpu_before[name] for name in pids}
+    return result

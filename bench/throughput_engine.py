@@ -97,13 +97,14 @@ def run_engine(model_dir: Path, wl: Workload, kv_mb: int, setup: Setup | None = 
         progress(len(wl.prompts), LABEL) as bar,
         DeviceWatch(sampler_reader(str(setup.torch_device)) if setup.watch_device else None) as watch,
     ):
-        started = time.perf_counter()
+        cpu, started = time.process_time(), time.perf_counter()
         outputs = engine_round(engine, wl.prompts, wl.max_tokens, bar, setup.max_batch)
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     note = _threads_note(engine)
     torch.set_num_threads(hf_threads)  # (c) and (d) get the machine's default, as they would alone
     result = finish(LABEL, seconds, outputs, wl, sum(map(len, outputs)), note)
     result.device_load = watch.summary()
+    result.cpu_seconds = {"engine": cpu}
     return result
 
 
@@ -158,4 +159,6 @@ def run_engine_processes(model_dir: Path, wl: Workload, kv_mb: int, setup: Setup
     seconds = max(at for _, at, _, _, _ in finished) - started
     cpu = " ".join(f"{f[4]:.1f}" for f in sorted(finished))
     note = f"{count} engine processes, the workload dealt round-robin, CPU seconds {cpu}; each: {finished[0][3]}"
-    return finish(f"(b) Baton engine x{count} processes", seconds, outputs, wl, sum(map(len, outputs)), note)
+    result = finish(f"(b) Baton engine x{count} processes", seconds, outputs, wl, sum(map(len, outputs)), note)
+    result.cpu_seconds = {f"engine-{f[0] + 1}": f[4] for f in finished}
+    return result

@@ -66,6 +66,9 @@ class Result:
     load: float = 0.0  # 1-minute load average as the phase ended: other work on the machine skews results
     outputs: list[list[int]] | None = None
     device_load: dict[str, float] | None = None  # NVML (or process) figures sampled in the window
+    # CPU seconds each process used in the window: (a) by service ("redis", "executor", ...,
+    # "scheduler", "client"), (b) by engine process ("engine", or "engine-1", "engine-2", ...)
+    cpu_seconds: dict[str, float] | None = None
 
 
 def make_workload(count: int, seed: int) -> Workload:

@@ -92,6 +92,7 @@ async def test_the_client_gets_the_same_greedy_outputs_over_either_rpc(redis_url
         assert [len(o) for o in batched.outputs] == wl.max_tokens
         assert batched.outputs == per_request.outputs
         assert "GenerateBatch" in batched.label and batched.tok_s and batched.tok_s > 0
+        assert batched.cpu_seconds is not None and batched.cpu_seconds["client"] > 0
         with pytest.raises(ValueError):
             await e2e.drive_grpc(stack.target, wl, pids, "smoke-signals")
     finally:
@@ -117,6 +118,7 @@ def test_engine_phase_runs_the_workload(tiny_model_dir: Path) -> None:
     assert result.useful_tokens == sum(wl.max_tokens) and result.tok_s and result.tok_s > 0
     assert [len(o) for o in result.outputs] == wl.max_tokens
     assert "torch threads" in result.note
+    assert result.cpu_seconds is not None and result.cpu_seconds["engine"] > 0
 
 
 def test_engine_phase_in_two_processes_gives_the_same_outputs(tiny_model_dir: Path) -> None:
@@ -126,6 +128,7 @@ def test_engine_phase_in_two_processes_gives_the_same_outputs(tiny_model_dir: Pa
     split = tp.run_engine(tiny_model_dir, wl, 64, tp.Setup(max_batch=2, token_budget=128, engine_processes=2))
     assert split.outputs == alone.outputs
     assert "x2 processes" in split.label and split.tok_s and split.tok_s > 0
+    assert split.cpu_seconds is not None and sorted(split.cpu_seconds) == ["engine-1", "engine-2"]
     assert tp.parse_args(["--engine-processes", "2"]).engine_processes == 2
     with pytest.raises(ValueError):
         tp.run_engine(tiny_model_dir, wl, 64, tp.Setup(engine_processes=0))
@@ -158,3 +161,21 @@ def test_engine_profile_accounts_for_the_step(tmp_path: Path, tiny_model_dir: Pa
     assert report["tokens"] == sum(tp.make_workload(64, 0).max_tokens[:2])
     assert rows["model forward: attention"] > 0 and rows["sampling"] > 0
     assert abs(sum(rows.values()) - report["cpu_s"]) < 1e-6  # the stages add up to the whole
+
+
+def test_cpu_account_splits_the_gap_and_bounds_a_over_b(capsys: pytest.CaptureFixture[str]) -> None:
+    cpu_account = load_script("cpu_account")
+    a = tp.Result("(a)", 1000.0, 0.8, cpu_seconds={"redis": 0.05, "executor": 0.7, "executor-2": 0.6})
+    a.cpu_seconds |= {"scheduler": 0.2, "client": 0.05}
+    b = tp.Result("(b)", 1400.0, 0.57, cpu_seconds={"engine-1": 0.6, "engine-2": 0.5})
+    got = cpu_account.account({"a": a, "b": b}, cores=2)
+    assert got.engines_b == pytest.approx(1.1) and got.executors_a == pytest.approx(1.3)
+    assert got.predicted == pytest.approx(1.1 / 1.6)  # (b)'s engine CPU over all of (a)'s
+    assert got.ceiling_free_scheduler == pytest.approx(1.1 / 1.2)  # no scheduler, engines as in (b)
+    assert tp.ceilings({"a": a, "b": b}) == {tp.CEILING: pytest.approx(1.1 / 1.2)}
+    tp.print_report("tiny", {"a": a, "b": b}, tp.make_workload(2, 0), 2)
+    assert "a/b ~ 0.688, and at most 0.917 with a scheduler that cost nothing" in capsys.readouterr().out
+    # (b) left cores idle (a GPU, a half-empty machine): not CPU-bound, no account
+    idle = tp.Result("(b)", 1400.0, 2.0, cpu_seconds={"engine": 1.1})
+    assert cpu_account.account({"a": a, "b": idle}, cores=2) is None and tp.ceilings({"a": a, "b": idle}) == {}
+    assert cpu_account.account({"a": tp.Result("(a)"), "b": b}, cores=2) is None  # no figures for (a)
