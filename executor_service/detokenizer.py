@@ -12,9 +12,11 @@ characters are held back, since they might be the start of a stop string: stream
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import tokenizers
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +26,20 @@ _REPLACEMENT = "\ufffd"
 _CONTEXT_TOKENS = 5
 # A UTF-8 character spans at most 4 bytes, so an unfinished one ends at most 3 tokens before its end.
 _MAX_CHAR_BYTES = 4
+
+
+def ids_decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+    """``tokenizer.decode`` for a list of ids, straight to the Rust tokenizer where that is all it would do.
+
+    A transformers fast tokenizer's ``decode`` converts its argument, checks types and then calls its
+    ``tokenizers.Tokenizer``; with ``clean_up_tokenization_spaces`` off it changes nothing after. That
+    wrapper took twice the Rust call's time (2.6 µs against 0.9), and a generated token costs two decodes
+    on the engine thread. Any other tokenizer keeps its own ``decode``.
+    """
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if isinstance(backend, tokenizers.Tokenizer) and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 @dataclass(frozen=True)
@@ -47,8 +63,7 @@ class IncrementalDetokenizer:
     ) -> None:
         if any(not s for s in stop):
             raise ValueError("stop strings must not be empty")
-        self._tokenizer = tokenizer
-        self._skip_special = skip_special_tokens
+        self._decode_ids = ids_decoder(tokenizer, skip_special_tokens)
         self._stop = tuple(stop)
         self._max_stop_len = max((len(s) for s in self._stop), default=0)
         self._ids: list[int] = [*prompt_token_ids, *(output_token_ids or ())]
@@ -178,4 +193,4 @@ class IncrementalDetokenizer:
     def _decode(self, start: int, end: int) -> str:
         if start >= end:
             return ""
-        return self._tokenizer.decode(self._ids[start:end], skip_special_tokens=self._skip_special)
+        return self._decode_ids(self._ids[start:end])

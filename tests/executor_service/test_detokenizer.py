@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor_service.detokenizer import IncrementalDetokenizer
+from executor_service.detokenizer import IncrementalDetokenizer, ids_decoder
 
 REPLACEMENT = "\ufffd"
 _WORDS_TEXT = (
@@ -196,3 +196,31 @@ def test_join_invariant_on_arbitrary_ids(tokenizer: Any, data: st.DataObject) ->
     stops = [s for s in data.draw(st.lists(stop_from_text, max_size=2)) if s]
     deltas, _ = stream(IncrementalDetokenizer(tokenizer, [], stop=stops), ids)
     assert "".join(deltas) == expected(tokenizer, ids, stops)
+
+
+class _CountingTokenizer:
+    """The fixture's tokenizer behind a ``decode`` that counts its calls, with a chosen clean-up flag."""
+
+    def __init__(self, inner: Any, clean_up: bool) -> None:
+        self._inner = inner
+        self._tokenizer = inner._tokenizer
+        self.clean_up_tokenization_spaces = clean_up
+        self.calls = 0
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        self.calls += 1
+        return self._inner.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def test_ids_decoder_decodes_as_the_tokenizer_does(tokenizer: Any) -> None:
+    ids = [tokenizer.bos_token_id, *encode(tokenizer, "the river café 東京 🙂"), tokenizer.eos_token_id]
+    for skip in (True, False):
+        for window in (ids, ids[1:4], ids[-3:], []):
+            assert ids_decoder(tokenizer, skip)(window) == tokenizer.decode(window, skip_special_tokens=skip)
+
+
+def test_ids_decoder_calls_the_rust_tokenizer_only_when_decode_would_add_nothing(tokenizer: Any) -> None:
+    ids = encode(tokenizer, "the old mill")
+    plain, cleaning = _CountingTokenizer(tokenizer, clean_up=False), _CountingTokenizer(tokenizer, clean_up=True)
+    assert ids_decoder(plain, True)(ids) == ids_decoder(cleaning, True)(ids) == tokenizer.decode(ids)
+    assert (plain.calls, cleaning.calls) == (0, 1)  # clean-up spaces on: the tokenizer's own decode
