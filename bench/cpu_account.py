@@ -1,16 +1,17 @@
 """Where phase (a)'s CPU went against phase (b)'s, and what that bounds a/b to (P2, issue 5).
 
-When the engines of (b) keep every core busy, so do the same engines end to end, and then each
-phase's time is its CPU divided by the cores. So a/b is the engines' CPU in (b) over everything
-(a) spent: its executors, the scheduler, Redis and the client. That splits the gap in two:
+When both phases keep every core busy, each phase's time is its CPU divided by the cores. So a/b
+is the engines' CPU in (b) over everything (a) spent: its executors, the scheduler, Redis and the
+client. That splits the gap in two:
 
 - what the executors spent beyond (b)'s engines for the same tokens (their service threads, and
   steps made slower by what else ran on the cores);
 - what the other processes spent.
 
 It also gives a ceiling: with a scheduler that cost nothing and executors that cost no more than
-(b)'s engines, a/b could be at most engines / (engines + Redis + client). On a GPU, or whenever (b)
-left cores idle, the phases are not CPU-bound and this says nothing (``account`` returns None).
+(b)'s engines, a/b could be at most engines / (engines + Redis + client). On a GPU, or whenever
+either phase left cores idle (a small workload end to end can be bound by latency, not CPU), the
+phases are not both CPU-bound and this says nothing (``account`` returns None).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from throughput_setup import Result
 
-SATURATED = 0.9  # (b) counts as CPU-bound when its engines used this share of every core
+SATURATED = 0.9  # a phase counts as CPU-bound when its processes used this share of every core
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,12 @@ class CpuAccount:
 
 
 def account(results: dict[str, Result], cores: int) -> CpuAccount | None:
-    """The account of (a) against (b), or None when either lacks CPU figures or (b) left cores idle."""
+    """The account of (a) against (b), or None when either lacks CPU figures or left cores idle."""
     a, b = results.get("a"), results.get("b")
-    if a is None or b is None or not a.cpu_seconds or not b.cpu_seconds or b.seconds <= 0:
+    if a is None or b is None or not a.cpu_seconds or not b.cpu_seconds or min(a.seconds, b.seconds) <= 0:
         return None
     engines = sum(b.cpu_seconds.values())
-    if engines < SATURATED * cores * b.seconds:
+    if engines < SATURATED * cores * b.seconds or sum(a.cpu_seconds.values()) < SATURATED * cores * a.seconds:
         return None
     executors = sum(cpu for name, cpu in a.cpu_seconds.items() if name.startswith("executor"))
     others = {name: cpu for name, cpu in a.cpu_seconds.items() if not name.startswith("executor")}

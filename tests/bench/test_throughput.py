@@ -179,3 +179,6 @@ def test_cpu_account_splits_the_gap_and_bounds_a_over_b(capsys: pytest.CaptureFi
     idle = tp.Result("(b)", 1400.0, 2.0, cpu_seconds={"engine": 1.1})
     assert cpu_account.account({"a": a, "b": idle}, cores=2) is None and tp.ceilings({"a": a, "b": idle}) == {}
     assert cpu_account.account({"a": tp.Result("(a)"), "b": b}, cores=2) is None  # no figures for (a)
+    # (a) left cores idle (a small workload bound by latency): not CPU-bound either
+    slow = tp.Result("(a)", 500.0, 2.0, cpu_seconds=dict(a.cpu_seconds))
+    assert cpu_account.account({"a": slow, "b": b}, cores=2) is None
