@@ -6,6 +6,7 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.bench import load_script
@@ -29,7 +30,9 @@ def test_the_load_stops_when_told() -> None:
     stop = mp.get_context("spawn").Event()
     load = mp.get_context("spawn").Process(target=ec.bursty_load, args=(0.5, stop), daemon=True)
     load.start()
-    time.sleep(1.0)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and psutil.Process(load.pid).cpu_times().user < 0.05:
+        time.sleep(0.01)  # until it is busy in its loop (a spawned interpreter starts slowly)
     stop.set()
     load.join(timeout=10)
     assert load.exitcode == 0
