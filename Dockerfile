@@ -27,23 +27,24 @@ WORKDIR /opt/baton
 # Dependencies next, from pyproject.toml alone, so that editing the source does not
 # re-download them: the layer is rebuilt only when pyproject.toml changes. torch is
 # already satisfied by the layer above, so this does not replace it.
-COPY pyproject.toml ./
+# constraints.txt pins the versions CI tests, so the image runs what CI ran.
+COPY pyproject.toml constraints.txt ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
         > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt \
+    && pip install -c constraints.txt -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
 # The project itself, as CI installs it (`pip install .`); dependencies are already present.
 COPY . .
-RUN pip install . \
+RUN pip install -c constraints.txt . \
     && rm -rf build *.egg-info
 
-# Run as an unprivileged user. /models is created here, owned by that user, so a named
-# volume mounted there starts out writable by it (docker copies the ownership of the
+# Run as an unprivileged user. /models and /secrets are created here, owned by that user, so a
+# named volume mounted there starts out writable by it (docker copies the ownership of the
 # image's directory into an empty named volume).
 RUN useradd --create-home --uid 1000 --shell /usr/sbin/nologin baton \
-    && mkdir -p /models \
-    && chown baton:baton /models
+    && mkdir -p /models /secrets \
+    && chown baton:baton /models /secrets
 USER baton
 WORKDIR /home/baton
 ENV HF_HOME=/home/baton/.cache/huggingface

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from common.keys import check_name
+
 
 @dataclass(frozen=True)
 class RequestLevelConfig:
@@ -55,7 +57,13 @@ class RequestLevelConfig:
     estimator_alpha: float = 0.2
     max_stop_strings: int = 16
     max_stop_string_chars: int = 256
-    max_prompt_chars: int = 1_000_000
+    max_prompt_chars: int = 1_000_000  # text prompts and Tokenize, checked before tokenising
+    # One GenerateBatch stream: requests beyond this many unfinished ones get RESOURCE_EXHAUSTED
+    # events of their own (nothing is queued for them); and once this many events wait for a slow
+    # reader, the stream's requests stop reading their token streams until it catches up (the
+    # tokens wait in Redis, so memory stays bounded).
+    max_batch_stream_requests: int = 1024
+    batch_stream_outbox_events: int = 4096
 
     def __post_init__(self) -> None:
         if not 0 <= self.default_priority <= self.max_priority:
@@ -64,10 +72,16 @@ class RequestLevelConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"request_level.{name} must be a finite number >= 0")
+        if self.max_prompt_chars < 1 or self.max_batch_stream_requests < 1 or self.batch_stream_outbox_events < 1:
+            raise ValueError(
+                "request_level.max_prompt_chars, max_batch_stream_requests and batch_stream_outbox_events must be >= 1"
+            )
         if self.default_max_tokens < 1 or self.max_pending_requests < 1:
             raise ValueError("request_level.default_max_tokens and max_pending_requests must be >= 1")
         if not 0.0 <= self.shed_reserve_fraction < 1.0 or self.retry_after_ms < 0:
             raise ValueError("request_level needs 0 <= shed_reserve_fraction < 1 and retry_after_ms >= 0")
+        for tenant in (*self.tenant_weights, *self.tenant_max_running):
+            check_name(tenant, "a tenant named in request_level")
         weights = [self.default_tenant_weight, *self.tenant_weights.values()]
         if not all(math.isfinite(w) and w > 0 for w in weights):
             raise ValueError("request_level tenant weights must be finite numbers > 0")
@@ -254,6 +268,8 @@ class ExecutorConfig:
     fast_paths: bool = True
 
     def __post_init__(self) -> None:
+        if self.executor_id:
+            check_name(self.executor_id, "executor.executor_id")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"executor.dtype must be float32, float16 or bfloat16, not {self.dtype}")
         if self.block_size < 1 or self.kv_cache_memory_mb < 1:
@@ -264,9 +280,16 @@ class ExecutorConfig:
             raise ValueError("executor.report_every_steps must be >= 1 and report_max_wait_ms >= 0")
 
 
+def check_fleet_secret(secret: str, where: str) -> None:
+    """The secret travels as gRPC metadata, which carries printable ASCII only."""
+    if not secret or not all(0x21 <= ord(c) <= 0x7E for c in secret):
+        raise ValueError(f"{where}: the fleet secret must be non-empty printable ASCII without spaces")
+
+
 @dataclass(frozen=True)
 class SecurityConfig:
-    """TLS on gRPC ports (public and scheduler <-> executor) and bearer-token auth on the public API.
+    """TLS on gRPC ports (public and scheduler <-> executor), bearer-token auth on the public API and
+    the fleet secret on executors' ports.
 
     Redis credentials and TLS go in ``distributed.redis_url`` (``redis://user:password@host``,
     ``rediss://`` for TLS, with ``?ssl_ca_certs=...``).
@@ -279,8 +302,17 @@ class SecurityConfig:
     client_cert: str = ""  # the scheduler's own cert when it dials executors with mTLS
     client_key: str = ""
     auth_tokens_file: str = ""  # YAML mapping bearer token -> tenant ("*" = admin); empty disables auth
+    # The fleet's shared secret: schedulers present it on every call to an executor, and executors
+    # refuse any caller without it, so reaching an executor's port is not enough to drive it. Empty
+    # (both) leaves executors open to whoever reaches them, as `baton dev` does on loopback.
+    fleet_secret: str = ""
+    fleet_secret_file: str = ""  # ... read from this file instead (a mounted Secret), so it stays out of configs
 
     def __post_init__(self) -> None:
+        if self.fleet_secret and self.fleet_secret_file:
+            raise ValueError("set security.fleet_secret or security.fleet_secret_file, not both")
+        if self.fleet_secret:
+            check_fleet_secret(self.fleet_secret, "security.fleet_secret")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("security.tls_cert and security.tls_key go together")
         if bool(self.client_cert) != bool(self.client_key):

@@ -37,3 +37,7 @@ class DeadlineExceeded(BatonError):
 
 class PermissionDenied(BatonError):
     """The caller's tenant may not touch this request: PERMISSION_DENIED."""
+
+
+class DataLoss(BatonError):
+    """A request's state in Redis is corrupt and cannot be served: DATA_LOSS."""

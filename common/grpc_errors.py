@@ -27,6 +27,7 @@ STATUS_FOR: dict[type[BaseException], grpc.StatusCode] = {
     errors.NotReady: grpc.StatusCode.UNAVAILABLE,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.DataLoss: grpc.StatusCode.DATA_LOSS,
     RedisConnectionError: grpc.StatusCode.UNAVAILABLE,
     RedisTimeoutError: grpc.StatusCode.UNAVAILABLE,
     # A Redis Cluster or Sentinel failover in progress: transient, like a lost connection.

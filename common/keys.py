@@ -7,7 +7,29 @@ they are the hot path (one XADD per token event) and must spread over a cluster'
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from functools import cached_property
+
+# Names that clients and operators choose (request ids, tenants, executor ids) become parts of
+# key names. Their alphabet leaves out the schema's separator ':', the hash-tag braces, glob
+# characters, the estimator's field separator '|', whitespace and control characters, so no
+# name can spell a key that another record owns ("abc:tokens" would be request abc's token list).
+NAME_ALPHABET = "ASCII letters, digits and . _ - @"
+MAX_NAME_CHARS = 128
+_NAME = re.compile(rf"[A-Za-z0-9._@-]{{1,{MAX_NAME_CHARS}}}")
+
+
+def is_safe_name(name: str) -> bool:
+    """Whether ``name`` may become part of a key: 1-128 characters of ``NAME_ALPHABET``."""
+    return _NAME.fullmatch(name) is not None
+
+
+def check_name(name: str, what: str) -> str:
+    """``name`` if it is safe; else ``ValueError`` saying what is allowed."""
+    if not is_safe_name(name):
+        raise ValueError(f"{what} must be 1-{MAX_NAME_CHARS} characters of {NAME_ALPHABET}, got {name!r}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -19,6 +41,21 @@ class KeySchema:
     def __post_init__(self) -> None:
         if not self.prefix or any(c in self.prefix for c in "{} "):
             raise ValueError(f"key prefix must be non-empty without braces or spaces: {self.prefix!r}")
+
+    def owns(self, key: str) -> bool:
+        """Whether ``key`` is one this schema documents (what ``baton inspect`` and tests check)."""
+        return self._documented.fullmatch(key) is not None
+
+    @cached_property
+    def _documented(self) -> re.Pattern[str]:
+        name = _NAME.pattern
+        tag = re.escape(self._tagged)
+        fixed = "queue:pending|tenants:waiting|tenants:counter|tenants:vclock|tenants:running|estimator|executors"
+        tagged = (
+            rf"{tag}:(?:{fixed}|queue:tenant:{name}|req:{name}(?::tokens)?"
+            rf"|executor:{name}(?::running)?|lease:executor:{name})"
+        )
+        return re.compile(rf"{tagged}|{re.escape(self.prefix)}:req:{name}:out")
 
     @property
     def _tagged(self) -> str:

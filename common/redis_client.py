@@ -158,6 +158,32 @@ def connect_sync(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, decode_responses=True)
 
 
+_UNANSWERED: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, TimeoutError, OSError)
+
+
+async def check_deployment(client: aioredis.Redis, url: str, timeout_s: float = 2.0) -> None:
+    """Refuse, at start-up, a Redis Cluster node reached through a single-server URL.
+
+    Such a client would send every key to that one node and get MOVED for most of them, forever:
+    an endless loop of warnings in the services and INTERNAL errors for clients. A Redis that does
+    not answer yet is not judged here (the services ride out an outage); one that answers and
+    says it is a cluster node is a configuration error, and the message names the fix.
+    """
+    target = parse_redis_url(url)
+    if target.kind is not RedisKind.STANDALONE:
+        return
+    try:
+        info = await asyncio.wait_for(client.info("cluster"), timeout_s)
+    except _UNANSWERED as exc:
+        log.warning("Redis at %s did not answer at start-up (%s); not checked for cluster mode", target.redacted, exc)
+        return
+    if int(cast(dict[str, Any], info).get("cluster_enabled", 0)) == 1:
+        raise ValueError(
+            f"distributed.redis_url {target.redacted} is a Redis Cluster node, but a redis:// URL speaks to one "
+            f"server; use redis+cluster://HOST:PORT[,HOST:PORT...] so keys are routed to their shards"
+        )
+
+
 def is_cluster(client: object) -> bool:
     """Whether ``client`` talks to a Redis Cluster (whose pub/sub is sharded, see the control channel)."""
     return isinstance(client, (aioredis.RedisCluster, redis.RedisCluster))

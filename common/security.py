@@ -1,8 +1,12 @@
-"""TLS credentials and bearer-token auth, shared by both services.
+"""TLS credentials, bearer-token auth and the fleet secret, shared by the services and the gateway.
 
 Auth maps each bearer token to a tenant (a YAML/JSON file ``token: tenant``; ``"*"`` is an admin
 that may act for any tenant). The interceptor puts the caller's principal in a context variable,
 so the Generation logic can keep tenants apart without every handler passing it around.
+
+The fleet secret guards the executors' port: schedulers send it on every call
+(``fleet_metadata``), and ``FleetSecretInterceptor`` refuses calls without it before any servicer
+code runs, so a stranger's Run stream can never supersede the executor's scheduler.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ from typing import Any
 import grpc
 import yaml
 
-from common.config import SecurityConfig
+from common.config import SecurityConfig, check_fleet_secret
+from common.keys import check_name
 
 ADMIN_TENANT = "*"
 # Health checks and reflection stay open: orchestrators probe them without credentials.
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+# Call metadata carrying the fleet secret from a scheduler to an executor.
+FLEET_SECRET_KEY = "x-baton-fleet-secret"
 
 
 @dataclass(frozen=True)
@@ -63,12 +70,31 @@ def channel_credentials(config: SecurityConfig) -> grpc.ChannelCredentials | Non
     )
 
 
+def fleet_secret(config: SecurityConfig) -> str:
+    """The configured fleet secret, read from ``fleet_secret_file`` when that is set; "" when off."""
+    if not config.fleet_secret_file:
+        return config.fleet_secret
+    # A configured file that is empty must not quietly turn the check off.
+    secret = Path(config.fleet_secret_file).read_text().strip()
+    check_fleet_secret(secret, config.fleet_secret_file)
+    return secret
+
+
+def fleet_metadata(config: SecurityConfig) -> tuple[tuple[str, str], ...]:
+    """What a scheduler sends on each call to an executor: the fleet secret, when there is one."""
+    secret = fleet_secret(config)
+    return ((FLEET_SECRET_KEY, secret),) if secret else ()
+
+
 def load_tokens(path: str) -> dict[str, str]:
     if not path:
         return {}
     data = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
         raise ValueError(f"{path}: the auth tokens file must map token strings to tenant strings")
+    for tenant in data.values():
+        if tenant != ADMIN_TENANT:
+            check_name(tenant, f"{path}: a tenant")  # tenants become parts of Redis keys
     return data
 
 
@@ -89,19 +115,41 @@ def _denied(code: grpc.StatusCode, message: str, like: grpc.RpcMethodHandler) ->
     return grpc.unary_unary_rpc_method_handler(unary)
 
 
+def bearer_token(authorization: str) -> str:
+    """The token of an ``Authorization: Bearer TOKEN`` value; "" for any other scheme or none."""
+    scheme, _, token = authorization.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+class TokenTable:
+    """Bearer tokens and their tenants, compared in constant time (no timing hints about a token)."""
+
+    def __init__(self, tokens: Mapping[str, str]) -> None:
+        self._tokens = [(token.encode(), tenant) for token, tenant in tokens.items()]
+
+    def __bool__(self) -> bool:
+        return bool(self._tokens)
+
+    def principal(self, presented: str) -> Principal | None:
+        """The tenant ``presented`` maps to, or None for an unknown (or empty) token."""
+        if not presented:
+            return None
+        for token, tenant in self._tokens:
+            if hmac.compare_digest(token, presented.encode()):
+                return Principal(tenant)
+        return None
+
+
 class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
     """``authorization: Bearer TOKEN`` on every call but health and reflection; covers streams too."""
 
     def __init__(self, tokens: Mapping[str, str]) -> None:
-        self._tokens = dict(tokens)
+        self._tokens = TokenTable(tokens)
 
     def _principal(self, metadata: Any) -> Principal | None:
         for key, value in metadata or ():
             if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-                presented = value[len("Bearer ") :].strip()
-                for token, tenant in self._tokens.items():
-                    if hmac.compare_digest(token.encode(), presented.encode()):
-                        return Principal(tenant)
+                return self._tokens.principal(value[len("Bearer ") :].strip())
         return None
 
     async def intercept_service(
@@ -116,6 +164,35 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
         if principal is None:
             return _denied(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required", handler)
         return _with_principal(handler, principal)
+
+
+class FleetSecretInterceptor(grpc.aio.ServerInterceptor):
+    """The fleet secret (``x-baton-fleet-secret``) on every call but health and reflection.
+
+    A refused call never reaches the servicer: a Run stream without the secret attaches nothing,
+    so it cannot supersede the stream of the scheduler now driving the executor.
+    """
+
+    def __init__(self, secret: str) -> None:
+        if not secret:
+            raise ValueError("FleetSecretInterceptor needs a non-empty secret")
+        self._secret = secret.encode()
+
+    def _presented(self, metadata: Any) -> bool:
+        for key, value in metadata or ():
+            if key == FLEET_SECRET_KEY and isinstance(value, str):
+                return hmac.compare_digest(self._secret, value.encode())
+        return False
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(OPEN_SERVICES) or self._presented(details.invocation_metadata):
+            return handler
+        return _denied(grpc.StatusCode.UNAUTHENTICATED, "the fleet secret is missing or wrong", handler)
 
 
 def _with_principal(handler: grpc.RpcMethodHandler, principal: Principal) -> grpc.RpcMethodHandler:

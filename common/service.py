@@ -12,7 +12,7 @@ import grpc
 from common.config import SecurityConfig
 from common.grpc_errors import ErrorMappingInterceptor
 from common.netaddr import host_port, reachable_host
-from common.security import BearerAuthInterceptor, server_credentials
+from common.security import BearerAuthInterceptor, FleetSecretInterceptor, server_credentials
 from common.tracing import server_interceptors
 
 
@@ -28,8 +28,10 @@ def make_server(
     auth_tokens: dict[str, str] | None = None,
     tracing: bool = False,
     checked_streams: tuple[str, ...] = (),
+    fleet_secret: str = "",
 ) -> grpc.aio.Server:
-    """A grpc.aio server with Baton's interceptors: auth first (when tokens are given), then error
+    """A grpc.aio server with Baton's interceptors: auth first (bearer tokens on a scheduler's
+    public port when given, the fleet secret on an executor's port when given), then error
     mapping (``checked_streams``: see ``ErrorMappingInterceptor``)."""
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -44,6 +46,8 @@ def make_server(
     interceptors: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor(checked_streams)]
     if auth_tokens:
         interceptors.insert(0, BearerAuthInterceptor(auth_tokens))
+    if fleet_secret:
+        interceptors.insert(0, FleetSecretInterceptor(fleet_secret))
     interceptors[:0] = server_interceptors(tracing)
     return grpc.aio.server(interceptors=interceptors, options=options)
 

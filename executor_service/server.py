@@ -20,7 +20,8 @@ from common.keys import KeySchema
 from common.metrics import serve_metrics
 from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
-from common.redis_client import connect
+from common.redis_client import check_deployment, connect
+from common.security import fleet_secret
 from common.tracing import setup_tracing
 from executor_service.engine import Engine
 from executor_service.engine_io import AdmitSpec, PlanUpdate
@@ -89,9 +90,14 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     """Bind the port first (health: NOT_SERVING), then load and warm the model, then SERVING.
     ``before_serving``: called once warm, before the executor registers and reports SERVING."""
     cfg = config.executor
+    dist = config.distributed
+    redis = connect(dist.redis_url)
+    await check_deployment(redis, dist.redis_url)  # before minutes of model loading
     executor_id = cfg.executor_id or f"exec-{uuid.uuid4().hex[:8]}"
     tracing = setup_tracing("baton-executor", config.monitoring.tracing, config.monitoring.otlp_endpoint)
-    server = service.make_server(config.scheduler.max_message_bytes, tracing=tracing)
+    server = service.make_server(
+        config.scheduler.max_message_bytes, tracing=tracing, fleet_secret=fleet_secret(config.security)
+    )
     metrics = ExecutorMetrics()
     servicer = ExecutorServicer(
         metrics, tracing, lambda: ReportCoalescer(cfg.report_every_steps, cfg.report_max_wait_ms)
@@ -124,9 +130,8 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
             "iteration": out.iteration,
         }
 
-    dist = config.distributed
     registration = Registration(
-        connect(dist.redis_url),
+        redis,
         KeySchema(dist.key_prefix),
         executor_id,
         {

@@ -57,15 +57,22 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     async def Run(self, request_iterator: AsyncIterator[pb.Plan], context: grpc.aio.ServicerContext) -> None:
         """Plans in, step reports out, until either side ends.
 
-        Reports are sent with ``context.write`` from a plain coroutine, not yielded from an async
-        generator: with the generator, an executor whose scheduler was SIGKILLed mid-stream crashed
-        (SIGSEGV inside grpcio, the handler's frame at its ``yield``) in about one failover test run
-        in fifteen. Nothing is written once the call is over or its plans have stopped.
+        Nothing here touches the call once this coroutine has returned. grpc.aio releases the
+        core call as soon as the handler finishes, and a cancelled handler never sends a status,
+        so the context still looks live: ``context.peer()`` on it then dereferences a null call
+        (SIGSEGV in cygrpc). That is how the executor crashed when its Run stream ended mid-run
+        (its scheduler SIGKILLed, or its link dropped in a Redis failover): the handler was an
+        async generator, left suspended at its ``yield`` when the cancel hit grpc's write, and
+        finalized later, after the release, with ``context.peer()`` in its ``finally``. Hence:
+        reports go out with ``context.write`` from this plain coroutine, whose ``finally`` runs
+        inside the handler; the peer is read once, up front; and the plan reader is cancelled
+        before returning, so it never issues a read on a released call.
         """
         worker, hub, load, _ = self._ready()
+        peer = context.peer()  # read while the call is certainly live (see above)
         held = self._coalescer()
         queue = hub.attach(held)  # the hub offers each step to ``held`` on the engine thread
-        log.info("scheduler attached to Run stream %s", context.peer())
+        log.info("scheduler attached to Run stream %s", peer)
         reader = asyncio.create_task(self._read_plans(worker, request_iterator, queue, held))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
@@ -80,17 +87,21 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 try:
                     await context.write(report_to_pb(report, device))
                 except (grpc.aio.AioRpcError, grpc.aio.UsageError, RuntimeError) as exc:
-                    log.info("Run stream %s: write failed, the call is over (%s)", context.peer(), exc)
+                    log.info("Run stream %s: write failed, the call is over (%s)", peer, exc)
                     break
         finally:
-            # The reader is not cancelled: it ends by itself once the call is over. Cancelling a
-            # task blocked in a grpc.aio stream read while the call terminates is our suspect for
-            # a segfault in grpcio's cygrpc seen once under load in the failover tests.
+            # The reader is cancelled here, while the call is still held: cancelling its pending
+            # read is safe (grpc drops the completion of a cancelled read), while a read started
+            # after this handler returned would go to a released call. Once cancelled it only
+            # unwinds: it starts no read and submits no plan (not even one whose read has just
+            # completed), so none follows the abort below. Nothing here awaits: grpc cancels this
+            # task when the client goes, and a cancel landing on an await here would skip the rest.
+            reader.cancel()
             if hub.detach(queue):
                 # Nobody drives this executor now: its requests are re-queued by the next driver,
                 # so stop computing them and free their KV blocks.
                 worker.submit(PlanUpdate(seq=0, abort_all=True))
-            log.info("Run stream %s ended", context.peer())
+            log.info("Run stream %s ended", peer)
 
     async def _read_plans(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,8 +24,17 @@ from starlette.routing import Route
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from common.tracing import client_interceptors
+from gateway.auth import Caller, ClientAuth
 from gateway.errors import BadRequest, GatewayError, from_rpc_error
-from gateway.openai_types import REQUEST_ID_HEADER, Parsed, Reply, apply_headers, parse_chat, parse_completion
+from gateway.openai_types import (
+    REQUEST_ID_HEADER,
+    TENANT_HEADER,
+    Parsed,
+    Reply,
+    apply_headers,
+    parse_chat,
+    parse_completion,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +48,30 @@ def _sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
+# A body larger than this is refused (413) before it is read whole: it cannot be a prompt the
+# scheduler accepts (``request_level.max_prompt_chars``, 1 M characters by default) and would only
+# hold memory.
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    too_large = GatewayError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:  # a chunked body states no length: count as it comes
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _json_body(request: Request, limit: int) -> dict[str, Any]:
+    raw = await _read_body(request, limit)
     try:
-        body = json.loads(await request.body())
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise BadRequest("the request body must be a JSON object") from None
     if not isinstance(body, dict):
@@ -63,11 +93,25 @@ def _client_gone(watcher: asyncio.Task[None]) -> bool:
 
 
 class Gateway:
-    """The route handlers, sharing one channel to ``target`` (a scheduler, or a balancer in front of several)."""
+    """The route handlers, sharing one channel to ``target`` (a scheduler, or a balancer in front of several).
 
-    def __init__(self, target: str, tracing: bool = False) -> None:
+    Every route but ``/health`` identifies its caller first (``ClientAuth``) and makes its calls to
+    the scheduler with the caller's own credential.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        tracing: bool = False,
+        auth: ClientAuth | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        if max_body_bytes < 1:
+            raise ValueError("max_body_bytes must be >= 1")
         self.target = target
         self.tracing = tracing
+        self.auth = auth or ClientAuth()
+        self.max_body_bytes = max_body_bytes
         self._channel: grpc.aio.Channel | None = None
 
     @property
@@ -98,18 +142,22 @@ class Gateway:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: Request, chat: bool) -> Response:
-        body = await _json_body(request)
+        caller = self.auth.caller(request.headers)  # before the body: an unknown caller learns nothing
+        body = await _json_body(request, self.max_body_bytes)
         parsed = parse_chat(body) if chat else parse_completion(body)
         apply_headers(parsed.request, request.headers)
+        self.auth.scope(parsed.request, caller, request.headers.get(TENANT_HEADER, ""))
         reply = Reply.for_request(chat, parsed)
         headers = {REQUEST_ID_HEADER: reply.request_id}
         log.debug("request %s: %s, stream=%s", reply.request_id, request.url.path, parsed.stream)
         if parsed.stream:
-            return await self._stream(request, parsed, reply, headers)
-        return await self._whole(request, reply, parsed, headers)
+            return await self._stream(request, caller, parsed, reply, headers)
+        return await self._whole(request, caller, reply, parsed, headers)
 
-    async def _whole(self, request: Request, reply: Reply, parsed: Parsed, headers: dict[str, str]) -> Response:
-        call = self.stub.Complete(parsed.request)
+    async def _whole(
+        self, request: Request, caller: Caller, reply: Reply, parsed: Parsed, headers: dict[str, str]
+    ) -> Response:
+        call = self.stub.Complete(parsed.request, metadata=caller.metadata)
         watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
         try:
             out = await call
@@ -123,11 +171,13 @@ class Gateway:
         finally:
             watcher.cancel()
         if out.finish_reason == pb.FINISH_REASON_ERROR:
-            raise GatewayError(500, await self._failure(reply.request_id), code="generation_failed")
+            raise GatewayError(500, await self._failure(caller, reply.request_id), code="generation_failed")
         return JSONResponse(reply.whole(out.text, out.finish_reason, out.usage), headers=headers)
 
-    async def _stream(self, request: Request, parsed: Parsed, reply: Reply, headers: dict[str, str]) -> Response:
-        call = self.stub.Generate(parsed.request)
+    async def _stream(
+        self, request: Request, caller: Caller, parsed: Parsed, reply: Reply, headers: dict[str, str]
+    ) -> Response:
+        call = self.stub.Generate(parsed.request, metadata=caller.metadata)
         watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
         try:
             # Waiting for the first message before answering lets a refused request (bad input, full queue)
@@ -143,7 +193,7 @@ class Gateway:
                 log.info("request %s: client disconnected while queued; cancelled", reply.request_id)
                 return Response(status_code=_CLIENT_CLOSED)
             raise
-        events = self._events(call, first, watcher, parsed, reply)
+        events = self._events(call, first, watcher, caller, parsed, reply)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
     async def _events(
@@ -151,6 +201,7 @@ class Gateway:
         call: grpc.aio.UnaryStreamCall,
         first: Any,
         watcher: asyncio.Task[None],
+        caller: Caller,
         parsed: Parsed,
         reply: Reply,
     ) -> AsyncIterator[bytes]:
@@ -164,7 +215,7 @@ class Gateway:
                     break
                 reason = message.finish_reason
                 if reason == pb.FINISH_REASON_ERROR:
-                    failure = GatewayError(500, await self._failure(reply.request_id), code="generation_failed")
+                    failure = GatewayError(500, await self._failure(caller, reply.request_id), code="generation_failed")
                     yield _sse(failure.body())
                     break
                 if reply.chat:
@@ -191,18 +242,22 @@ class Gateway:
             call.cancel()  # a no-op when the call ended; otherwise Baton cancels the request
         yield _DONE
 
-    async def _failure(self, request_id: str) -> str:
+    async def _failure(self, caller: Caller, request_id: str) -> str:
         """Baton's recorded reason for a failed request, best effort."""
         fallback = f"request {request_id} failed inside Baton"
         try:
-            status = await self.stub.GetRequest(pb.GetRequestRequest(request_id=request_id), timeout=_INFO_TIMEOUT_S)
+            status = await self.stub.GetRequest(
+                pb.GetRequestRequest(request_id=request_id), timeout=_INFO_TIMEOUT_S, metadata=caller.metadata
+            )
         except grpc.aio.AioRpcError:
             return fallback
         return f"{fallback}: {status.error}" if status.error else fallback
 
-    async def _model_card(self) -> dict[str, Any]:
+    async def _model_card(self, request: Request) -> dict[str, Any]:
+        # Behind auth as in OpenAI's API, where listing models needs a key too.
+        caller = self.auth.caller(request.headers)
         try:
-            info = await self.stub.ModelInfo(pb.ModelInfoRequest(), timeout=_INFO_TIMEOUT_S)
+            info = await self.stub.ModelInfo(pb.ModelInfoRequest(), timeout=_INFO_TIMEOUT_S, metadata=caller.metadata)
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
         return {
@@ -214,10 +269,10 @@ class Gateway:
         }
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [await self._model_card()]})
+        return JSONResponse({"object": "list", "data": [await self._model_card(request)]})
 
     async def model(self, request: Request) -> Response:
-        card = await self._model_card()
+        card = await self._model_card(request)
         if request.path_params["model"] != card["id"]:
             raise GatewayError(
                 404, f"model {request.path_params['model']!r} is not served here", code="model_not_found"
@@ -225,6 +280,7 @@ class Gateway:
         return JSONResponse(card)
 
     async def health(self, request: Request) -> Response:
+        """Open to all, as probes carry no key; the scheduler's health service is open too."""
         check = health_pb2_grpc.HealthStub(self.channel).Check
         try:
             answer = await check(health_pb2.HealthCheckRequest(), timeout=_HEALTH_TIMEOUT_S)
@@ -250,12 +306,20 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return GatewayError(500, "internal error in the gateway", code="internal").response()
 
 
-def create_app(target: str, tracing: bool = False) -> Starlette:
+def create_app(
+    target: str,
+    tracing: bool = False,
+    auth_tokens: Mapping[str, str] | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> Starlette:
     """The gateway's ASGI app, forwarding to the Baton scheduler at ``target`` (``HOST:PORT``).
 
-    With ``tracing``, each call to the scheduler carries the trace context (OpenTelemetry).
+    With ``tracing``, each call to the scheduler carries the trace context (OpenTelemetry). With
+    ``auth_tokens`` (bearer token -> tenant, as the scheduler's ``auth_tokens_file``), every route
+    but ``/health`` needs one of those tokens (see ``gateway.auth``). A body over ``max_body_bytes``
+    is answered 413.
     """
-    gateway = Gateway(target, tracing)
+    gateway = Gateway(target, tracing, ClientAuth(auth_tokens), max_body_bytes)
     routes = [
         Route("/v1/completions", gateway.completions, methods=["POST"]),
         Route("/v1/chat/completions", gateway.chat_completions, methods=["POST"]),

@@ -8,7 +8,8 @@ Extensions beyond OpenAI's schema (send them with the client's ``extra_body``): 
 ``ignore_eos`` and ``stop_token_ids``, which map to Baton's ``SamplingParams`` fields of the
 same names.
 
-Headers: ``x-baton-priority`` (0-10), ``x-baton-tenant`` (wins over the body's ``user``) and
+Headers: ``x-baton-priority`` (0-10), ``x-baton-tenant`` (wins over the body's ``user``; with client
+auth on, the API key sets the tenant instead, see ``gateway.auth``) and
 ``x-baton-request-id`` (Baton's request id, an idempotency key: a repeat gets 409). A response's
 ``id`` is ``cmpl-`` or ``chatcmpl-`` plus Baton's request id, for GetRequest and Cancel.
 

@@ -19,6 +19,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="127.0.0.1:50051",
         help="Baton scheduler gRPC HOST:PORT to forward to (default 127.0.0.1:50051)",
     )
+    parser.add_argument(
+        "--auth-tokens-file",
+        default="",
+        help="YAML file mapping API keys (bearer tokens) to tenants, as the scheduler's security.auth_tokens_file "
+        '("*" = admin); when set, every route but /health needs "Authorization: Bearer KEY" and the key sets '
+        "the tenant (default: off; the client's key is still forwarded to the scheduler)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        help="largest request body accepted; a larger one gets 413 before it is read (default 8 MiB)",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     parser.add_argument("--tracing", action="store_true", help="emit OpenTelemetry spans and propagate trace context")
     parser.add_argument(
@@ -31,14 +44,29 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from common.gc_heap import freeze_startup_heap
+    from common.security import load_tokens
     from common.service import setup_logging
     from common.tracing import setup_tracing
-    from gateway.app import create_app
+    from gateway.app import DEFAULT_MAX_BODY_BYTES, create_app
 
     setup_logging(args.log_level)
     tracing = setup_tracing("baton-gateway", args.tracing, args.otlp_endpoint)
-    log.info("gateway on %s:%d forwarding to %s", args.host, args.port, args.target)
-    app = create_app(args.target, tracing)
+    tokens = load_tokens(args.auth_tokens_file)
+    if args.auth_tokens_file and not tokens:  # an empty file must not quietly serve everyone
+        log.error("%s holds no tokens; refusing to start with client auth off", args.auth_tokens_file)
+        return 2
+    log.info(
+        "gateway on %s:%d forwarding to %s, client auth %s",
+        args.host,
+        args.port,
+        args.target,
+        f"on ({len(tokens)} keys)" if tokens else "off",
+    )
+    max_body = DEFAULT_MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes
+    if max_body < 1:
+        log.error("--max-body-bytes must be >= 1")
+        return 2
+    app = create_app(args.target, tracing, tokens, max_body)
     freeze_startup_heap()
     uvicorn.run(
         app,

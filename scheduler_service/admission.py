@@ -24,7 +24,8 @@ from scheduler_service.fair_share import QueuedRequest, fair_order
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import Candidate, blocks_for, place, unplaceable
 from scheduler_service.preemption import choose_victims
-from scheduler_service.request_store import RequestStore
+from scheduler_service.queue_view import MalformedRecord
+from scheduler_service.request_store import MALFORMED_FIELDS, RequestStore
 from scheduler_service.requests import TokenEvent
 from scheduler_service.scoring import RequestScorer
 
@@ -175,11 +176,30 @@ class Admission:
         details = dict(zip(ids, await self.store.queued_details(ids), strict=True))
         heads: dict[str, list[QueuedRequest]] = {}
         for tenant, rows in heads_raw.items():
-            heads[tenant] = [_queued(rid, tenant, score, d) for rid, score in rows if (d := details[rid]) is not None]
+            heads[tenant] = []
+            for rid, score in rows:
+                queued = await self._parsed(rid, tenant, score, details[rid])
+                if queued is not None:
+                    heads[tenant].append(queued)
         caps = self.config.scheduler.request_level.tenant_max_running
         running = await self.store.tenant_running() if caps else {}
         credit = self.config.scheduler.request_level.fairness_priority_credit_tokens
         return fair_order(heads, counters, limit, running, caps, credit)
+
+    async def _parsed(
+        self, request_id: str, tenant: str, score: float, details: dict[str, str] | MalformedRecord | None
+    ) -> QueuedRequest | None:
+        """The queued request, or None: gone meanwhile, or malformed (then it ends FAILED here, so
+        one bad record never stops a planning pass)."""
+        if details is None:
+            return None
+        try:
+            if isinstance(details, MalformedRecord):
+                raise ValueError(details.reason)
+            return _queued(request_id, tenant, score, details)
+        except MALFORMED_FIELDS as e:
+            await self.store.quarantine(request_id, f"its record in Redis is malformed ({e})", tenant=tenant)
+            return None
 
     async def _with_promise(self, ordered: list[QueuedRequest]) -> list[QueuedRequest]:
         """``ordered`` with the promised request first, while it is still queued."""
@@ -187,7 +207,7 @@ class Admission:
         if promised is None:
             return ordered
         (details,) = await self.store.queued_details([promised.request_id])
-        if details is None or await self.store.queue_position(promised.request_id) is None:
+        if not isinstance(details, dict) or await self.store.queue_position(promised.request_id) is None:
             self._promised = None  # placed elsewhere, cancelled or finished meanwhile
             return ordered
         return [promised, *(r for r in ordered if r.request_id != promised.request_id)]

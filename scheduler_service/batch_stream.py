@@ -10,6 +10,11 @@ Each request runs exactly as under ``Generate``: it is submitted, then followed 
 into one outbox, and the stream sends the whole outbox whenever it is free to send, so a client
 that reads slowly gets larger messages, not a longer queue of small ones. A request that is
 refused or fails gets an error event of its own; the others go on.
+
+Both ends are bounded (``request_level.max_batch_stream_requests`` and
+``batch_stream_outbox_events``): a request beyond the cap of unfinished ones is refused with
+RESOURCE_EXHAUSTED before anything is queued, and a full outbox holds the followers back (their
+tokens wait in Redis) until the client reads.
 """
 
 from __future__ import annotations
@@ -41,7 +46,11 @@ class BatchStream:
         self._abandon = abandon  # called with a request this stream leaves unfinished
         self._outbox: list[pb.BatchEvent] = []
         self._news = asyncio.Event()
+        self._room = asyncio.Event()  # set when the outbox has been sent
         self._followers: set[asyncio.Task[None]] = set()
+        limits = frontend.config.scheduler.request_level
+        self._max_requests = limits.max_batch_stream_requests
+        self._max_outbox = limits.batch_stream_outbox_events
 
     async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[pb.GenerateBatchResponse]:
         """The stream's messages, until the client has half-closed and every request is over."""
@@ -52,6 +61,7 @@ class BatchStream:
                 self._news.clear()
                 if self._outbox:
                     events, self._outbox = self._outbox, []
+                    self._room.set()
                     yield pb.GenerateBatchResponse(events=events)
                 if reader.done() and not self._followers and not self._outbox:
                     reader.result()  # a failed read of the client's stream fails the call
@@ -66,8 +76,18 @@ class BatchStream:
         try:
             position = 0
             async for msg in requests:
-                task = asyncio.create_task(self._follow(position, msg))
-                self._followers.add(task)
+                if len(self._followers) >= self._max_requests:
+                    message = f"this stream already has {self._max_requests} unfinished requests; wait for one to end"
+                    await self._post(
+                        pb.BatchEvent(
+                            position=position,
+                            error_code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                            error_message=message,
+                        )
+                    )
+                else:
+                    task = asyncio.create_task(self._follow(position, msg))
+                    self._followers.add(task)
                 position += 1
         finally:
             self._news.set()
@@ -79,20 +99,24 @@ class BatchStream:
             request_id = (await self._frontend.submit(msg)).request_id
             async for event in self._frontend.events(request_id):
                 finished = event.finish_reason is not FinishReason.NONE
-                self._post(pb.BatchEvent(position=position, response=self._response_of(request_id, event)))
+                await self._post(pb.BatchEvent(position=position, response=self._response_of(request_id, event)))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # this request's failure, told to the client; the others go on
             code, message = status_for(exc)
             if code is grpc.StatusCode.INTERNAL:
                 log.exception("request at position %d of a batch stream failed", position, exc_info=exc)
-            self._post(pb.BatchEvent(position=position, error_code=code.value[0], error_message=message))
+            await self._post(pb.BatchEvent(position=position, error_code=code.value[0], error_message=message))
         finally:
             if request_id and not finished:
                 self._abandon(request_id)
             self._followers.discard(asyncio.current_task())  # type: ignore[arg-type]
             self._news.set()
 
-    def _post(self, event: pb.BatchEvent) -> None:
+    async def _post(self, event: pb.BatchEvent) -> None:
+        """Add ``event`` to the outbox, first waiting while it is full (a slow reader)."""
+        while len(self._outbox) >= self._max_outbox:  # every waiter wakes at once: check again
+            self._room.clear()
+            await self._room.wait()
         self._outbox.append(event)
         self._news.set()

@@ -44,6 +44,7 @@ class Dispatcher:
         self.replica_id = replica_id or f"sched-{uuid.uuid4().hex[:8]}"
         self.links: dict[str, ExecutorLink] = {}
         self.metrics = metrics or SchedulerMetrics()
+        store.on_quarantine = self.metrics.malformed.inc
         self._classes_refreshed = 0.0
         # Loops also check this flag: a cancel swallowed inside a client library must not leave
         # a zombie replica renewing leases after stop().

@@ -22,7 +22,7 @@ from common.config import SchedulerConfig, SecurityConfig
 from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
 from common.redis_client import with_redis_retry
-from common.security import channel_credentials
+from common.security import channel_credentials, fleet_metadata
 from scheduler_service.link_state import (
     CHANNEL_OPTIONS,
     LinkedRequest,
@@ -81,6 +81,7 @@ class ExecutorLink:
         self._acked_seq = 0  # newest plan the executor reported applied
         self._redis_retry_s = redis_retry_s
         self._security = security or SecurityConfig()
+        self._metadata: tuple[tuple[str, str], ...] = ()  # sent on each call to the executor; see connect()
         self._metrics = metrics or SchedulerMetrics()
         self._report_writes = ReportWrites(executor_id, self.requests, self._metrics)
         self._batcher = StreamBatcher(stream_interval or StreamInterval())
@@ -90,13 +91,15 @@ class ExecutorLink:
 
     # ---- lifecycle ---------------------------------------------------------------------
     async def connect(self, timeout: float = 5.0) -> None:
+        # Executors refuse every call without the fleet's secret (when the fleet has one).
+        self._metadata = fleet_metadata(self._security)
         credentials = channel_credentials(self._security)
         if credentials is None:
             self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         else:
             self._channel = grpc.aio.secure_channel(self.address, credentials, options=CHANNEL_OPTIONS)
         stub = executor_pb2_grpc.ExecutorStub(self._channel)
-        self.info = await stub.Info(pb.InfoRequest(), timeout=timeout)
+        self.info = await stub.Info(pb.InfoRequest(), timeout=timeout, metadata=self._metadata)
 
     def fence(self, stale: Iterable[str]) -> None:
         """Have the executor drop ``stale`` (what an earlier stream left there) before anything else.
@@ -116,7 +119,7 @@ class ExecutorLink:
         if self._channel is None or not self._fenced:
             raise RuntimeError("connect() and fence() first")
         stub = executor_pb2_grpc.ExecutorStub(self._channel)
-        call = stub.Run(self._plans())
+        call = stub.Run(self._plans(), metadata=self._metadata)
         inbox: asyncio.Queue[pb.StepReport | BaseException | None] = asyncio.Queue()
         reader = asyncio.create_task(read_reports(call, inbox), name=f"reports-{self.executor_id}")
         try:

@@ -67,12 +67,17 @@ class FleetSignals:
                 pipe.hmget(self._keys.request(request_id), "priority", "arrival_ms")
             for executor_id in alive:
                 pipe.hget(self._keys.executor(executor_id), "load")
-            rows = await pipe.execute() if ids or alive else []
+            # A malformed record must not blind the fleet's gauges: admission ends it, this skips it.
+            rows = await pipe.execute(raise_on_error=False) if ids or alive else []
         oldest: dict[str, float] = {}
-        for priority, arrival in rows[: len(ids)]:
-            if priority is None or arrival is None:
-                continue  # ended between the two reads
-            age = max(0.0, (now - float(arrival)) / 1000)
+        for row in rows[: len(ids)]:
+            if isinstance(row, Exception) or row[0] is None or row[1] is None:
+                continue  # ended between the two reads, or malformed
+            priority, arrival = row
+            try:
+                age = max(0.0, (now - float(arrival)) / 1000)
+            except ValueError:
+                continue
             oldest[priority] = max(age, oldest.get(priority, 0.0))
         used = total = running = 0
         for raw in rows[len(ids) :]:

@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
+from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT
 
 from common.config import BatonConfig
-from common.errors import NotFound, Overloaded, PermissionDenied
+from common.errors import DataLoss, InvalidRequest, NotFound, Overloaded, PermissionDenied
 from common.lifecycle import FinishReason, RequestState
 from common.pb import generate_pb2 as pb
 from common.redis_client import with_redis_retry
@@ -63,6 +64,9 @@ class Frontend:
         store.listener = self._mux
 
     async def tokenize(self, text: str) -> list[int]:
+        limit = self.config.scheduler.request_level.max_prompt_chars
+        if len(text) > limit:  # the same limit as a prompt's, before any tokenising
+            raise InvalidRequest(f"text has {len(text)} characters; at most {limit}")
         tokenizer, _ = await self.tokenizers.get()
         encode = tokenizer.encode  # type: ignore[attr-defined]
         if len(text) > _LONG_PROMPT_CHARS:  # keep the event loop responsive for huge prompts
@@ -116,7 +120,13 @@ class Frontend:
         last_id = "0"
         what = f"reading {request_id}"
         while True:
-            batch = await self._retrying(functools.partial(self._read_events, request_id, last_id), what)
+            try:
+                batch = await self._retrying(functools.partial(self._read_events, request_id, last_id), what)
+            except ResponseError:
+                if not await self.store.stream_is_malformed(request_id):
+                    raise
+                await self._end_malformed(request_id)
+                continue  # the stream now holds the request's final event
             if not batch and await self._retrying(functools.partial(self.store.get, request_id), what) is None:
                 raise NotFound(f"request {request_id} does not exist or has expired")
             for entry_id, event in batch:
@@ -141,6 +151,17 @@ class Frontend:
                     yield event
                 if event.finish_reason is not FinishReason.NONE:
                     return
+
+    async def _end_malformed(self, request_id: str) -> None:
+        """The request's output stream holds another type: end the request FAILED (its stream is
+        replaced by one with the final event), or, if it had already ended, say the output is lost."""
+        try:
+            record = await self.store.get(request_id)
+            executor_id = record.get("executor", "") if record else ""
+        except ResponseError:  # the record is malformed too
+            executor_id = ""
+        if not await self.store.quarantine(request_id, "its output stream in Redis is malformed", executor_id):
+            raise DataLoss(f"the output stream of request {request_id} is malformed in Redis")
 
     async def _repair_gap(self, request_id: str, start: int, end: int) -> TokenEvent | None:
         """Tokens recorded but never published (their writer died between the two steps).
@@ -205,12 +226,17 @@ class Frontend:
             request_id=request_id,
             state=state,
             executor_id=record.get("executor", ""),
-            tokens_generated=int(record.get("tokens_generated", 0)),
+            tokens_generated=_count(record.get("tokens_generated")),
             queue_position=position,
             finish_reason=FinishReason[reason] if reason else FinishReason.NONE,
-            prompt_tokens=int(record.get("prompt_len", 0)),
+            prompt_tokens=_count(record.get("prompt_len")),
             error=record.get("error", ""),
         )
 
     async def alive_executors(self) -> int:
         return len(self.dispatcher.links) or int(await self.store.redis.zcard(self.store.keys.executors))
+
+
+def _count(raw: str | None) -> int:
+    """A count field of a record; 0 when absent or, in a malformed record, not a number."""
+    return int(raw) if raw and raw.isdigit() else 0

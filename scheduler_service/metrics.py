@@ -75,6 +75,11 @@ class SchedulerMetrics:
         )
         self.fleet_executors = Gauge("baton:fleet_executors", "Live executors (by heartbeat)", registry=r)
         self.aborted = Counter("baton:requests_aborted", "Requests aborted for their client", ["reason"], registry=r)
+        self.malformed = Counter(
+            "baton:requests_malformed",
+            "Requests ended FAILED because their Redis state could not be read (RequestStore.quarantine)",
+            registry=r,
+        )
         self.ttft = Histogram(
             "baton:time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r
         )

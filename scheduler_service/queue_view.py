@@ -4,11 +4,19 @@ here (those are the Lua scripts in ``RequestStore``); every read is O(log n + wh
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import redis.asyncio as aioredis
 
 from common.keys import KeySchema
+
+
+@dataclass(frozen=True)
+class MalformedRecord:
+    """A queued request whose keys Redis could not read as the schema says (admission ends it)."""
+
+    reason: str
 
 
 class QueueReads:
@@ -37,16 +45,19 @@ class QueueReads:
             rows = await pipe.execute()
         return {t: [(str(m), float(sc)) for m, sc in row] for t, row in zip(tenants, rows, strict=True)}
 
-    async def queued_details(self, request_ids: Sequence[str]) -> list[dict[str, str] | None]:
+    async def queued_details(self, request_ids: Sequence[str]) -> list[dict[str, str] | MalformedRecord | None]:
         """What admission needs of each queued request; None for one that is gone."""
         fields = ("prompt_len", "priority", "est_out", "fair_cost", "arrival_ms", "tenant")
         async with self.redis.pipeline(transaction=False) as pipe:
             for rid in request_ids:
                 pipe.hmget(self.keys.request(rid), *fields)
                 pipe.llen(self.keys.tokens(rid))
-            raw = await pipe.execute()
-        out: list[dict[str, str] | None] = []
+            raw = await pipe.execute(raise_on_error=False)  # one bad record must not hide the rest
+        out: list[dict[str, str] | MalformedRecord | None] = []
         for values, generated in zip(raw[::2], raw[1::2], strict=True):
+            if isinstance(values, Exception) or isinstance(generated, Exception):
+                out.append(MalformedRecord(str(values if isinstance(values, Exception) else generated)))
+                continue
             if values[0] is None:
                 out.append(None)
                 continue
@@ -67,8 +78,8 @@ class QueueReads:
             for rid in request_ids:
                 pipe.hget(self.keys.request(rid), "prompt_len")
                 pipe.llen(self.keys.tokens(rid))
-            raw = await pipe.execute()
-        return [None if p is None else int(p) + int(n) for p, n in zip(raw[::2], raw[1::2], strict=True)]
+            raw = await pipe.execute(raise_on_error=False)
+        return [_length(p, n) for p, n in zip(raw[::2], raw[1::2], strict=True)]
 
     async def queue_position(self, request_id: str) -> int | None:
         return cast(int | None, await self.redis.zrank(self.keys.pending, request_id))
@@ -82,9 +93,22 @@ class QueueReads:
         async with self.redis.pipeline(transaction=False) as pipe:
             for rid in ids:
                 pipe.hmget(self.keys.request(rid), "priority", "tenant")
-            rows = await pipe.execute()
+            rows = await pipe.execute(raise_on_error=False)
         counts: dict[tuple[str, str], int] = {}
-        for priority, tenant in rows:
+        for row in rows:
+            if isinstance(row, Exception):
+                continue  # malformed: admission ends it
+            priority, tenant = row
             if priority is not None:
                 counts[(priority, tenant or "")] = counts.get((priority, tenant or ""), 0) + 1
         return counts
+
+
+def _length(prompt_len: object, generated: object) -> int | None:
+    """A request's prompt plus output length; None when it is gone or malformed."""
+    if not isinstance(prompt_len, str) or not isinstance(generated, int):
+        return None
+    try:
+        return int(prompt_len) + generated
+    except ValueError:
+        return None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -18,6 +20,12 @@ from scheduler_service.queue_view import QueueReads
 from scheduler_service.requests import ClaimedRequest, NewRequest, RequestParams, TokenEvent, parse_ids
 from scheduler_service.script_batcher import ScriptBatcher
 from scheduler_service.step_publishing import StepPublishing, StreamListener, now_ms
+
+log = logging.getLogger(__name__)
+
+# What reading a malformed request's fields raises: a missing field, text where a number belongs,
+# broken JSON, a params object with unknown keys.
+MALFORMED_FIELDS = (KeyError, ValueError, TypeError, IndexError, json.JSONDecodeError)
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,9 @@ class RequestStore(QueueReads, StepPublishing):
         self._record_step = ScriptBatcher(redis, redis.register_script(scripts.RECORD_STEP))
         self._requeue = redis.register_script(scripts.REQUEUE)
         self._cancel = redis.register_script(scripts.CANCEL)
+        self._quarantine = redis.register_script(scripts.QUARANTINE)
         self.listener: StreamListener | None = None  # told of this process's own stream writes
+        self.on_quarantine: Callable[[], None] = lambda: None  # counts malformed requests (a metric)
         self._cluster = is_cluster(redis)
 
     async def enqueue(
@@ -124,8 +134,18 @@ class RequestStore(QueueReads, StepPublishing):
                 ]
                 args: list[EncodableT] = [request_id, executor_id, now_ms(), owner, self.keys.tenant_queue_prefix]
                 await self._claim(keys=keys, args=args, client=pipe)
-            rows = await pipe.execute()
-        return [_claimed(request_id, row) for (request_id, _, _), row in zip(claims, rows, strict=True)]
+            rows = await pipe.execute(raise_on_error=False)
+        out: list[ClaimedRequest | None] = []
+        for (request_id, executor_id, _), row in zip(claims, rows, strict=True):
+            claimed = None
+            try:
+                if isinstance(row, Exception) or row == scripts.MALFORMED:
+                    raise ValueError(f"its claim failed: {row}")
+                claimed = _claimed(request_id, row)
+            except MALFORMED_FIELDS as e:
+                await self.quarantine(request_id, f"its record in Redis is malformed ({e})", executor_id)
+            out.append(claimed)
+        return out
 
     async def append_tokens(
         self, pipe: aioredis.client.Pipeline, request_id: str, owner: str, event: TokenEvent
@@ -178,15 +198,20 @@ class RequestStore(QueueReads, StepPublishing):
         async with self.redis.pipeline(transaction=False) as pipe:
             await self.finish(pipe, request_id, executor_id, event.finish_reason, error)
             (result,) = await pipe.execute()
+        if int(result) == scripts.MALFORMED:
+            return await self.quarantine(request_id, "its record in Redis is malformed", executor_id)
         if int(result) != 1:
             return False
+        await self._publish_final(request_id, event)
+        return True
+
+    async def _publish_final(self, request_id: str, event: TokenEvent) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
             fields = event.to_fields()
             self._add_entry(pipe, request_id, event, fields)
             entry_id, _ = await pipe.execute()
         if self.listener is not None:
             self.listener.published(self.keys.output(request_id), str(entry_id), fields, final=True)
-        return True
 
     async def requeue(self, request_id: str, executor_id: str, kind: str = "preempt", owner: str | None = None) -> int:
         """Back to QUEUED with its tokens kept; see scripts.REQUEUE for the result codes."""
@@ -198,6 +223,7 @@ class RequestStore(QueueReads, StepPublishing):
             self.keys.tenant_counters,
             self.keys.tenant_vclock,
             self.keys.tenant_running,
+            self.keys.tokens(request_id),
         ]
         holder = executor_id if owner is None else owner
         args: list[EncodableT] = [
@@ -222,6 +248,9 @@ class RequestStore(QueueReads, StepPublishing):
         if self.listener is not None:  # first, so a Redis error below cannot leave it unfollowed
             self.listener.released(self.keys.output(request_id))
         result = await self.requeue(request_id, executor_id, kind, owner)
+        if result == scripts.MALFORMED:
+            await self.quarantine(request_id, "its record in Redis is malformed", executor_id)
+            return
         if result not in (2, 3):
             return
         tokens = int(await self.redis.llen(self.keys.tokens(request_id)))
@@ -242,7 +271,40 @@ class RequestStore(QueueReads, StepPublishing):
         state, executor_id, tokens, ended = await self._cancel(keys=keys, args=args)
         if state == "MISSING":
             return CancelOutcome(None, "", 0, False)
+        if state == "MALFORMED":
+            ended_here = await self.quarantine(request_id, "its record in Redis is malformed")
+            return CancelOutcome(RequestState.FAILED, "", 0, ended_here)
         return CancelOutcome(RequestState[state], executor_id, int(tokens), ended == "1")
+
+    async def quarantine(self, request_id: str, error: str, executor_id: str = "", tenant: str = "") -> bool:
+        """End a request whose Redis state cannot be read or moved: FAILED with ``error``, out of
+        every queue, its stream closed with an error event (a stream key of another type is
+        replaced). The rest of the fleet's work goes on untouched. Returns whether it ended here.
+
+        ``executor_id`` and ``tenant`` say where it may sit when its record is unreadable."""
+        keys = [
+            self.keys.request(request_id),
+            self.keys.tokens(request_id),
+            self.keys.pending,
+            self.keys.tenants_waiting,
+            self.keys.tenant_running,
+        ]
+        if executor_id:
+            keys.append(self.keys.running(executor_id))
+        args: list[EncodableT] = [request_id, tenant, self.keys.tenant_queue_prefix, now_ms(), self.ttl_s, error]
+        if int(await self._quarantine(keys=keys, args=args)) != 1:
+            return False  # it had ended: a malformed stream of it stays, and its readers say so
+        log.error("request %s failed: %s", request_id, error)
+        self.on_quarantine()
+        if await self.stream_is_malformed(request_id):
+            await self.redis.delete(self.keys.output(request_id))
+        tokens = int(await self.redis.llen(self.keys.tokens(request_id)))
+        await self._publish_final(request_id, TokenEvent(tokens, (), "", FinishReason.ERROR, {}))
+        return True
+
+    async def stream_is_malformed(self, request_id: str) -> bool:
+        """Whether the request's output stream key holds another type than a stream."""
+        return await self.redis.type(self.keys.output(request_id)) not in ("stream", "none")
 
     async def get(self, request_id: str) -> dict[str, str] | None:
         record = cast(dict[str, str], await self.redis.hgetall(self.keys.request(request_id)))

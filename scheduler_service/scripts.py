@@ -31,6 +31,19 @@ local function leave_tenant(tq, waiting, tenant, id)
 end
 """
 
+# A request whose record or token list holds another type than the schema says (a hand edit, a
+# bug, a half-restored backup) cannot be moved by these scripts: a Redis command on it would fail
+# the whole script, and with it every other request the call covers (a step's, a round's). The
+# scripts report such a request as MALFORMED (-9) and leave it alone; QUARANTINE then ends it.
+_GUARD_LIB = """
+local function malformed(req, toks)
+  local r = redis.call('TYPE', req).ok
+  local t = redis.call('TYPE', toks).ok
+  return (r ~= 'hash' and r ~= 'none') or (t ~= 'list' and t ~= 'none')
+end
+"""
+MALFORMED = -9
+
 # KEYS: req, pending, waiting, counters, vclock. ARGV: shed_limit, score, id, tenant_queue_prefix,
 # tenant, field, value, ... The whole queue is refused at the request's shed limit (lower for
 # lower priorities), so room stays for important work and nothing accepted is ever dropped.
@@ -51,9 +64,12 @@ return 1
 # The owner names this one assignment (executor and the link driving it): every later write
 # must present it, so a stale driver of the same executor is fenced off. The tenant's counter is
 # charged the request's expected cost once (a re-queued request is not charged again).
+# Returns the request's fields, false if it is no longer queued, or MALFORMED.
 CLAIM = (
     _TENANT_LIB
+    + _GUARD_LIB
     + """
+if malformed(KEYS[2], KEYS[4]) then return -9 end
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return false end
 local t = redis.call('HGET', KEYS[2], 'tenant') or 'default'
 leave_tenant(ARGV[5] .. t, KEYS[5], t, ARGV[1])
@@ -162,21 +178,26 @@ local function finish(k, id, owner, state, reason, now, ttl, err_msg, prefix, al
 end
 """
 
-# KEYS: req, tokens. ARGV: owner, index, now_ms, id... See append_tokens.
+# KEYS: req, tokens. ARGV: owner, index, now_ms, id... See append_tokens; MALFORMED for a
+# malformed request.
 APPEND_TOKENS = (
-    _APPEND_LIB
+    _GUARD_LIB
+    + _APPEND_LIB
     + """
+if malformed(KEYS[1], KEYS[2]) then return -9 end
 return append_tokens(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV, 4, #ARGV)
 """
 )
 
 # KEYS: req, running, tokens, pending, waiting, counters, tenant_running, estimator. ARGV: id,
 # owner ('' = any), state, finish_reason, now_ms, ttl_s, error, tenant_queue_prefix,
-# estimator_alpha. See finish.
+# estimator_alpha. See finish; MALFORMED for a malformed request.
 FINISH = (
     _TENANT_LIB
+    + _GUARD_LIB
     + _FINISH_LIB
     + """
+if malformed(KEYS[1], KEYS[3]) then return -9 end
 return finish(KEYS, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
 """
 )
@@ -189,11 +210,13 @@ return finish(KEYS, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7
 # index, n, n token ids, state ('' = not finishing), finish_reason, error, and when publishing
 # m then m stream field/value strings. Returns {append_i, finish_i, entry_i, ...}: each result as
 # its own script's (0 where a request had no tokens or did not finish), and the stream entry id
-# of an accepted event when publishing ('' otherwise).
+# of an accepted event when publishing ('' otherwise). A malformed request (its stream too, when
+# publishing) gets MALFORMED for both results and is not touched; the others are recorded as usual.
 # Publishing in the script saves the second round trip, but only a single Redis can do it: on a
 # cluster the streams live in other slots (outside the hash tag) and the caller XADDs afterwards.
 RECORD_STEP = (
     _TENANT_LIB
+    + _GUARD_LIB
     + _APPEND_LIB
     + _FINISH_LIB
     + """
@@ -206,12 +229,23 @@ for w = 1, (#KEYS - 6) / stride do
   local base = 6 + stride * (w - 1)
   local req, toks = KEYS[base + 1], KEYS[base + 2]
   local id, index, n = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local bad = malformed(req, toks)
+  if publish and not bad then
+    local s = redis.call('TYPE', KEYS[base + 3]).ok
+    bad = s ~= 'stream' and s ~= 'none'
+  end
   local appended = 0
-  if n > 0 then appended = append_tokens(req, toks, ARGV[1], index, ARGV[3], ARGV, a + 3, a + 2 + n) end
+  if bad then
+    appended = -9
+  elseif n > 0 then
+    appended = append_tokens(req, toks, ARGV[1], index, ARGV[3], ARGV, a + 3, a + 2 + n)
+  end
   a = a + 3 + n
   local finished = 0
   local final = ARGV[a] ~= ''
-  if final then
+  if bad then
+    finished = -9
+  elseif final then
     k[1], k[3] = req, toks
     finished = finish(k, id, ARGV[2], ARGV[a], ARGV[a + 1], ARGV[3], ARGV[4], ARGV[a + 2], ARGV[5], ARGV[6])
   end
@@ -219,7 +253,7 @@ for w = 1, (#KEYS - 6) / stride do
   local entry = ''
   if publish then
     local m = tonumber(ARGV[a])
-    local ok = (n == 0 or appended > 0) and (not final or finished == 1 or finished == 2)
+    local ok = not bad and (n == 0 or appended > 0) and (not final or finished == 1 or finished == 2)
     if ok then
       entry = redis.call('XADD', KEYS[base + 3], '*', unpack(ARGV, a + 1, a + m))
       if final then redis.call('EXPIRE', KEYS[base + 3], ARGV[4]) end
@@ -235,14 +269,16 @@ return out
 )
 
 # ASSIGNED/RUNNING -> QUEUED, keeping the tokens. KEYS: req, running, pending, waiting, counters,
-# vclock, tenant_running. ARGV: id, owner ('' = any), now_ms, kind ('preempt', 'migrate', or
-# 'unclaim' for a claim that no executor was ever told of, which counts as neither),
+# vclock, tenant_running, tokens. ARGV: id, owner ('' = any), now_ms, kind ('preempt', 'migrate',
+# or 'unclaim' for a claim that no executor was ever told of, which counts as neither),
 # max_migrations, tenant_queue_prefix.
 # Returns 1 re-queued, 2 a cancel was pending, 3 past the migration limit (the caller ends
-# either), 0 not active, -1 owned by another executor.
+# either), 0 not active, -1 owned by another executor, MALFORMED.
 REQUEUE = (
     _TENANT_LIB
+    + _GUARD_LIB
     + """
+if malformed(KEYS[1], KEYS[8]) then return -9 end
 local st = redis.call('HMGET', KEYS[1], 'state', 'owner', 'score', 'cancel', 'tenant')
 if st[1] ~= 'ASSIGNED' and st[1] ~= 'RUNNING' then redis.call('SREM', KEYS[2], ARGV[1]) return 0 end
 if ARGV[2] ~= '' and st[2] ~= ARGV[2] then return -1 end
@@ -265,10 +301,13 @@ return 1
 
 # Cancel. KEYS: req, pending, tokens, waiting. ARGV: id, now_ms, ttl_s, tenant_queue_prefix.
 # Returns {state, executor, token count, '1' if this call ended it}: QUEUED requests end here;
-# running ones get a cancel flag and their executor's replica aborts them.
+# running ones get a cancel flag and their executor's replica aborts them; {'MALFORMED', ...}
+# for a malformed request.
 CANCEL = (
     _TENANT_LIB
+    + _GUARD_LIB
     + """
+if malformed(KEYS[1], KEYS[3]) then return {'MALFORMED', '', 0, '0'} end
 local st = redis.call('HMGET', KEYS[1], 'state', 'executor', 'tenant')
 if not st[1] then return {'MISSING', '', 0, '0'} end
 local n = redis.call('LLEN', KEYS[3])
@@ -285,5 +324,42 @@ if st[1] == 'ASSIGNED' or st[1] == 'RUNNING' then
   return {st[1], st[2], n, '0'}
 end
 return {st[1], '', n, '0'}
+"""
+)
+
+# Any request -> FAILED, whatever its keys hold: the way out for a MALFORMED one. A record or
+# token list of the wrong type is deleted, the request leaves the queues (its tenant's too, named
+# by the record or, when that is unreadable, by the caller) and its executor's running set, and a
+# fresh record says FAILED with the error, under the usual TTL. KEYS: req, tokens, pending,
+# waiting, tenant_running, and the executor's running set when the caller knows it. ARGV: id,
+# tenant ('' = unknown), tenant_queue_prefix, now_ms, ttl_s, error. Returns 1 ended here, 0 it
+# had already ended with well-formed keys.
+QUARANTINE = (
+    _TENANT_LIB
+    + """
+local id, tenant = ARGV[1], ARGV[2]
+local state = ''
+if redis.call('TYPE', KEYS[1]).ok == 'hash' then
+  local st = redis.call('HMGET', KEYS[1], 'state', 'tenant', 'executor')
+  state = st[1] or ''
+  if st[2] then tenant = st[2] elseif tenant == '' then tenant = 'default' end
+  local ended = state == 'FINISHED' or state == 'CANCELLED' or state == 'FAILED'
+  local t = redis.call('TYPE', KEYS[2]).ok
+  if ended and (t == 'list' or t == 'none') then return 0 end
+else
+  redis.call('DEL', KEYS[1])
+end
+local t = redis.call('TYPE', KEYS[2]).ok
+if t ~= 'list' and t ~= 'none' then redis.call('DEL', KEYS[2]) end
+redis.call('ZREM', KEYS[3], id)
+if tenant ~= '' and redis.call('TYPE', ARGV[3] .. tenant).ok == 'zset' then
+  leave_tenant(ARGV[3] .. tenant, KEYS[4], tenant, id)
+end
+if state == 'ASSIGNED' or state == 'RUNNING' then redis.call('HINCRBY', KEYS[5], tenant, -1) end
+if KEYS[6] then redis.call('SREM', KEYS[6], id) end
+redis.call('HSET', KEYS[1], 'state', 'FAILED', 'finish_reason', 'ERROR', 'finished_ms', ARGV[4], 'error', ARGV[6])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+return 1
 """
 )

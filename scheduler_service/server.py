@@ -20,8 +20,8 @@ from common.keys import KeySchema
 from common.metrics import serve_metrics
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
-from common.redis_client import connect
-from common.security import load_tokens
+from common.redis_client import check_deployment, connect
+from common.security import fleet_secret, load_tokens
 from common.tracing import setup_tracing
 from scheduler_service.dispatcher import Dispatcher
 from scheduler_service.fleet_signals import FleetSignals
@@ -64,6 +64,7 @@ async def start_scheduler(
 ) -> RunningScheduler:
     dist = config.distributed
     redis = connect(dist.redis_url)
+    await check_deployment(redis, dist.redis_url)
     keys = KeySchema(dist.key_prefix)
     store = RequestStore(redis, keys, dist.request_ttl_s, dist.max_migrations)
     metrics = SchedulerMetrics()
@@ -72,6 +73,7 @@ async def start_scheduler(
     frontend = Frontend(store, dispatcher, tokenizers, config)
     tracing = setup_tracing("baton-scheduler", config.monitoring.tracing, config.monitoring.otlp_endpoint)
     tokens = load_tokens(config.security.auth_tokens_file)
+    fleet_secret(config.security)  # an unreadable secret file fails start-up, not every executor link
     server = service.make_server(config.scheduler.max_message_bytes, tokens, tracing, CHECKED_STREAMS)
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(frontend), server)
     health_servicer = add_health_and_reflection(server, [SERVICE_NAME])

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT
 
 from common.keys import KeySchema
 from common.lifecycle import FinishReason, terminal_state_for
 from scheduler_service.requests import TokenEvent
 from scheduler_service.script_batcher import ScriptBatcher
+from scheduler_service.scripts import MALFORMED
 
 
 def now_ms() -> int:
@@ -51,6 +53,7 @@ class StepPublishing:
     listener: StreamListener | None
     _cluster: bool
     _record_step: ScriptBatcher
+    quarantine: Callable[..., Awaitable[bool]]  # RequestStore.quarantine
 
     def expect_local(self, request_id: str) -> None:
         """A link in this process took ``request_id`` with an empty stream: only it will write it."""
@@ -99,6 +102,9 @@ class StepPublishing:
                 keys.append(self.keys.output(write.request_id))
                 args += (2 * len(entry), *(item for pair in entry.items() for item in pair))
         results = await self._record_step(keys, args)
+        for i, write in enumerate(writes):
+            if results[3 * i] == MALFORMED:  # refused below; the link aborts it on the executor
+                await self.quarantine(write.request_id, "its record in Redis is malformed", executor_id)
         accepted = []
         for i, write in enumerate(writes):
             # FINISH's 2: a retried finish whose first attempt landed; its final event must still go out.
@@ -109,7 +115,7 @@ class StepPublishing:
         if publish_here:
             entry_ids = [str(results[3 * i + 2]) for i in range(len(writes))]
         else:
-            entry_ids = await self._publish_all(writes, fields, accepted)
+            entry_ids = await self._publish_all(writes, fields, accepted, executor_id)
         if self.listener is not None:
             for write, entry, entry_id in zip(writes, fields, entry_ids, strict=True):
                 if entry_id:
@@ -118,19 +124,27 @@ class StepPublishing:
         return accepted
 
     async def _publish_all(
-        self, writes: Sequence[StepWrite], fields: list[dict[str, str]], accepted: list[bool]
+        self, writes: Sequence[StepWrite], fields: list[dict[str, str]], accepted: list[bool], executor_id: str
     ) -> list[str]:
-        """XADD each accepted event to its stream (a cluster's second round trip); their entry ids."""
+        """XADD each accepted event to its stream (a cluster's second round trip); their entry ids.
+
+        A stream key of another type fails its own XADD only: that request ends FAILED."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for write, entry, ok in zip(writes, fields, accepted, strict=True):
                 if ok:
                     self._add_entry(pipe, write.request_id, write.event, entry)
-            replies = iter(await pipe.execute())
+            replies = iter(await pipe.execute(raise_on_error=False))
         entry_ids = []
         for write, ok in zip(writes, accepted, strict=True):
-            entry_ids.append(str(next(replies)) if ok else "")
+            reply = next(replies) if ok else ""
             if ok and write.event.finish_reason is not FinishReason.NONE:
                 next(replies)  # the EXPIRE's reply
+            if isinstance(reply, ResponseError):
+                await self.quarantine(write.request_id, "its output stream in Redis is malformed", executor_id)
+                reply = ""
+            elif isinstance(reply, Exception):
+                raise reply
+            entry_ids.append(str(reply))
         return entry_ids
 
     def _add_entry(

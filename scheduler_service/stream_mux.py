@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from common.redis_cluster import BatonRedisCluster
 
@@ -226,7 +227,13 @@ class StreamMux:
                 }
                 if not streams:
                     return  # the local ones are handed their entries; a read() starts it again
-                self._deliver(await self._read_all(streams))
+                try:
+                    self._deliver(await self._read_all(streams))
+                except ResponseError as exc:
+                    # One key of another type fails the whole shared XREAD: fail its readers
+                    # alone (their request ends FAILED), and read on for everyone else.
+                    if not await self._fail_malformed(streams, exc):
+                        raise
         except asyncio.CancelledError:
             await self._drop_reader()  # shutting down: give the connection back, closed
             raise
@@ -250,6 +257,19 @@ class StreamMux:
         finally:
             self._in_flight = frozenset()
         return _entries(reply)
+
+    async def _fail_malformed(self, streams: dict[str, str], exc: ResponseError) -> bool:
+        """Hand ``exc`` to the readers of every key in ``streams`` that is not a stream; whether any was."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in streams:
+                pipe.type(key)
+            types = await pipe.execute()
+        bad = [key for key, kind in zip(streams, types, strict=True) if kind not in ("stream", "none")]
+        for key in bad:
+            for waiter in self._waiting.pop(key, []):
+                if not waiter.future.done():
+                    waiter.future.set_exception(exc)
+        return bool(bad)
 
     def _deliver(self, reply: list[tuple[str, list[Entry]]]) -> None:
         for key, entries in reply:

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import math
-import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
 
 from common.config import RequestLevelConfig
 from common.errors import InvalidRequest
+from common.keys import MAX_NAME_CHARS, NAME_ALPHABET, is_safe_name
 from common.pb import generate_pb2 as pb
 from scheduler_service.requests import NewRequest, RequestParams
 from scheduler_service.tokenizer_source import ModelLimits
 
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
-MAX_TENANT_CHARS = 128
 MAX_STREAM_INTERVAL_TOKENS = 1024
 
 
@@ -73,13 +71,14 @@ def validate(
 ) -> NewRequest:
     now = int(time.time() * 1000) if now_ms is None else now_ms
     request_id = msg.request_id or uuid.uuid4().hex
-    if not _REQUEST_ID.fullmatch(request_id):
-        raise InvalidRequest("request_id must be 1-128 characters of letters, digits and ._:@-")
+    # Ids and tenants become parts of Redis keys: their alphabet keeps them from aliasing one.
+    if not is_safe_name(request_id):
+        raise InvalidRequest(f"request_id must be 1-{MAX_NAME_CHARS} characters of {NAME_ALPHABET}")
     priority = msg.priority if msg.HasField("priority") else config.default_priority
     if priority > config.max_priority:
         raise InvalidRequest(f"priority must lie in [0, {config.max_priority}], got {priority}")
-    if len(msg.tenant) > MAX_TENANT_CHARS:
-        raise InvalidRequest(f"tenant must have at most {MAX_TENANT_CHARS} characters")
+    if msg.tenant and not is_safe_name(msg.tenant):
+        raise InvalidRequest(f"tenant must be 1-{MAX_NAME_CHARS} characters of {NAME_ALPHABET}")
     if msg.deadline_ms and msg.deadline_ms <= now:
         raise InvalidRequest(f"deadline_ms {msg.deadline_ms} is in the past (now {now})")
     if msg.prompt:

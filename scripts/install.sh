@@ -12,5 +12,6 @@ if ((${#need_apt[@]})) && command -v apt-get >/dev/null; then
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
-.venv/bin/pip install -q torch==2.13.0
-.venv/bin/pip install -q -e '.[dev]'
+# constraints.txt pins what CI is tested with (see its header for how to upgrade).
+.venv/bin/pip install -q -c constraints.txt torch==2.13.0
+.venv/bin/pip install -q -c constraints.txt -e '.[dev]'

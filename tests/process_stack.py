@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import redis
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -24,6 +29,23 @@ def _healthy(target: str) -> bool:
         except grpc.RpcError:
             return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _redis_args(port: int, data_dir: Path) -> list[str]:
+    return [
+        "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
+        "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+    ]  # fmt: skip
+
+
+def _wait_pong(port: int, timeout: float = 10.0) -> None:
+    """Until Redis answers PONG: a server still replaying its AOF answers LOADING instead."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if subprocess.run(["redis-cli", "-p", str(port), "PING"], capture_output=True).stdout.strip() == b"PONG":
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"redis-server on port {port} did not start")
 
 
 @dataclass
@@ -69,33 +91,33 @@ class ProcessStack:
         return proc
 
     def start_redis(self) -> None:
-        self._spawn(
-            "redis",
-            [
-                "redis-server",
-                "--port",
-                str(self.redis_port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(self.workdir),
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "everysec",
-                "--save",
-                "",
-            ],
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if (
-                subprocess.run(["redis-cli", "-p", str(self.redis_port), "PING"], capture_output=True).stdout.strip()
-                == b"PONG"
-            ):
-                return
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+        """Redis as docker-compose runs it (AOF, fsync every second); again after a stop or a
+        kill, it replays what its data directory holds."""
+        self._spawn("redis", _redis_args(self.redis_port, self.workdir))
+        _wait_pong(self.redis_port)
+
+    @contextmanager
+    def replayed(self) -> Iterator[redis.Redis]:
+        """A client of a throwaway Redis that replayed a copy of the data directory: what the real
+        one will load when restarted, seen before any service can write to it. Redis must be down."""
+        copy = self.workdir / "replayed"
+        shutil.rmtree(copy, ignore_errors=True)
+        copy.mkdir()
+        for name in ("appendonlydir", "appendonly.aof"):
+            if (self.workdir / name).is_dir():
+                shutil.copytree(self.workdir / name, copy / name)
+            elif (self.workdir / name).exists():
+                shutil.copy(self.workdir / name, copy / name)
+        port = free_port()
+        log = open(self.workdir / "replayed.log", "ab")  # noqa: SIM115 - the process owns it
+        proc = subprocess.Popen(_redis_args(port, copy), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_pong(port)
+            with redis.Redis(port=port, decode_responses=True) as client:
+                yield client
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
 
     def start_executor(self, executor_id: str) -> str:
         port = free_port()
@@ -145,3 +167,27 @@ class ProcessStack:
 
     def log(self, name: str) -> str:
         return (self.workdir / f"{name}.log").read_text(errors="replace")
+
+    def replica_id(self, name: str) -> str:
+        """The replica id a started scheduler took: what it writes into the executor leases it holds."""
+        found = re.search(r"scheduler (\S+) listening on port", self.log(name))
+        if found is None:
+            raise RuntimeError(f"{name} logged no replica id: {self.log(name)[-2000:]}")
+        return found.group(1)
+
+    def aof_tail(self) -> tuple[Path, int]:
+        """The AOF file Redis appends to now, and its size: a point to cut it back to after a kill.
+
+        Cutting it there is what an ``appendfsync everysec`` Redis on a crashed host recovers: a
+        prefix of what it acknowledged. Redis 7 appends to the last ``type i`` file of its
+        manifest; older versions to one ``appendonly.aof``.
+        """
+        manifest = self.workdir / "appendonlydir" / "appendonly.aof.manifest"
+        if not manifest.exists():
+            path = self.workdir / "appendonly.aof"
+            return path, path.stat().st_size
+        increments = [line.split()[1] for line in manifest.read_text().splitlines() if line.endswith(" type i")]
+        if not increments:
+            raise RuntimeError(f"no incremental AOF in {manifest}: {manifest.read_text()}")
+        path = manifest.parent / increments[-1]
+        return path, path.stat().st_size

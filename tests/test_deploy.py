@@ -12,11 +12,18 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from common.config import SecurityConfig
+from common.security import fleet_secret
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -24,8 +31,8 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
 LONG_RUNNING = ("redis", "scheduler", "executor", "gateway")
-BATON_SERVICES = ("model", "scheduler", "executor", "gateway")  # built from this repository's image
-ONE_SHOT = ("model",)
+BATON_SERVICES = ("model", "fleet-secret", "scheduler", "executor", "gateway")  # built from this repository's image
+ONE_SHOT = ("model", "fleet-secret")
 
 
 def _env() -> dict[str, str]:
@@ -115,8 +122,8 @@ def test_no_version_key(compose: dict[str, Any]) -> None:
 
 
 def test_expected_services_and_volumes(compose: dict[str, Any], services: dict[str, Any]) -> None:
-    assert set(services) == {"redis", "model", "scheduler", "executor", "gateway"}
-    assert {"redis-data", "models"} <= set(compose["volumes"])
+    assert set(services) == {"redis", "model", "fleet-secret", "scheduler", "executor", "gateway"}
+    assert {"redis-data", "models", "secrets"} <= set(compose["volumes"])
 
 
 def test_only_scheduler_and_gateway_publish_ports(services: dict[str, Any]) -> None:
@@ -161,6 +168,7 @@ def test_depends_on_uses_conditions(services: dict[str, Any]) -> None:
         deps = services[name]["depends_on"]
         assert deps["redis"]["condition"] == "service_healthy"
         assert deps["model"]["condition"] == "service_completed_successfully"
+        assert deps["fleet-secret"]["condition"] == "service_completed_successfully"
     assert services["gateway"]["depends_on"] == {"scheduler": {"condition": "service_healthy"}}
 
 
@@ -212,6 +220,40 @@ def test_model_job_script(
     )
     assert result.returncode == expect_rc, result.stdout + result.stderr
     assert ("GENERATE" in result.stdout) == expect_generate
+
+
+def test_fleet_secret_job(services: dict[str, Any]) -> None:
+    job = services["fleet-secret"]
+    assert job["restart"] == "no"
+    assert "healthcheck" not in job
+    assert job["volumes"] == ["secrets:/secrets"]
+    for name in ("scheduler", "executor"):
+        svc = services[name]
+        assert svc["environment"]["BATON_SECURITY__FLEET_SECRET_FILE"] == "/secrets/fleet-secret"
+        assert "secrets:/secrets:ro" in svc["volumes"]
+    assert "volumes" not in services["gateway"]  # the gateway never calls an executor
+
+
+def test_fleet_secret_job_script_generates_once(services: dict[str, Any], tmp_path: Path) -> None:
+    """First start writes a random secret Baton accepts; later starts keep it."""
+    sh = shutil.which("sh")
+    if sh is None:
+        pytest.skip("no sh")
+    command = services["fleet-secret"]["command"]
+    script = command[0] if isinstance(command, list) else command
+    script = script.replace("$$", "$").replace("/secrets/", f"{tmp_path}/").replace("python ", f"{sys.executable} ")
+
+    def run() -> str:
+        result = subprocess.run([sh, "-c", script], env=_env(), capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return (tmp_path / "fleet-secret").read_text()
+
+    first = run()
+    assert re.fullmatch(r"[0-9a-f]{64}\n", first)
+    assert (tmp_path / "fleet-secret").stat().st_mode & 0o077 == 0  # readable by its owner only
+    assert run() == first
+    assert not (tmp_path / "fleet-secret.tmp").exists()
+    assert fleet_secret(SecurityConfig(fleet_secret_file=str(tmp_path / "fleet-secret"))) == first.strip()
 
 
 def test_baton_services_share_one_image(services: dict[str, Any]) -> None:
@@ -293,8 +335,10 @@ def test_dockerfile_basics() -> None:
 def test_dockerfile_installs_like_ci() -> None:
     runs = _run_lines_with_args_resolved()
     torch_idx = next(i for i, run in enumerate(runs) if "pip install torch==2.13.0" in run)
-    project_idx = next(i for i, run in enumerate(runs) if re.search(r"pip install \.(\s|$)", run))
+    project_idx = next(i for i, run in enumerate(runs) if re.search(r"pip install -c constraints\.txt \.(\s|$)", run))
     assert torch_idx < project_idx
+    # The pinned versions CI tests are the ones the image installs.
+    assert all("-c constraints.txt" in run for run in runs if "pip install" in run and "torch==" not in run)
     # The CUDA swap is a build arg with the CI requirement as its default.
     assert ("ARG", 'TORCH_SPEC="torch==2.13.0"') in _dockerfile_instructions()
 
@@ -313,3 +357,23 @@ def test_dockerignore_excludes_local_state() -> None:
         assert needed in patterns, needed
     assert any("__pycache__" in p for p in patterns)
     assert "pyproject.toml" not in patterns and "README.md" not in patterns
+
+
+def test_the_constraints_pin_the_stack_within_pyproject_ranges() -> None:
+    """constraints.txt pins one tested point inside every range pyproject.toml declares."""
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = Version(version)
+    for needed in ("grpcio", "protobuf", "redis", "transformers", "tokenizers", "torch"):
+        assert needed in pins, needed
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+    for requirement in map(Requirement, declared):
+        pinned = pins.get(canonicalize_name(requirement.name))
+        if pinned is not None:
+            assert requirement.specifier.contains(pinned), (requirement, pinned)
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    assert install.count("-c constraints.txt") == 2

@@ -93,7 +93,10 @@ class GenerationServicer:
         / request as a message and half-close; every message back carries the events of whichever
         / requests have news, each request's in order. Each request is judged on its own: a bad or
         / refused one gets its own error event, and the others go on. The stream ends once every
-        / request sent has finished; cancelling it cancels those still running.
+        / request sent has finished; cancelling it cancels those still running. At most
+        / request_level.max_batch_stream_requests (1024) may be unfinished at once: a request sent
+        / beyond that gets a RESOURCE_EXHAUSTED event and is not queued. A client that reads slowly
+        / holds the stream's requests back (their tokens wait on the server) rather than growing it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -136,7 +139,7 @@ class GenerationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Tokenize(self, request, context):
-        """/ Tokenises text with the served model's tokenizer.
+        """/ Tokenises text with the served model's tokenizer (up to request_level.max_prompt_chars characters).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

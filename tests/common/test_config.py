@@ -285,3 +285,13 @@ def test_with_overrides_validates_the_result() -> None:
         with_overrides(BatonConfig(), executor={"dtype": "int8"})
     with pytest.raises(ValueError, match=r"unknown config key executor\.modle"):
         with_overrides(BatonConfig(), executor={"modle": "/x"})
+
+
+def test_fleet_secret_file_from_the_environment(tmp_path: Path) -> None:
+    config = load_config(None, environ={"BATON_SECURITY__FLEET_SECRET_FILE": "/run/secrets/fleet"})
+    assert config.security.fleet_secret_file == "/run/secrets/fleet" and config.security.fleet_secret == ""
+    with pytest.raises(ValueError, match="not both"):
+        load_config(
+            None,
+            environ={"BATON_SECURITY__FLEET_SECRET_FILE": "/f", "BATON_SECURITY__FLEET_SECRET": "inline"},
+        )

@@ -16,6 +16,7 @@ from common.lifecycle import FinishReason
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from common.redis_client import connect, is_cluster
+from executor_service.server import start_executor
 from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
 from scheduler_service.server import start_scheduler
@@ -186,3 +187,14 @@ async def test_baton_inspect_reads_a_cluster(stack: Stack, cluster_url: str) -> 
     snapshot = await asyncio.to_thread(collect_inspection, cluster_url, "baton")
     assert [e["id"] for e in snapshot["executors"]] == ["exec-0"]
     assert snapshot["requests_by_state"].get("FINISHED", 0) >= 1
+
+
+@pytest.mark.parametrize("service", ["scheduler", "executor"])
+async def test_a_cluster_node_behind_a_plain_url_is_refused_at_start(
+    redis_cluster: RedisClusterProcesses, tiny_model_dir: Path, service: str
+) -> None:
+    plain = f"redis://127.0.0.1:{redis_cluster.nodes[0].port}/0"
+    config = stack_config(plain, tiny_model_dir)
+    start = start_scheduler if service == "scheduler" else start_executor
+    with pytest.raises(ValueError, match=r"is a Redis Cluster node.*use redis\+cluster://"):
+        await start(config)

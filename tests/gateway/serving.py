@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 
 import uvicorn
 
-from gateway.app import create_app
+from gateway.app import DEFAULT_MAX_BODY_BYTES, create_app
 from tests.conftest import free_port
 
 
@@ -19,10 +19,13 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def serve_gateway(target: str) -> AsyncIterator[str]:
-    """Yields the gateway's base URL, ``http://127.0.0.1:PORT``."""
+async def serve_gateway(
+    target: str, auth_tokens: Mapping[str, str] | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> AsyncIterator[str]:
+    """Yields the gateway's base URL, ``http://127.0.0.1:PORT``; ``auth_tokens`` turns client auth on."""
     port = free_port()
-    server = _Server(uvicorn.Config(create_app(target), host="127.0.0.1", port=port, log_level="warning"))
+    app = create_app(target, auth_tokens=auth_tokens, max_body_bytes=max_body_bytes)
+    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(15):

@@ -58,6 +58,9 @@ BAD_REQUESTS = {
     "too many stop token ids": request(params={"stop_token_ids": [5] * 65}),
     "prompt text over the character limit": request(prompt="x" * 1_000_001),
     "empty token id list and no text": request(prompt="", prompt_token_ids=[]),
+    "request id spelling another's token list": request(request_id="abc:tokens"),
+    "tenant with a newline": request(tenant="x\ny"),
+    "tenant with a hash-tag brace": request(tenant="{baton}"),
 }
 
 
@@ -135,3 +138,11 @@ async def test_oversized_message_is_resource_exhausted(redis_url: str, tiny_mode
         assert await _request_keys(small) == []
     finally:
         await small.stop()
+
+
+async def test_tokenize_has_the_prompt_character_limit(stack: Stack) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stack.stub.Tokenize(pb.TokenizeRequest(text="x" * 1_000_001))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "at most 1000000" in (info.value.details() or "")
+    assert len((await stack.stub.Tokenize(pb.TokenizeRequest(text="hello"))).token_ids) > 0

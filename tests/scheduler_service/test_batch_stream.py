@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import redis.asyncio as aioredis
 
 from common.pb import generate_pb2 as pb
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
@@ -108,3 +109,27 @@ async def test_cancelling_the_stream_cancels_its_running_requests(stack: Stack) 
         return True
 
     await eventually(all_cancelled, "both requests to be cancelled")
+
+
+async def test_requests_beyond_the_stream_cap_are_refused_and_leave_nothing(
+    redis_url: str, tiny_model_dir: Path
+) -> None:
+    config = stack_config(redis_url, tiny_model_dir, scheduler={"request_level": {"max_batch_stream_requests": 2}})
+    capped = await start_stack(config)
+    try:
+        requests = [greedy(p, 40, request_id=f"cap-{i}") for i, p in enumerate(random_prompts(4, seed=8))]
+        events = by_position(await run_batch(capped, requests))
+        for position in (0, 1):
+            assert events[position][-1].response.finish_reason == pb.FINISH_REASON_LENGTH
+        for position in (2, 3):  # sent while the first two were still running
+            (refused,) = events[position]
+            assert refused.error_code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+            assert "2 unfinished requests" in refused.error_message
+        client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            assert [k async for k in client.scan_iter(match="*cap-2*")] == []
+            assert [k async for k in client.scan_iter(match="*cap-3*")] == []
+        finally:
+            await client.aclose()
+    finally:
+        await capped.stop()

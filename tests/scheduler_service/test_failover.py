@@ -1,15 +1,18 @@
 """Kill things for real (SIGKILL), restart Redis: no request is lost, no token repeated or skipped.
 
 Each test runs Baton as separate processes and checks every client's tokens against the greedy
-``model.generate`` output of its prompt alone.
+``model.generate`` output of its prompt alone. Each also checks that what it kills was doing the
+work when it died (it drove the executor, the requests were mid-stream), so none passes by
+killing something idle.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -23,6 +26,8 @@ from tests.process_stack import ProcessStack
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts
 
 MAX_TOKENS = 40
+LEASE = "{baton}:lease:executor:%s"
+TOKENS = "{baton}:req:%s:tokens"
 _SERVER_GONE = (
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.CANCELLED,
@@ -39,11 +44,19 @@ def processes(tmp_path: Path, tiny_model_dir: Path) -> Iterator[ProcessStack]:
     stack.stop_all()
 
 
+async def eventually(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
 class Clients:
     """Streams many requests at once and keeps what each received, with arrival times."""
 
-    def __init__(self, prompts: list[list[int]], prefix: str) -> None:
+    def __init__(self, prompts: list[list[int]], prefix: str, max_tokens: int = MAX_TOKENS) -> None:
         self.prompts = prompts
+        self.max_tokens = max_tokens
         self.ids = [f"{prefix}-{i}" for i in range(len(prompts))]
         self.tokens: dict[str, list[int]] = {rid: [] for rid in self.ids}
         self.arrivals: dict[str, list[float]] = {rid: [] for rid in self.ids}
@@ -57,7 +70,7 @@ class Clients:
             self.finish[request_id] = chunk.finish_reason
 
     async def stream(self, stub: generate_pb2_grpc.GenerationStub, i: int) -> None:
-        async for chunk in stub.Generate(greedy(self.prompts[i], MAX_TOKENS, request_id=self.ids[i])):
+        async for chunk in stub.Generate(greedy(self.prompts[i], self.max_tokens, request_id=self.ids[i])):
             self.take(self.ids[i], chunk)
 
     async def resume(self, stub: generate_pb2_grpc.GenerationStub, request_id: str) -> None:
@@ -66,10 +79,11 @@ class Clients:
             self.take(request_id, chunk)
 
     async def wait_all_started(self, minimum: int = 3, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while min(len(t) for t in self.tokens.values()) < minimum:
-            assert time.monotonic() < deadline, "requests did not start"
-            await asyncio.sleep(0.02)
+        await eventually(lambda: min(len(t) for t in self.tokens.values()) >= minimum, "requests to start", timeout)
+
+    def seen(self) -> dict[str, int]:
+        """How many tokens each client holds now."""
+        return {rid: len(tokens) for rid, tokens in self.tokens.items()}
 
     def longest_pause_after(self, moment: float) -> float:
         """The longest wait between two tokens of one request once ``moment`` has passed: the time to recover."""
@@ -85,7 +99,7 @@ class Clients:
         for i, rid in enumerate(self.ids):
             assert self.finish.get(rid) == pb.FINISH_REASON_LENGTH, rid
             assert_matches_reference(
-                self.tokens[rid], reference_greedy(reference_model, self.prompts[i], MAX_TOKENS), rid
+                self.tokens[rid], reference_greedy(reference_model, self.prompts[i], self.max_tokens), rid
             )
 
 
@@ -115,10 +129,20 @@ async def test_executor_sigkill_mid_stream_loses_and_repeats_nothing(
 
 
 async def test_scheduler_sigkill_then_resume_on_another_replica(processes: ProcessStack, tiny_model_dir: Path) -> None:
+    """The replica driving the executor dies; the other takes its lease and finishes its requests."""
     processes.start_executor("exec-a")
     first = processes.start_scheduler("sched-1")
+    victim = processes.replica_id("sched-1")
+    client = redis.Redis.from_url(processes.redis_url, decode_responses=True)
+    lease = LEASE % "exec-a"
+    # The second replica starts only once the first holds the executor, so the kill hits the
+    # replica doing the work, not an idle one whose death would test nothing.
+    await eventually(lambda: client.get(lease) == victim, "the first replica to lease the executor")
     second = processes.start_scheduler("sched-2")
-    clients = Clients(random_prompts(10, seed=22), "sk")
+    survivor = processes.replica_id("sched-2")
+    assert survivor != victim
+    clients = Clients(random_prompts(10, seed=22), "sk", max_tokens=64)
+    resumed: set[str] = set()
     async with grpc.aio.insecure_channel(first) as channel_1, grpc.aio.insecure_channel(second) as channel_2:
         stub_1, stub_2 = generate_pb2_grpc.GenerationStub(channel_1), generate_pb2_grpc.GenerationStub(channel_2)
 
@@ -129,15 +153,36 @@ async def test_scheduler_sigkill_then_resume_on_another_replica(processes: Proce
                 # A server killed mid-stream shows up as whatever its dropped connection looked
                 # like: UNAVAILABLE or CANCELLED mostly, INTERNAL or UNKNOWN when a frame was cut.
                 assert exc.code() in _SERVER_GONE, f"{exc.code()}: {exc.details()}"
+                resumed.add(clients.ids[i])
                 await clients.resume(stub_2, clients.ids[i])
 
         tasks = [asyncio.create_task(stream_then_resume(i)) for i in range(10)]
         await clients.wait_all_started()
+        assert client.get(lease) == victim, "the executor changed hands before the kill"
         processes.kill("sched-1")
         killed_at = time.monotonic()
-        await asyncio.wait_for(asyncio.gather(*tasks), 300)
+        # The victim is dead, and the survivor cannot write before the lease expires: this is what
+        # the victim left recorded. Tokens past it were recorded by the survivor.
+        recorded = {rid: int(client.llen(TOKENS % rid)) for rid in clients.ids}
+        mid_stream = [rid for rid in clients.ids if recorded[rid] < clients.max_tokens]
+        assert len(mid_stream) >= len(clients.ids) // 2, f"too few requests were mid-stream at the kill: {recorded}"
+        await eventually(lambda: client.get(lease) == survivor, "the survivor to lease the executor")
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        # A request submitted after the takeover is served by the survivor's link to the executor.
+        late = Clients(random_prompts(1, seed=122), "sk-late", max_tokens=16)
+        await asyncio.wait_for(late.stream(stub_2, 0), 60)
+    assert client.get(lease) == survivor
+    assert set(mid_stream) <= resumed, "a mid-stream client was not cut off by the kill"
+    for rid in mid_stream:
+        # Re-admitted by the survivor (a migration), and finished by it.
+        assert int(client.hget(f"{{baton}}:req:{rid}", "migrations") or 0) >= 1, rid
+        assert int(client.llen(TOKENS % rid)) == clients.max_tokens > recorded[rid], rid
     clients.check_exact(tiny_model_dir)
-    print(f"\nscheduler kill: recovery {clients.longest_pause_after(killed_at):.2f} s")
+    late.check_exact(tiny_model_dir)
+    print(
+        f"\nscheduler kill: {len(mid_stream)} requests taken over mid-stream, "
+        f"recovery {clients.longest_pause_after(killed_at):.2f} s"
+    )
 
 
 async def test_redis_restart_mid_run_finishes_everything(processes: ProcessStack, tiny_model_dir: Path) -> None:
@@ -157,3 +202,53 @@ async def test_redis_restart_mid_run_finishes_everything(processes: ProcessStack
         assert processes.procs[name].poll() is None, f"{name} died: {processes.log(name)[-2000:]}"
     clients.check_exact(tiny_model_dir)
     print(f"\nredis restart: recovery {clients.longest_pause_after(stopped_at):.2f} s")
+
+
+@pytest.mark.parametrize("lost_s", [0.0, 0.5], ids=["aof-replayed", "aof-tail-lost"])
+async def test_redis_sigkill_mid_run_keeps_every_stream_exact(
+    processes: ProcessStack, tiny_model_dir: Path, lost_s: float
+) -> None:
+    """SIGKILL Redis mid-run and restart it on its data directory: the AOF replays.
+
+    A killed Redis keeps what it wrote to its AOF (the kernel holds it), so ``aof-replayed`` loses
+    nothing acknowledged. With ``appendfsync everysec`` a crashed host loses up to about a second
+    of writes, acknowledged ones included: ``aof-tail-lost`` cuts the AOF back to where it stood
+    ``lost_s`` before the kill, so records restart behind what clients already saw.
+    """
+    processes.start_executor("exec-a")
+    target = processes.start_scheduler("sched-1")
+    # Long enough that every stream outlives the lost window and the kill with room to spare.
+    clients = Clients(random_prompts(10, seed=24), "rk", max_tokens=128)
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = generate_pb2_grpc.GenerationStub(channel)
+        tasks = [asyncio.create_task(clients.stream(stub, i)) for i in range(10)]
+        await clients.wait_all_started(minimum=1)
+        aof, cut = processes.aof_tail()
+        await asyncio.sleep(lost_s)
+        processes.kill("redis")
+        killed_at = time.monotonic()
+        seen = clients.seen()
+        mid_stream = [rid for rid, n in seen.items() if n < clients.max_tokens]
+        assert len(mid_stream) >= len(clients.ids) // 2, f"too few requests were mid-stream at the kill: {seen}"
+        if lost_s:
+            os.truncate(aof, cut)
+            with processes.replayed() as disk:
+                behind = {rid: int(disk.llen(TOKENS % rid)) for rid in clients.ids}
+            regressed = [rid for rid in clients.ids if behind[rid] < seen[rid]]
+            assert regressed, f"the cut lost no token a client had seen: {behind} vs {seen}"
+        processes.start_redis()
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        states = [await stub.GetRequest(pb.GetRequestRequest(request_id=rid)) for rid in clients.ids]
+    for name in ("exec-a", "sched-1"):
+        assert processes.procs[name].poll() is None, f"{name} died: {processes.log(name)[-2000:]}"
+    for rid in mid_stream:
+        assert len(clients.tokens[rid]) == clients.max_tokens > seen[rid], rid
+    clients.check_exact(tiny_model_dir)
+    for state in states:
+        assert state.state == pb.REQUEST_STATE_FINISHED, f"{state.request_id}: {state}"
+        assert state.tokens_generated == clients.max_tokens, f"{state.request_id}: {state}"
+    print(
+        f"\nredis sigkill ({lost_s:.1f} s lost): {len(mid_stream)} mid-stream"
+        + (f", {len(regressed)} records behind their clients" if lost_s else "")
+        + f", recovery {clients.longest_pause_after(killed_at):.2f} s"
+    )

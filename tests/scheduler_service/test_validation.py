@@ -10,10 +10,11 @@ import pytest
 
 from common.config import RequestLevelConfig
 from common.errors import InvalidRequest
+from common.keys import MAX_NAME_CHARS
 from common.pb import generate_pb2 as pb
 from scheduler_service.requests import NewRequest
 from scheduler_service.tokenizer_source import ModelLimits
-from scheduler_service.validation import MAX_TENANT_CHARS, validate
+from scheduler_service.validation import validate
 
 LIMITS = ModelLimits(model="m", max_model_len=128, vocab_size=1000)
 CONFIG = RequestLevelConfig()
@@ -68,7 +69,14 @@ BAD: dict[str, tuple[pb.GenerateRequest, str]] = {
     "request id with a slash": (make(request_id="a/b"), "request_id"),
     "request id with a brace": (make(request_id="{baton}"), "request_id"),
     "request id too long": (make(request_id="r" * 129), "request_id"),
-    "tenant too long": (make(tenant="t" * (MAX_TENANT_CHARS + 1)), f"at most {MAX_TENANT_CHARS} characters"),
+    "request id with a colon": (make(request_id="abc:tokens"), "request_id"),
+    "request id with a newline": (make(request_id="abc\n"), "request_id"),
+    "request id with a star": (make(request_id="a*"), "request_id"),
+    "tenant too long": (make(tenant="t" * (MAX_NAME_CHARS + 1)), "tenant must be 1-128 characters"),
+    "tenant with a newline": (make(tenant="x\ny"), "tenant must be 1-128 characters"),
+    "tenant with a colon": (make(tenant="a:b"), "tenant"),
+    "tenant with a pipe": (make(tenant="a|b"), "tenant"),
+    "tenant with a brace": (make(tenant="}x"), "tenant"),
 }
 
 
@@ -156,7 +164,7 @@ def test_server_assigns_a_request_id_when_empty() -> None:
 
 
 def test_client_request_id_is_kept() -> None:
-    assert run(make(request_id="Client-1.2:x@y_z")).request_id == "Client-1.2:x@y_z"
+    assert run(make(request_id="Client-1.2_x@y-z")).request_id == "Client-1.2_x@y-z"
     assert run(make(request_id="r" * 128)).request_id == "r" * 128
 
 
@@ -170,8 +178,8 @@ def test_default_priority_comes_from_config() -> None:
 
 
 def test_tenant_and_future_deadline_are_kept() -> None:
-    req = run(make(tenant="t" * MAX_TENANT_CHARS, deadline_ms=NOW + 1))
-    assert req.tenant == "t" * MAX_TENANT_CHARS
+    req = run(make(tenant="t" * MAX_NAME_CHARS, deadline_ms=NOW + 1))
+    assert req.tenant == "t" * MAX_NAME_CHARS
     assert req.deadline_ms == NOW + 1
 
 
