@@ -21,17 +21,17 @@ from baton.make_model import make_model
 log = logging.getLogger(__name__)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def _start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     binary = shutil.which("redis-server")
     if binary is None:
         raise ValueError("redis-server is not installed; install it or pass --redis-url")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             binary,
@@ -51,7 +51,7 @@ def _start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
-def _wait_healthy(target: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+def wait_healthy(target: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     from baton.client_commands import health
 
     args = argparse.Namespace(target=target, service="", timeout=1.0)
@@ -92,19 +92,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         redis_url = args.redis_url
         if not redis_url:
-            redis_proc, redis_url = _start_redis(workdir)
+            redis_proc, redis_url = start_redis(workdir)
             procs.append(redis_proc)
         config = ["--config", args.config] if args.config else []
         baton = [sys.executable, "-m", "baton.cli"]
         for _ in range(args.executors):
-            executor_port = _free_port()
+            executor_port = free_port()
             executor_args = ["--model", model, "--host", "127.0.0.1", "--port", str(executor_port), *config]
             executor = subprocess.Popen([*baton, "executor", "--redis-url", redis_url, *executor_args])
             procs.append(executor)
-            _wait_healthy(f"127.0.0.1:{executor_port}", executor, 300)
+            wait_healthy(f"127.0.0.1:{executor_port}", executor, 300)
         scheduler = subprocess.Popen([*baton, "scheduler", "--redis-url", redis_url, "--port", str(args.port), *config])
         procs.append(scheduler)
-        _wait_healthy(f"127.0.0.1:{args.port}", scheduler, 60)
+        wait_healthy(f"127.0.0.1:{args.port}", scheduler, 60)
         log.info(
             'ready: baton generate "Hello" --target 127.0.0.1:%d   (Redis at %s; Ctrl-C stops)', args.port, redis_url
         )

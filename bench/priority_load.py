@@ -15,7 +15,7 @@ processes (``baton.bench.local_stack``):
 It prints TTFT p50/p99 per class over the class's unloaded figure (the ratio), the share of
 deadlines met, and tenant B's generated tokens over tenant A's while both had work waiting.
 
-    .venv/bin/python bench/priority_load.py --seconds 30 --markdown /tmp/priority_load.md
+    python -m bench.priority_load --seconds 30 --markdown /tmp/priority_load.md
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ waiting tenants' queue heads in fair order (``Admission.candidates``) and claim 
 (``RequestStore.claim``). It also times single enqueues. It prints p50/p99 per size and the
 p99 ratio of the largest size to the smallest; flat means a ratio near 1.
 
-    .venv/bin/python bench/queue_scale.py --sizes 1000 10000 100000
+    python -m bench.queue_scale --sizes 1000 10000 100000
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from baton.dev import _start_redis, stop_processes
+from baton.dev import start_redis, stop_processes
 from common.config import BatonConfig
 from common.keys import KeySchema
 from scheduler_service.admission import Admission
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="baton-queue-scale-") as workdir:
-        proc, redis_url = _start_redis(Path(workdir))
+        proc, redis_url = start_redis(Path(workdir))
         try:
             time.sleep(0.3)
             results = asyncio.run(run(args, redis_url))

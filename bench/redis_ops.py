@@ -13,8 +13,8 @@ request, Redis's statistics are reset and the workload's commands are counted tw
 Both are divided by the tokens the clients received. Heartbeats, lease renewals and planning
 ticks are counted too: they are part of the cost, and they shrink per token as the load grows.
 
-    .venv/bin/python bench/redis_ops.py                       # intervals 1 and 8
-    .venv/bin/python bench/redis_ops.py --intervals 1 4 16 --json ops.json
+    python -m bench.redis_ops                       # intervals 1 and 8
+    python -m bench.redis_ops --intervals 1 4 16 --json ops.json
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import redis
 
-from baton.dev import _start_redis, stop_processes
+from baton.dev import start_redis, stop_processes
 from common.config import BatonConfig
 from common.config_loading import with_overrides
 from common.pb import generate_pb2 as pb
@@ -160,7 +160,7 @@ async def measure(
     model_dir: Path, workload: Workload, phases: list[tuple[int, int]], workdir: Path
 ) -> list[PhaseResult]:
     """Run the workload once per (interval tokens, interval ms) on one fresh redis-server."""
-    redis_proc, redis_url = _start_redis(workdir)
+    redis_proc, redis_url = start_redis(workdir)
     try:
         client = redis.Redis.from_url(redis_url)
         deadline = time.monotonic() + 10

@@ -3,12 +3,14 @@
 # dtype, thread settings and workload (random token-id prompts of fixed length, fixed output, EOS ignored,
 # Poisson arrivals). One after the other on this machine; both JSON results land in $OUT.
 # Not for CI. Needs the vLLM venv bench/vllm_compare.py makes (VLLM_PY below).
-# Usage: bench/serve_compare.sh [WORKDIR]   (env: VLLM_PY, PROMPTS, IN, OUT_LEN, RATE, CONC, DTYPE, THREADS,
+# Usage: bash bench/serve_compare.sh [WORKDIR]   (env: PY: Baton's python, default python3; VLLM_PY, PROMPTS,
+# IN, OUT_LEN, RATE, CONC, DTYPE, THREADS,
 # EXECUTORS: Baton's executor processes, default 1; BATON_THREADS: each executor's torch threads, default
 # THREADS, 0 for the executor's own choice per step)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORKDIR=${1:-/tmp/baton-bench}
+PY=${PY:-python3}
 VLLM_PY=${VLLM_PY:-$HOME/.cache/baton/vllm-venv/bin/python}
 PROMPTS=${PROMPTS:-200} IN=${IN:-128} OUT_LEN=${OUT_LEN:-64} RATE=${RATE:-16} CONC=${CONC:-64}
 DTYPE=${DTYPE:-float32} THREADS=${THREADS:-1} EXECUTORS=${EXECUTORS:-1}
@@ -16,18 +18,18 @@ BATON_THREADS=${BATON_THREADS:-$THREADS}
 OUT=$WORKDIR/serve-compare
 MODEL=$WORKDIR/model-tiny
 mkdir -p "$OUT"
-[ -f "$MODEL/config.json" ] || .venv/bin/python -m baton.cli make-model --out "$MODEL" --size tiny
+[ -f "$MODEL/config.json" ] || "$PY" -m baton.cli make-model --out "$MODEL" --size tiny
 export OMP_NUM_THREADS=$THREADS OMP_WAIT_POLICY=PASSIVE
 COMMON=(--num-prompts "$PROMPTS" --request-rate "$RATE" --burstiness 1 --max-concurrency "$CONC" --seed 0
         --save-result --result-dir "$OUT")
 
 echo "== Baton: baton bench serve --local (dtype $DTYPE, $BATON_THREADS torch threads, $EXECUTORS executors)" >&2
-BATON_EXECUTOR__TORCH_THREADS=$BATON_THREADS .venv/bin/python -m baton.cli bench serve --local --workdir "$WORKDIR" --model "$MODEL" \
+BATON_EXECUTOR__TORCH_THREADS=$BATON_THREADS "$PY" -m baton.cli bench serve --local --workdir "$WORKDIR" --model "$MODEL" \
   --dtype "$DTYPE" --executors "$EXECUTORS" --input-len "$IN" --output-len "$OUT_LEN" --no-progress "${COMMON[@]}" \
   --result-filename baton.json | tee "$OUT/baton.txt"
 
 echo "== vLLM: vllm serve + vllm bench serve" >&2
-PORT=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 VLLM_CPU_KVCACHE_SPACE=1 "$VLLM_PY" bench/vllm_cli.py serve "$MODEL" --dtype "$DTYPE" --host 127.0.0.1 --port "$PORT" \
   --max-num-seqs "$CONC" --max-model-len 1024 --seed 0 > "$OUT/vllm-serve.log" 2>&1 &
 SERVER=$!

@@ -8,8 +8,9 @@ token per decode per step, the token budget, bounded batch and KV blocks). A ste
 ``step_s`` on average (default 25 ms, 40 steps/s; paced by deadline); an idle one waits for a plan.
 
 This is not a stand-in for the engine in tests: it exists to measure what one scheduler process can
-drive (``bench/scheduler_scale.py``). Run many in one process: ``python bench/sim_executor.py --count 50
---redis-url redis://127.0.0.1:6379/0``; it prints a stats JSON line every ``--stats-every`` seconds.
+drive (``bench/scheduler_scale.py``). Run many in one process, from the repository root:
+``python -m bench.sim_executor --count 50 --redis-url redis://127.0.0.1:6379/0``; it prints a stats
+JSON line every ``--stats-every`` seconds.
 """
 
 from __future__ import annotations
@@ -24,14 +25,10 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from sim_engine import SimConfig, SimEngine, SimStats  # the engine rules; tests reach them here too
-
+from bench.sim_engine import SimConfig, SimEngine, SimStats
 from common import service
 from common.config import SecurityConfig
 from common.health import add_health_and_reflection, set_serving

@@ -12,21 +12,12 @@ from pathlib import Path
 
 import grpc
 import psutil
-from device_watch import DeviceWatch, metrics_reader
-from throughput_setup import (
-    WARM_PROMPT,
-    WARM_TOKENS,
-    Result,
-    Setup,
-    Workload,
-    finish,
-    progress,
-    say,
-)
 from tqdm import tqdm
 
 from baton.bench.local_stack import local_stack
-from baton.dev import _free_port
+from baton.dev import free_port
+from bench.device_watch import DeviceWatch, metrics_reader
+from bench.throughput_setup import WARM_PROMPT, WARM_TOKENS, Result, Setup, Workload, finish, progress, say
 from common.pb import generate_pb2 as pb
 from common.pb.generate_pb2_grpc import GenerationStub
 
@@ -51,7 +42,7 @@ def stack_env(setup: Setup, kv_mb: int, metrics_port: int) -> dict[str, str]:
 
 def run_baton_e2e(model_dir: Path, wl: Workload, kv_mb: int, logs: Path, setup: Setup | None = None) -> Result:
     setup = setup or Setup()
-    metrics_port = _free_port() if setup.watch_device else 0
+    metrics_port = free_port() if setup.watch_device else 0
     say(f"(a) starting executor and scheduler (logs in {logs})")
     env = stack_env(setup, kv_mb, metrics_port)
     with local_stack(model_dir, logs, overrides=env, executors=setup.executors) as stack:
@@ -182,6 +173,4 @@ async def drive_grpc(
     if any(threads):
         note += "; executor threads: " + " | ".join(threads)
     label = "(a) Baton end to end (gRPC)" if rpc == "generate" else "(a) Baton end to end (GenerateBatch)"
-    result = finish(label, seconds, outputs, wl, sum(map(len, outputs)), note)
-    result.cpu_seconds = {name: cpu_after[name] - cpu_before[name] for name in pids}
-    return result
+    return finish(label, seconds, outputs, wl, sum(map(len, outputs)), note)

@@ -16,10 +16,10 @@ from queue import Queue
 from typing import Any
 
 import torch
-from device_watch import DeviceWatch, sampler_reader
-from throughput_setup import MAX_BATCH, WARM_PROMPT, WARM_TOKENS, Result, Setup, Workload, finish, progress, say
 from tqdm import tqdm
 
+from bench.device_watch import DeviceWatch, sampler_reader
+from bench.throughput_setup import MAX_BATCH, WARM_PROMPT, WARM_TOKENS, Result, Setup, Workload, finish, progress, say
 from common.config import ExecutorConfig
 from executor_service.cpu_threads import prefer_passive_openmp
 from executor_service.engine import Engine
@@ -100,11 +100,10 @@ def run_engine(model_dir: Path, wl: Workload, kv_mb: int, setup: Setup | None = 
         cpu, started = time.process_time(), time.perf_counter()
         outputs = engine_round(engine, wl.prompts, wl.max_tokens, bar, setup.max_batch)
         seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-    note = _threads_note(engine)
+    note = f"{_threads_note(engine)}; {cpu:.1f} CPU seconds"
     torch.set_num_threads(hf_threads)  # (c) and (d) get the machine's default, as they would alone
     result = finish(LABEL, seconds, outputs, wl, sum(map(len, outputs)), note)
     result.device_load = watch.summary()
-    result.cpu_seconds = {"engine": cpu}
     return result
 
 
@@ -159,6 +158,4 @@ def run_engine_processes(model_dir: Path, wl: Workload, kv_mb: int, setup: Setup
     seconds = max(at for _, at, _, _, _ in finished) - started
     cpu = " ".join(f"{f[4]:.1f}" for f in sorted(finished))
     note = f"{count} engine processes, the workload dealt round-robin, CPU seconds {cpu}; each: {finished[0][3]}"
-    result = finish(f"(b) Baton engine x{count} processes", seconds, outputs, wl, sum(map(len, outputs)), note)
-    result.cpu_seconds = {f"engine-{f[0] + 1}": f[4] for f in finished}
-    return result
+    return finish(f"(b) Baton engine x{count} processes", seconds, outputs, wl, sum(map(len, outputs)), note)

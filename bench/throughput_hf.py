@@ -7,7 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from throughput_setup import (
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from bench.throughput_setup import (
     DTYPES,
     STATIC_BATCH,
     WARM_PROMPT,
@@ -19,8 +22,6 @@ from throughput_setup import (
     progress,
     say,
 )
-from tqdm import tqdm
-from transformers import AutoModelForCausalLM, GenerationConfig
 
 
 # ---- (c) and (d): transformers -------------------------------------------------------------

@@ -42,7 +42,7 @@ class Setup:
     report_every_steps: int = 1  # (a): the executors' executor.report_every_steps
     # Every phase runs the whole workload once, untimed, before its timed run (as bench/vllm_compare.py
     # warms both sides): what is timed is a warm server, not its first minute. False: one short
-    # request only, as before the fourteenth round.
+    # request only.
     warm_workload: bool = True
 
     @property
@@ -66,9 +66,6 @@ class Result:
     load: float = 0.0  # 1-minute load average as the phase ended: other work on the machine skews results
     outputs: list[list[int]] | None = None
     device_load: dict[str, float] | None = None  # NVML (or process) figures sampled in the window
-    # CPU seconds each process used in the window: (a) by service ("redis", "executor", ...,
-    # "scheduler", "client"), (b) by engine process ("engine", or "engine-1", "engine-2", ...)
-    cpu_seconds: dict[str, float] | None = None
 
 
 def make_workload(count: int, seed: int) -> Workload:

@@ -13,7 +13,8 @@ greedy, EOS ignored). Each side first runs the whole workload once, untimed (vLL
 graphs for the shapes it meets). tok/s = requested output tokens / wall seconds of the run.
 vLLM's prefix cache is off unless ``--vllm-prefix-caching``: the runs repeat the same prompts, which
 a workload without shared prefixes never offers, and the cache would skip their prefill.
-Not a test and not for CI: it takes minutes per model.
+Not a test and not for CI: it takes minutes per model. Run from the repository root:
+``python -m bench.vllm_compare --sizes tiny --dtypes float32`` (``--help`` for the flags).
 """
 
 from __future__ import annotations
@@ -30,14 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from throughput_e2e import RPCS, drive_grpc
-from throughput_setup import MAX_BATCH, kv_memory_mb, make_workload
-from vllm_process import DEFAULT_VENV, ensure_vllm_venv, kv_space_gib, omp_env, say, start_vllm, vllm_threads
-
 from baton.bench.local_stack import ensure_model, local_stack
+from bench.throughput_e2e import RPCS, drive_grpc
+from bench.throughput_setup import MAX_BATCH, kv_memory_mb, make_workload
+from bench.vllm_process import DEFAULT_VENV, ensure_vllm_venv, kv_space_gib, omp_env, say, start_vllm, vllm_threads
 
 
 # ---- one model and dtype ---------------------------------------------------------------------

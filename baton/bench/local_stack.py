@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from baton.dev import _free_port, _start_redis, _wait_healthy, stop_processes
+from baton.dev import free_port, start_redis, stop_processes, wait_healthy
 from baton.make_model import make_model
 
 log = logging.getLogger(__name__)
@@ -79,22 +79,22 @@ def local_stack(
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="redis-", dir=logs) as redis_dir:
         try:
-            redis_proc, redis_url = _start_redis(Path(redis_dir))
+            redis_proc, redis_url = start_redis(Path(redis_dir))
             procs.append(redis_proc)
             pids = {"redis": redis_proc.pid}
             log.info("starting %d executor(s) on %s and a scheduler (logs in %s)", executors, model_dir, logs)
             for number in range(1, executors + 1):
                 name = executor_name(number)
-                ex_port = _free_port()
+                ex_port = free_port()
                 ex_args = ["--model", str(model_dir), "--host", "127.0.0.1", "--port", str(ex_port), *extra]
                 cmd = [*baton, "executor", "--redis-url", redis_url, *ex_args]
                 procs.append(_spawn(cmd, logs / f"{name}.log", env))
-                _wait_healthy(f"127.0.0.1:{ex_port}", procs[-1], 300)
+                wait_healthy(f"127.0.0.1:{ex_port}", procs[-1], 300)
                 pids[name] = procs[-1].pid
-            sched_port = _free_port()
+            sched_port = free_port()
             sched_args = ["--redis-url", redis_url, "--host", "127.0.0.1", "--port", str(sched_port), *extra]
             procs.append(_spawn([*baton, "scheduler", *sched_args], logs / "scheduler.log", env))
-            _wait_healthy(f"127.0.0.1:{sched_port}", procs[-1], 60)
+            wait_healthy(f"127.0.0.1:{sched_port}", procs[-1], 60)
             pids["scheduler"] = procs[-1].pid
             yield LocalStack(f"127.0.0.1:{sched_port}", redis_url, pids, logs, procs)
         finally:

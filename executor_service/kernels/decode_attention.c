@@ -85,7 +85,7 @@ static inline void weighted_sum64(float *acc, const float *p, const float *rows,
  * as they are loaded, instead of through block_rows' float32 staging copy. On an AMX Xeon the copy
  * (a 48 KB block for a 12-head model, more than L1 holds, written and read back twice) took more
  * time than the arithmetic: in place, the small model's decode shape ran 1.8x faster alone and its
- * decode attention 14 % faster inside the engine (bench/kernel_compare.py). Float32 keeps the
+ * decode attention 14 % faster inside the engine (alternated in one process). Float32 keeps the
  * copy, which streams better than reading the pool in place (see block_rows). */
 #define WIDE 1
 

@@ -6,9 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from tests.bench import load_script
-
-scale = load_script("scheduler_scale")
+from bench import scheduler_scale as scale
 
 
 def test_histogram_p99_interpolates_inside_the_bucket() -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_bench(script: str, *args: str, timeout: float = 240) -> str:
+def run_bench(module: str, *args: str, timeout: float = 240) -> str:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), *args],
+        [sys.executable, "-m", f"bench.{module}", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -23,7 +23,7 @@ def run_bench(script: str, *args: str, timeout: float = 240) -> str:
 
 
 def test_queue_scale_prints_a_p99_ratio() -> None:
-    out = run_bench("queue_scale.py", "--sizes", "50", "200", "--rounds", "20", "--tenants", "3")
+    out = run_bench("queue_scale", "--sizes", "50", "200", "--rounds", "20", "--tenants", "3")
     match = re.search(r"admission p99 ratio 200/50: (\d+\.\d+); enqueue p99 ratio: (\d+\.\d+)", out)
     assert match, out
     assert float(match.group(1)) > 0 and float(match.group(2)) > 0
@@ -34,7 +34,7 @@ def test_priority_load_compares_adaptive_with_fifo(tmp_path: Path, tiny_model_di
     table = tmp_path / "table.md"
     args = ["--seconds", "3", "--pairs", "1", "--capacity-requests", "12", "--unloaded-requests", "2"]
     args += ["--workdir", str(tmp_path)]
-    out = run_bench("priority_load.py", *args, "--markdown", str(table))
+    out = run_bench("priority_load", *args, "--markdown", str(table))
     rows = [line for line in table.read_text().splitlines() if line.startswith(("| Baton", "| FIFO"))]
     assert len(rows) == 2, out
     for row in rows:

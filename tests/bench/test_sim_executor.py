@@ -12,16 +12,14 @@ from typing import Any
 
 import pytest
 
+from bench import sim_engine, sim_executor
 from common.config_loading import with_overrides
 from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as epb
 from common.pb import generate_pb2 as pb
 from common.pb.generate_pb2_grpc import GenerationStub
 from scheduler_service.server import start_scheduler
-from tests.bench import load_script
 from tests.stack import stack_config
-
-sim = load_script("sim_executor")
 
 
 def admit(request_id: str, prompt: int, max_tokens: int, rank: float = 0.0) -> epb.AdmitRequest:
@@ -41,7 +39,7 @@ def run_until_idle(engine: Any) -> list[Any]:
 
 
 def test_engine_emits_one_token_per_step_and_finishes_at_max_tokens() -> None:
-    engine = sim.SimEngine(sim.SimConfig(max_batch_size=4, token_budget=64))
+    engine = sim_engine.SimEngine(sim_engine.SimConfig(max_batch_size=4, token_budget=64))
     engine.apply(epb.Plan(seq=1, admit=[admit("a", 10, 3), admit("b", 5, 1)]))
     first = engine.step(1000)
     assert first.plan_seq == 1 and first.iteration == 1
@@ -54,7 +52,7 @@ def test_engine_emits_one_token_per_step_and_finishes_at_max_tokens() -> None:
 
 
 def test_engine_chunks_prefill_by_grant_and_budget() -> None:
-    engine = sim.SimEngine(sim.SimConfig(token_budget=8))
+    engine = sim_engine.SimEngine(sim_engine.SimConfig(token_budget=8))
     engine.apply(epb.Plan(seq=1, admit=[admit("a", 20, 2)], prefill=[epb.PrefillGrant(request_id="a", num_tokens=5)]))
     steps = [engine.step(0) for _ in range(3)]
     assert [r.load.num_tokens for r in steps] == [5, 8, 7]  # grant, then the budget, then the rest + first token
@@ -62,7 +60,7 @@ def test_engine_chunks_prefill_by_grant_and_budget() -> None:
 
 
 def test_engine_rejects_when_full_and_reports_aborts_and_preempts() -> None:
-    engine = sim.SimEngine(sim.SimConfig(max_batch_size=1))
+    engine = sim_engine.SimEngine(sim_engine.SimConfig(max_batch_size=1))
     engine.apply(epb.Plan(seq=1, admit=[admit("a", 4, 9), admit("b", 4, 9)]))
     report = engine.drain()
     assert [(r.request_id, r.error) for r in report.rejected] == [("b", "batch full")]
@@ -77,7 +75,7 @@ def test_engine_rejects_when_full_and_reports_aborts_and_preempts() -> None:
 
 
 def test_engine_resumes_after_the_tokens_it_was_given() -> None:
-    engine = sim.SimEngine(sim.SimConfig())
+    engine = sim_engine.SimEngine(sim_engine.SimConfig())
     resumed = admit("a", 4, 3)
     resumed.output_token_ids.extend([7, 8])
     engine.apply(epb.Plan(seq=1, admit=[resumed]))
@@ -87,16 +85,16 @@ def test_engine_resumes_after_the_tokens_it_was_given() -> None:
 
 def test_config_validation() -> None:
     with pytest.raises(ValueError):
-        sim.SimConfig(step_s=0)
+        sim_engine.SimConfig(step_s=0)
     with pytest.raises(ValueError):
-        sim.SimConfig(token_budget=1)
+        sim_engine.SimConfig(token_budget=1)
 
 
 @pytest.fixture
 async def sims_and_scheduler(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[tuple[list[Any], str]]:
     config = with_overrides(stack_config(redis_url, tiny_model_dir), scheduler={"tokenizer": str(tiny_model_dir)})
-    sim_config = sim.SimConfig(step_s=0.005, max_batch_size=4, heartbeat_ms=200)
-    sims = [await sim.start_sim(f"sim-{i}", redis_url, sim_config) for i in range(2)]
+    sim_config = sim_engine.SimConfig(step_s=0.005, max_batch_size=4, heartbeat_ms=200)
+    sims = [await sim_executor.start_sim(f"sim-{i}", redis_url, sim_config) for i in range(2)]
     scheduler = await start_scheduler(config)
     yield sims, f"127.0.0.1:{scheduler.port}"
     await scheduler.stop(grace=0.5)
@@ -128,6 +126,6 @@ async def test_a_real_scheduler_drives_simulated_executors(sims_and_scheduler: t
     for i, reply in enumerate(replies):
         assert len(reply.token_ids) == 5 + i % 3
         assert reply.finish_reason == pb.FINISH_REASON_LENGTH
-    stats = sim.snapshot(sims)
+    stats = sim_executor.snapshot(sims)
     assert stats["count"] == 2 and stats["admitted"] >= 12 and stats["tokens"] >= sum(5 + i % 3 for i in range(12))
     assert stats["plans"] > 0 and all(0 < x < 30 for x in stats["plan_latency_s"])

@@ -10,12 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.bench import load_script
+from bench import device_watch as watch
+from bench import throughput as tp
+from bench import throughput_e2e as e2e
 from tests.stack import stack_config, start_stack
-
-tp = load_script("throughput")
-watch = load_script("device_watch")
-e2e = load_script("throughput_e2e")
 
 
 def test_kv_memory_follows_the_model_dtype(tmp_path: Path) -> None:
@@ -40,7 +38,7 @@ def test_stack_env_carries_the_setup() -> None:
         stream_interval=4,
         report_every_steps=8,
     )
-    env = load_script("throughput_e2e").stack_env(setup, kv_mb=300, metrics_port=9999)
+    env = e2e.stack_env(setup, kv_mb=300, metrics_port=9999)
     assert env["BATON_EXECUTOR__DTYPE"] == "bfloat16" and env["BATON_EXECUTOR__DEVICE"] == "cpu"
     assert env["BATON_EXECUTOR__MAX_BATCH_SIZE"] == env["BATON_SCHEDULER__BATCH_LEVEL__MAX_BATCH_SIZE"] == "8"
     assert env["BATON_SCHEDULER__TOKEN_LEVEL__TOKEN_BUDGET"] == "64"
@@ -65,8 +63,8 @@ def test_repeats_report_each_ratio_and_its_median(capsys: pytest.CaptureFixture[
     assert tp.median_ratios(repeats) == {"a/b": 0.9, "a/c": 4.0}  # a repeat without a figure is left out
     tp.print_repeats("tiny", repeats)
     out = capsys.readouterr().out
-    assert "median a/b = 0.900 over 0.900 0.700 1.000  (target >= 0.95: NOT met)" in out
-    assert "median a/c = 4.000 over 3.500 n/a 4.500  (target >= 3: met)" in out
+    assert "median a/b = 0.900 over 0.900 0.700 1.000  (Baton end to end over its engine alone" in out
+    assert "median a/c = 4.000 over 3.500 n/a 4.500  (Baton end to end over HF generate" in out
     with pytest.raises(SystemExit):
         tp.parse_args(["--repeats", "0"])
 
@@ -92,7 +90,6 @@ async def test_the_client_gets_the_same_greedy_outputs_over_either_rpc(redis_url
         assert [len(o) for o in batched.outputs] == wl.max_tokens
         assert batched.outputs == per_request.outputs
         assert "GenerateBatch" in batched.label and batched.tok_s and batched.tok_s > 0
-        assert batched.cpu_seconds is not None and batched.cpu_seconds["client"] > 0
         with pytest.raises(ValueError):
             await e2e.drive_grpc(stack.target, wl, pids, "smoke-signals")
     finally:
@@ -117,8 +114,7 @@ def test_engine_phase_runs_the_workload(tiny_model_dir: Path) -> None:
     assert torch.get_num_threads() == threads  # restored for the HF phases
     assert result.useful_tokens == sum(wl.max_tokens) and result.tok_s and result.tok_s > 0
     assert [len(o) for o in result.outputs] == wl.max_tokens
-    assert "torch threads" in result.note
-    assert result.cpu_seconds is not None and result.cpu_seconds["engine"] > 0
+    assert "torch threads" in result.note and "CPU seconds" in result.note
 
 
 def test_engine_phase_in_two_processes_gives_the_same_outputs(tiny_model_dir: Path) -> None:
@@ -128,7 +124,7 @@ def test_engine_phase_in_two_processes_gives_the_same_outputs(tiny_model_dir: Pa
     split = tp.run_engine(tiny_model_dir, wl, 64, tp.Setup(max_batch=2, token_budget=128, engine_processes=2))
     assert split.outputs == alone.outputs
     assert "x2 processes" in split.label and split.tok_s and split.tok_s > 0
-    assert split.cpu_seconds is not None and sorted(split.cpu_seconds) == ["engine-1", "engine-2"]
+    assert "2 engine processes" in split.note
     assert tp.parse_args(["--engine-processes", "2"]).engine_processes == 2
     with pytest.raises(ValueError):
         tp.run_engine(tiny_model_dir, wl, 64, tp.Setup(engine_processes=0))
@@ -146,39 +142,3 @@ def test_metrics_reader_reads_the_executor_gauges() -> None:
     port = serve_metrics(metrics.registry, free_port(), host="127.0.0.1")
     assert watch.metrics_reader(port)() == {"util_pct": 87.5, "memory_bytes": 3 * 2**30, "power_w": 412.0}
 
-
-def test_engine_profile_accounts_for_the_step(tmp_path: Path, tiny_model_dir: Path) -> None:
-    import subprocess
-    import sys
-
-    (tmp_path / "model-tiny").symlink_to(tiny_model_dir)
-    script = Path(__file__).resolve().parents[2] / "bench" / "engine_profile.py"
-    args = ["--size", "tiny", "--num-requests", "2", "--workdir", str(tmp_path), "--json"]
-    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    rows = report["rows"]
-    assert report["tokens"] == sum(tp.make_workload(64, 0).max_tokens[:2])
-    assert rows["model forward: attention"] > 0 and rows["sampling"] > 0
-    assert abs(sum(rows.values()) - report["cpu_s"]) < 1e-6  # the stages add up to the whole
-
-
-def test_cpu_account_splits_the_gap_and_bounds_a_over_b(capsys: pytest.CaptureFixture[str]) -> None:
-    cpu_account = load_script("cpu_account")
-    a = tp.Result("(a)", 1000.0, 0.8, cpu_seconds={"redis": 0.05, "executor": 0.7, "executor-2": 0.6})
-    a.cpu_seconds |= {"scheduler": 0.2, "client": 0.05}
-    b = tp.Result("(b)", 1400.0, 0.57, cpu_seconds={"engine-1": 0.6, "engine-2": 0.5})
-    got = cpu_account.account({"a": a, "b": b}, cores=2)
-    assert got.engines_b == pytest.approx(1.1) and got.executors_a == pytest.approx(1.3)
-    assert got.predicted == pytest.approx(1.1 / 1.6)  # (b)'s engine CPU over all of (a)'s
-    assert got.ceiling_free_scheduler == pytest.approx(1.1 / 1.2)  # no scheduler, engines as in (b)
-    assert tp.ceilings({"a": a, "b": b}) == {tp.CEILING: pytest.approx(1.1 / 1.2)}
-    tp.print_report("tiny", {"a": a, "b": b}, tp.make_workload(2, 0), 2)
-    assert "a/b ~ 0.688, and at most 0.917 with a scheduler that cost nothing" in capsys.readouterr().out
-    # (b) left cores idle (a GPU, a half-empty machine): not CPU-bound, no account
-    idle = tp.Result("(b)", 1400.0, 2.0, cpu_seconds={"engine": 1.1})
-    assert cpu_account.account({"a": a, "b": idle}, cores=2) is None and tp.ceilings({"a": a, "b": idle}) == {}
-    assert cpu_account.account({"a": tp.Result("(a)"), "b": b}, cores=2) is None  # no figures for (a)
-    # (a) left cores idle (a small workload bound by latency): not CPU-bound either
-    slow = tp.Result("(a)", 500.0, 2.0, cpu_seconds=dict(a.cpu_seconds))
-    assert cpu_account.account({"a": slow, "b": b}, cores=2) is None

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench import load_script
-
-compare = load_script("vllm_compare")
+from bench import vllm_compare as compare
 
 
 def test_defaults_alternate_three_pairs_on_both_models_and_dtypes() -> None:
