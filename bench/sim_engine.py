@@ -1,22 +1,23 @@
-"""The SIMULATED executor's engine rules, for scheduler benchmarks only (``bench/sim_executor.py``).
+"""The SIMULATED executor's engine, for scheduler benchmarks only (``bench/sim_executor.py``).
 
-Pure bookkeeping, no model and no server: plans apply at the next iteration boundary (admit,
-abort, preempt, prefill grants, token budget); every running decode gets one token per step and
-prefill gets what the budget leaves; a request that finishes its prefill emits its first token in
-that step; the batch and the KV blocks are bounded, and a full batch rejects. Tokens are made-up
-ids and never EOS. Not a stand-in for the real engine in any test.
+No model and no server: the engine's own rules with made-up tokens. Plans apply at the next
+iteration boundary (admit, abort, preempt, prefill grants, token budget). Which requests the batch
+takes (``executor_service.batch_admission``), how a step's token budget splits between decodes and
+prefill chunks and who is preempted when KV blocks run out (``executor_service.step_scheduler``),
+and the block accounting itself (``executor_service.block_allocator``) are the engine's code, run
+on ``SimRequest``; a request that finishes its prefill emits its first token in that step. Tokens
+are made-up ids and never EOS. Not a stand-in for the real engine in any test.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as pb
+from executor_service.batch_admission import Admission, judge_admission
+from executor_service.block_allocator import BlockAllocator
+from executor_service.step_scheduler import StepScheduler
 
 
 @dataclass(frozen=True)
@@ -40,21 +41,34 @@ class SimConfig:
             raise ValueError("max_batch_size must be >= 1 and token_budget >= 2")
 
 
-@dataclass
+@dataclass(eq=False)
 class SimRequest:
+    """One running request: counts of tokens and the blocks they hold, no token ids
+    (an ``executor_service.schedulable.SchedulableSequence``)."""
+
     request_id: str
-    num_tokens: int  # prompt + already generated (all to prefill)
-    generated: int  # output tokens so far (resumed ones count)
+    prompt_len: int
+    generated: int  # output tokens so far (a resumed request is admitted with some: it prefills them too)
     max_tokens: int
     rank: float
-    computed: int = 0
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose (imaginary) K/V are in the cache
 
     @property
-    def decoding(self) -> bool:
-        return self.computed >= self.num_tokens
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.generated
 
-    def blocks(self, block_size: int) -> int:
-        return -(-(self.computed + 1) // block_size)
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def final_len(self) -> int:
+        return self.prompt_len + self.max_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_computed > 0 and self.num_uncomputed == 1
 
 
 @dataclass
@@ -77,6 +91,8 @@ class SimEngine:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
+        self.allocator = BlockAllocator(config.kv_blocks_total, config.block_size)
+        self.step_scheduler: StepScheduler[SimRequest] = StepScheduler(self.allocator, self._drop)
         self.running: dict[str, SimRequest] = {}
         self.iteration = 0
         self.plan_seq = 0
@@ -97,10 +113,12 @@ class SimEngine:
 
     def apply(self, plan: pb.Plan) -> None:
         for request_id in plan.abort:
-            if self.running.pop(request_id, None) is not None:
+            if (req := self.running.get(request_id)) is not None:
+                self._drop(req)
                 self._finished.append(pb.FinishedRequest(request_id=request_id, finish_reason=FinishReason.CANCELLED))
         for request_id in plan.preempt:
-            if self.running.pop(request_id, None) is not None:
+            if (req := self.running.get(request_id)) is not None:
+                self._drop(req)
                 self._preempted.append(request_id)
         for admit in plan.admit:
             self._admit(admit)
@@ -110,58 +128,55 @@ class SimEngine:
         self.plan_seq = plan.seq
 
     def abort_all(self) -> None:
-        self.running.clear()
+        for req in list(self.running.values()):
+            self._drop(req)
 
     def _admit(self, admit: pb.AdmitRequest) -> None:
-        self.running.pop(admit.request_id, None)  # a re-admission restarts it
+        if (previous := self.running.get(admit.request_id)) is not None:
+            self._drop(previous)  # a re-admission restarts it
         total = len(admit.prompt_token_ids) + len(admit.output_token_ids)
-        blocks = -(-(total + 1) // self.config.block_size)
-        if total >= self.config.max_model_len or blocks > self.config.kv_blocks_total:
+        verdict = judge_admission(
+            total,
+            len(self.running),
+            max_model_len=self.config.max_model_len,
+            max_batch_size=self.config.max_batch_size,
+            token_budget=self.token_budget,
+            kv=self.allocator,
+        )
+        if verdict is Admission.TOO_LONG:
             error = f"{total} tokens do not fit"
-            self._finished.append(pb.FinishedRequest(request_id=admit.request_id, finish_reason=4, error=error))
+            self._finished.append(
+                pb.FinishedRequest(request_id=admit.request_id, finish_reason=FinishReason.ERROR, error=error)
+            )
             return
-        if len(self.running) >= min(self.config.max_batch_size, self.token_budget - 1):
+        if verdict is Admission.BATCH_FULL:
             self._rejected.append(pb.FinishedRequest(request_id=admit.request_id, error="batch full"))
             return
         max_tokens = max(1, admit.sampling.max_tokens)
-        req = SimRequest(admit.request_id, total, len(admit.output_token_ids), max_tokens, admit.rank)
+        prompt_len, generated = len(admit.prompt_token_ids), len(admit.output_token_ids)
+        req = SimRequest(admit.request_id, prompt_len, generated, max_tokens, admit.rank)
         self.running[admit.request_id] = req
         if req.generated >= max_tokens:
             self._finish(req)
 
-    def _finish(self, req: SimRequest) -> None:
+    def _drop(self, req: SimRequest) -> None:
+        self.allocator.release(req.block_table)
+        req.num_computed = 0
         self.running.pop(req.request_id, None)
+
+    def _finish(self, req: SimRequest) -> None:
+        self._drop(req)
         self._finished.append(pb.FinishedRequest(request_id=req.request_id, finish_reason=FinishReason.LENGTH))
 
-    def _kv_used(self) -> int:
-        return sum(r.blocks(self.config.block_size) for r in self.running.values())
-
     def step(self, elapsed_ns: int) -> pb.StepReport:
-        """One iteration's bookkeeping: decodes first, then prefill chunks within the budget."""
-        budget = self.token_budget
+        """One iteration: the engine's step rule, then a made-up token for every sequence it completed."""
         ordered = sorted(self.running.values(), key=lambda r: r.rank)
-        while self._kv_used() > self.config.kv_blocks_total and ordered:  # out of blocks: preempt the least important
-            victim = ordered.pop()
-            del self.running[victim.request_id]
-            self._preempted.append(victim.request_id)
-        completing: list[SimRequest] = []
-        num_tokens = 0
-        for req in ordered:
-            if req.decoding:
-                req.computed += 1
-                completing.append(req)
-                budget -= 1
-                num_tokens += 1
-        for req in ordered:
-            if req.decoding or budget <= 0:
-                continue
-            size = min(req.num_tokens - req.computed, budget, self._grants.get(req.request_id, budget))
-            req.computed += size
-            budget -= size
-            num_tokens += size
-            if req.decoding:
-                completing.append(req)
+        plan = self.step_scheduler.schedule(ordered, self.token_budget, self._grants)
         self._grants = {}
+        self._preempted.extend(r.request_id for r in plan.preempted)
+        completing = [c.seq for c in plan.chunks if c.completes]
+        for chunk in plan.chunks:
+            chunk.seq.num_computed += chunk.num_tokens
         deltas = []
         for req in completing:
             token = (hash(req.request_id) + req.generated) % self.config.vocab_size
@@ -169,11 +184,10 @@ class SimEngine:
                 pb.TokenDelta(request_id=req.request_id, token_ids=[token], text=f" t{token}", index=req.generated)
             )
             req.generated += 1
-            req.num_tokens += 1
-            if req.generated >= req.max_tokens:
+            if req.generated >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
                 self._finish(req)
         self.iteration += 1
-        return self._report(deltas, num_tokens, elapsed_ns)
+        return self._report(deltas, plan.num_tokens, elapsed_ns)
 
     def drain(self) -> pb.StepReport:
         return self._report([], 0, 0)
@@ -188,12 +202,12 @@ class SimEngine:
             rejected=self._rejected,
             load=pb.Load(
                 num_running=len(self.running),
-                kv_blocks_used=self._kv_used(),
+                kv_blocks_used=self.allocator.num_used,
                 kv_blocks_total=self.config.kv_blocks_total,
                 step_time_ns=elapsed_ns,
                 num_tokens=num_tokens,
                 source="sim",
-                pending_prefill_tokens=sum(r.num_tokens - r.computed for r in self.running.values() if not r.decoding),
+                pending_prefill_tokens=sum(r.num_uncomputed for r in self.running.values() if not r.is_decoding),
             ),
         )
         self._finished, self._preempted, self._rejected = [], [], []

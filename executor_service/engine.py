@@ -14,14 +14,15 @@ from dataclasses import dataclass
 import torch
 
 from common.lifecycle import FinishReason
+from executor_service.batch_admission import Admission, judge_admission
+from executor_service.block_allocator import BlockAllocator
 from executor_service.cpu_threads import ThreadGovernor
 from executor_service.detokenizer import IncrementalDetokenizer
 from executor_service.engine_io import AdmitSpec, FinishOut, PlanUpdate, StepOutput, TokenOut
-from executor_service.kv_cache import BlockAllocator
-from executor_service.model_runner import ModelRunner, ScheduledChunk
+from executor_service.model_runner import ModelRunner
 from executor_service.sampling import Sampler, make_generator
 from executor_service.sequence import Sequence
-from executor_service.step_scheduler import StepScheduler
+from executor_service.step_scheduler import ScheduledChunk, StepScheduler
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class Engine:
         self.token_budget = limits.token_budget
         self.sampler = Sampler()
         self.threads = threads  # None: torch's thread count is fixed (configured, or a GPU)
-        self.step_scheduler = StepScheduler(allocator, self._drop)
+        self.step_scheduler: StepScheduler[Sequence] = StepScheduler(allocator, self._drop)
         self.running: dict[str, Sequence] = {}
         self.iteration = 0
         self.plan_seq = 0
@@ -100,12 +101,19 @@ class Engine:
             log.info("request %s re-admitted; restarting it from %d tokens", spec.request_id, len(spec.output_ids))
             self._drop(previous)
         total = len(spec.prompt_ids) + len(spec.output_ids)
-        if total >= self.limits.max_model_len or self.allocator.blocks_for(total + 1) > self.allocator.num_blocks:
+        verdict = judge_admission(
+            total,
+            len(self.running),
+            max_model_len=self.limits.max_model_len,
+            max_batch_size=self.limits.max_batch_size,
+            token_budget=self.token_budget,
+            kv=self.allocator,
+        )
+        if verdict is Admission.TOO_LONG:
             error = f"{total} tokens do not fit (max_model_len {self.limits.max_model_len}, KV blocks)"
             self._finished.append(FinishOut(spec.request_id, FinishReason.ERROR, error=error))
             return
-        # Keep decodes below the token budget, so prefill always has room to make progress.
-        if len(self.running) >= min(self.limits.max_batch_size, self.token_budget - 1):
+        if verdict is Admission.BATCH_FULL:
             self._rejected.append(FinishOut(spec.request_id, FinishReason.NONE, error="batch full"))
             return
         detok = IncrementalDetokenizer(
@@ -148,7 +156,7 @@ class Engine:
         self.iteration += 1
         return self._output(tokens, plan.num_tokens, time.perf_counter_ns() - started)
 
-    def _forward(self, chunks: Seq[ScheduledChunk]) -> torch.Tensor:
+    def _forward(self, chunks: Seq[ScheduledChunk[Sequence]]) -> torch.Tensor:
         if self.threads is None:
             return self.runner.run(chunks)
         self.threads.before_step()

@@ -10,10 +10,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from common.config import ExecutorConfig
+from executor_service.block_allocator import BlockAllocator
 from executor_service.cpu_threads import OtherLoad, ThreadGovernor, usable_cores
 from executor_service.engine import Engine, EngineLimits
 from executor_service.host_allocator import keep_freed_memory
-from executor_service.kv_cache import BlockAllocator, KVGeometry, KVPool
+from executor_service.kv_cache import KVGeometry, KVPool
 from executor_service.model_runner import ModelRunner
 from executor_service.packed_linear import pack_linears
 from executor_service.paged_attention import register

@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 
 import torch
 
+from executor_service.block_allocator import BlockAllocator
 from executor_service.fast_llama import FastLlamaForward, supports
 from executor_service.kernels.decode_attention import PagedDecodes, available
-from executor_service.kv_cache import BlockAllocator, KVPool
+from executor_service.kv_cache import KVPool
 from executor_service.paged_attention import AttentionBatch, DecodeGroup, DecodeView, PrefillSegment
 from executor_service.sequence import Sequence
-
-
-@dataclass(frozen=True)
-class ScheduledChunk:
-    """``num_tokens`` uncomputed tokens of ``seq`` to compute this step."""
-
-    seq: Sequence
-    num_tokens: int
-
-    @property
-    def completes(self) -> bool:
-        """After this chunk every token is computed, so the last position's logits give the next token."""
-        return self.num_tokens == self.seq.num_uncomputed
+from executor_service.step_scheduler import ScheduledChunk
 
 
 class ModelRunner:
@@ -75,7 +63,7 @@ class ModelRunner:
         return PrefillSegment(start=row, end=row + end - start, context=context, context_len=end, mask=keys <= queries)
 
     @torch.inference_mode()
-    def run(self, chunks: Seq[ScheduledChunk]) -> torch.Tensor:
+    def run(self, chunks: Seq[ScheduledChunk[Sequence]]) -> torch.Tensor:
         """Compute the chunks' K/V into the pool; return float32 logits [num completing chunks, vocab]."""
         input_ids: list[int] = []
         positions: list[int] = []

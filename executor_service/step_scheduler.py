@@ -6,38 +6,56 @@ the budget bounds the step's total, so prefill gets what the decodes leave.
 The scheduler service decides who runs; this only fits the running set into the step and the
 KV cache. When blocks run out for a decode it preempts the highest-ranked (least important)
 sequence, recompute-style, and the scheduler service re-queues it.
+
+Pure: it sees sequences and blocks only through ``executor_service.schedulable``, so the engine
+and a simulated executor run the same rule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
-from executor_service.kv_cache import BlockAllocator, OutOfBlocks
-from executor_service.model_runner import ScheduledChunk
-from executor_service.sequence import Sequence
+from executor_service.block_allocator import OutOfBlocks
+from executor_service.schedulable import KVBlocks, SchedulableSequence
+
+S = TypeVar("S", bound=SchedulableSequence)
 
 
 @dataclass(frozen=True)
-class StepPlan:
-    chunks: tuple[ScheduledChunk, ...]
-    preempted: tuple[Sequence, ...]
+class ScheduledChunk(Generic[S]):
+    """``num_tokens`` uncomputed tokens of ``seq`` to compute this step."""
+
+    seq: S
+    num_tokens: int
+
+    @property
+    def completes(self) -> bool:
+        """After this chunk every token is computed, so the last position's logits give the next token."""
+        return self.num_tokens == self.seq.num_uncomputed
+
+
+@dataclass(frozen=True)
+class StepPlan(Generic[S]):
+    chunks: tuple[ScheduledChunk[S], ...]
+    preempted: tuple[S, ...]
 
     @property
     def num_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks)
 
 
-class StepScheduler:
-    def __init__(self, allocator: BlockAllocator, preempt: Callable[[Sequence], None]) -> None:
+class StepScheduler(Generic[S]):
+    def __init__(self, allocator: KVBlocks, preempt: Callable[[S], None]) -> None:
         self.allocator = allocator
         self._preempt = preempt  # releases a sequence's blocks and removes it from the batch
 
-    def schedule(self, running: list[Sequence], budget: int, grants: Mapping[str, int]) -> StepPlan:
+    def schedule(self, running: list[S], budget: int, grants: Mapping[str, int]) -> StepPlan[S]:
         """``running`` in rank order (most important first)."""
         queue = list(running)
-        chunks: list[ScheduledChunk] = []
-        preempted: list[Sequence] = []
+        chunks: list[ScheduledChunk[S]] = []
+        preempted: list[S] = []
         for seq in [s for s in queue if s.is_decoding]:
             if seq not in queue:  # preempted to make room for someone more important
                 continue
@@ -66,11 +84,11 @@ class StepScheduler:
 
     def _fit(
         self,
-        seq: Sequence,
+        seq: S,
         num_tokens: int,
-        queue: list[Sequence],
-        chunks: list[ScheduledChunk],
-        preempted: list[Sequence],
+        queue: list[S],
+        chunks: list[ScheduledChunk[S]],
+        preempted: list[S],
     ) -> bool:
         """Grow ``seq`` to ``num_tokens``, preempting from the back of ``queue`` until it fits."""
         while True:

@@ -15,7 +15,7 @@ import torch
 from executor_service.engine import Engine
 from executor_service.engine_io import PlanUpdate
 from executor_service.kernels.small_gemm import MAX_ROWS, SmallGemm, torch_brgemm
-from executor_service.model_runner import ScheduledChunk
+from executor_service.step_scheduler import ScheduledChunk
 from tests.executor_service.test_engine import admit, make_engine
 
 SHORT_PROMPTS = [[1, 17, 300, 4000, 25], [1, 9, 8, 7, 6, 5, 4, 3], [1, 1234]]

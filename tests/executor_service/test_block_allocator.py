@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from executor_service.kv_cache import BlockAllocator, OutOfBlocks
+from executor_service.block_allocator import BlockAllocator, OutOfBlocks
 
 
 def test_a_new_table_gets_a_run_with_room_to_grow() -> None:
