@@ -18,7 +18,7 @@ from common.errors import AlreadyExists, Overloaded
 from common.keys import KeySchema
 from common.lifecycle import FinishReason, RequestState, terminal_state_for
 from scheduler_service.requests import ClaimedRequest, NewRequest, RequestParams, TokenEvent, parse_ids
-from scheduler_service.store import request_scripts as scripts
+from scheduler_service.store import request_scripts
 from scheduler_service.store.script_batcher import ScriptBatcher
 from scheduler_service.store.token_streams import TokenStreams
 
@@ -54,13 +54,13 @@ class RequestRecords:
         self.estimator_alpha = estimator_alpha
         self._streams = streams  # a request ended here gets its final event there
         # Submits that arrive together (a batch stream's) share round trips too.
-        self._enqueue = ScriptBatcher(redis, redis.register_script(scripts.ENQUEUE))
-        self._claim = redis.register_script(scripts.CLAIM)
-        self._append = redis.register_script(scripts.APPEND_TOKENS)
-        self._finish = redis.register_script(scripts.FINISH)
-        self._requeue = redis.register_script(scripts.REQUEUE)
-        self._cancel = redis.register_script(scripts.CANCEL)
-        self._quarantine = redis.register_script(scripts.QUARANTINE)
+        self._enqueue = ScriptBatcher(redis, redis.register_script(request_scripts.ENQUEUE))
+        self._claim = redis.register_script(request_scripts.CLAIM)
+        self._append = redis.register_script(request_scripts.APPEND_TOKENS)
+        self._finish = redis.register_script(request_scripts.FINISH)
+        self._requeue = redis.register_script(request_scripts.REQUEUE)
+        self._cancel = redis.register_script(request_scripts.CANCEL)
+        self._quarantine = redis.register_script(request_scripts.QUARANTINE)
         self.on_quarantine: Callable[[], None] = lambda: None  # counts malformed requests (a metric)
 
     async def enqueue(
@@ -138,7 +138,7 @@ class RequestRecords:
         for (request_id, executor_id, _), row in zip(claims, rows, strict=True):
             claimed = None
             try:
-                if isinstance(row, Exception) or row == scripts.MALFORMED:
+                if isinstance(row, Exception) or row == request_scripts.MALFORMED:
                     raise ValueError(f"its claim failed: {row}")
                 claimed = _claimed(request_id, row)
             except MALFORMED_FIELDS as e:
@@ -197,7 +197,7 @@ class RequestRecords:
         async with self._redis.pipeline(transaction=False) as pipe:
             await self.finish(pipe, request_id, executor_id, event.finish_reason, error)
             (result,) = await pipe.execute()
-        if int(result) == scripts.MALFORMED:
+        if int(result) == request_scripts.MALFORMED:
             return await self.quarantine(request_id, "its record in Redis is malformed", executor_id)
         if int(result) != 1:
             return False
@@ -205,7 +205,7 @@ class RequestRecords:
         return True
 
     async def requeue(self, request_id: str, executor_id: str, kind: str = "preempt", owner: str | None = None) -> int:
-        """Back to QUEUED with its tokens kept; see scripts.REQUEUE for the result codes."""
+        """Back to QUEUED with its tokens kept; see request_scripts.REQUEUE for the result codes."""
         keys = [
             self.keys.request(request_id),
             self.keys.running(executor_id),
@@ -238,7 +238,7 @@ class RequestRecords:
         """
         self._streams.release_local(request_id)  # first, so a Redis error below cannot leave it unfollowed
         result = await self.requeue(request_id, executor_id, kind, owner)
-        if result == scripts.MALFORMED:
+        if result == request_scripts.MALFORMED:
             await self.quarantine(request_id, "its record in Redis is malformed", executor_id)
             return
         if result not in (2, 3):
