@@ -4,7 +4,7 @@ For each size the bench fills a fresh redis-server's queue with that many pendin
 (spread over ``--tenants`` tenants, random priorities, through the real ENQUEUE script), then
 times ``--rounds`` admission rounds. One round is what the dispatcher does per plan: read the
 waiting tenants' queue heads in fair order (``Admission.candidates``) and claim the first
-(``RequestStore.claim``). It also times single enqueues. It prints p50/p99 per size and the
+(``RequestRecords.claim``). It also times single enqueues. It prints p50/p99 per size and the
 p99 ratio of the largest size to the smallest; flat means a ratio near 1.
 
     python -m bench.queue_scale --sizes 1000 10000 100000
@@ -28,9 +28,9 @@ from common.config import BatonConfig
 from common.keys import KeySchema
 from scheduler_service.admission import Admission
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import NewRequest, RequestParams
 from scheduler_service.scoring import RequestScorer
+from scheduler_service.store import Store
 
 PROMPT = tuple(range(1, 65))
 
@@ -47,7 +47,7 @@ def new_request(i: int, rng: random.Random, tenants: int, now: int) -> NewReques
     )
 
 
-async def fill(store: RequestStore, scorer: RequestScorer, count: int, tenants: int, seed: int) -> None:
+async def fill(store: Store, scorer: RequestScorer, count: int, tenants: int, seed: int) -> None:
     rng = random.Random(seed)
     now = int(time.time() * 1000)
     batch = 100  # concurrent enqueues; the client pool caps open connections
@@ -56,9 +56,9 @@ async def fill(store: RequestStore, scorer: RequestScorer, count: int, tenants: 
         await asyncio.gather(*(_enqueue(store, scorer, r, count) for r in reqs))
 
 
-async def _enqueue(store: RequestStore, scorer: RequestScorer, req: NewRequest, limit: int) -> None:
+async def _enqueue(store: Store, scorer: RequestScorer, req: NewRequest, limit: int) -> None:
     scored = scorer.score(req)
-    await store.enqueue(req, scored.score, limit + 10_000, "", scored.fields)
+    await store.requests.enqueue(req, scored.score, limit + 10_000, "", scored.fields)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -70,7 +70,7 @@ async def measure(redis_url: str, size: int, args: argparse.Namespace) -> dict[s
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     await client.flushall()
     config = BatonConfig()
-    store = RequestStore(client, KeySchema(), 3600)
+    store = Store(client, KeySchema(), 3600)
     scorer = RequestScorer(config)
     admission = Admission(store, config, scorer, SchedulerMetrics())
     started = time.perf_counter()
@@ -81,7 +81,7 @@ async def measure(redis_url: str, size: int, args: argparse.Namespace) -> dict[s
     for i in range(args.rounds):
         t0 = time.perf_counter()
         ordered = await admission.candidates(args.candidates)
-        await store.claim(ordered[0].request_id, "bench-executor")
+        await store.requests.claim(ordered[0].request_id, "bench-executor")
         rounds.append(time.perf_counter() - t0)
         req = new_request(size + i, rng, args.tenants, int(time.time() * 1000))
         t0 = time.perf_counter()

@@ -24,10 +24,11 @@ from scheduler_service.fair_share import QueuedRequest, fair_order
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import Candidate, blocks_for, place, unplaceable
 from scheduler_service.preemption import choose_victims
-from scheduler_service.queue_view import MalformedRecord
-from scheduler_service.request_store import MALFORMED_FIELDS, RequestStore
 from scheduler_service.requests import TokenEvent
 from scheduler_service.scoring import RequestScorer
+from scheduler_service.store import Store
+from scheduler_service.store.queue import MalformedRecord
+from scheduler_service.store.request_records import MALFORMED_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,7 @@ _EMPTY_RECHECK_S = 0.25
 
 
 class Admission:
-    def __init__(
-        self, store: RequestStore, config: BatonConfig, scorer: RequestScorer, metrics: SchedulerMetrics
-    ) -> None:
+    def __init__(self, store: Store, config: BatonConfig, scorer: RequestScorer, metrics: SchedulerMetrics) -> None:
         self.store = store
         self.config = config
         self.scorer = scorer
@@ -112,7 +111,7 @@ class Admission:
         admitted = 0
         claims = [(p.request_id, p.executor_id, by_id[p.executor_id].owner) for p in placements]
         try:
-            results = await self.store.claim_many(claims)
+            results = await self.store.requests.claim_many(claims)
         except RedisError:
             self._unsettled += [(p.request_id, by_id[p.executor_id]) for p in placements]
             raise
@@ -151,7 +150,7 @@ class Admission:
             request_id, link = self._unsettled[-1]
             if link.closed or request_id not in link.requests:
                 # Nothing ran it, so it spends none of its migrations or preemptions.
-                await self.store.hand_back(request_id, link.executor_id, "unclaim", link.owner)
+                await self.store.requests.hand_back(request_id, link.executor_id, "unclaim", link.owner)
                 self._found_empty_at = None  # it may be queued again
                 log.info("request %s: a claim for %s reached no executor; handed back", request_id, link.executor_id)
             self._unsettled.pop()
@@ -163,7 +162,7 @@ class Admission:
     async def candidates(self, limit: int) -> list[QueuedRequest]:
         """Up to ``limit`` queued requests in fair order: O(T log n) for T waiting tenants."""
         read_at = time.monotonic()
-        counters = await self.store.waiting_tenants(_MAX_TENANTS)
+        counters = await self.store.queue.waiting_tenants(_MAX_TENANTS)
         self._found_empty_at = None if counters else read_at  # no waiting tenant: nothing queued
         if not counters:
             return []
@@ -171,9 +170,9 @@ class Admission:
         # counters, and anything left over is simply read next round. This keeps a round's
         # reads near ``limit`` whatever the number of waiting tenants.
         per_tenant = min(limit, -(-limit // len(counters)) + 2)
-        heads_raw = await self.store.tenant_heads(list(counters), per_tenant)
+        heads_raw = await self.store.queue.tenant_heads(list(counters), per_tenant)
         ids = [rid for rows in heads_raw.values() for rid, _ in rows]
-        details = dict(zip(ids, await self.store.queued_details(ids), strict=True))
+        details = dict(zip(ids, await self.store.queue.queued_details(ids), strict=True))
         heads: dict[str, list[QueuedRequest]] = {}
         for tenant, rows in heads_raw.items():
             heads[tenant] = []
@@ -182,7 +181,7 @@ class Admission:
                 if queued is not None:
                     heads[tenant].append(queued)
         caps = self.config.scheduler.request_level.tenant_max_running
-        running = await self.store.tenant_running() if caps else {}
+        running = await self.store.queue.tenant_running() if caps else {}
         credit = self.config.scheduler.request_level.fairness_priority_credit_tokens
         return fair_order(heads, counters, limit, running, caps, credit)
 
@@ -198,7 +197,7 @@ class Admission:
                 raise ValueError(details.reason)
             return _queued(request_id, tenant, score, details)
         except MALFORMED_FIELDS as e:
-            await self.store.quarantine(request_id, f"its record in Redis is malformed ({e})", tenant=tenant)
+            await self.store.requests.quarantine(request_id, f"its record in Redis is malformed ({e})", tenant=tenant)
             return None
 
     async def _with_promise(self, ordered: list[QueuedRequest]) -> list[QueuedRequest]:
@@ -206,8 +205,8 @@ class Admission:
         promised = self._promised
         if promised is None:
             return ordered
-        (details,) = await self.store.queued_details([promised.request_id])
-        if not isinstance(details, dict) or await self.store.queue_position(promised.request_id) is None:
+        (details,) = await self.store.queue.queued_details([promised.request_id])
+        if not isinstance(details, dict) or await self.store.queue.position(promised.request_id) is None:
             self._promised = None  # placed elsewhere, cancelled or finished meanwhile
             return ordered
         return [promised, *(r for r in ordered if r.request_id != promised.request_id)]
@@ -251,10 +250,10 @@ class Admission:
             self.metrics.scheduler_preemptions.inc(len(victims))
 
     async def _fail_unplaceable(self, request_id: str) -> None:
-        tokens = int(await self.store.redis.llen(self.store.keys.tokens(request_id)))
+        tokens = await self.store.requests.token_count(request_id)
         event = TokenEvent(tokens, (), "", FinishReason.ERROR, {})
         error = "the request needs more KV cache than any executor has"
-        if await self.store.finish_now(request_id, "", event, error):
+        if await self.store.requests.finish_now(request_id, "", event, error):
             log.warning("request %s failed: %s", request_id, error)
 
 

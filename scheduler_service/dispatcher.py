@@ -1,8 +1,8 @@
 """The scheduler replica's coordinator: discover executors, hold their leases, drive their links,
 and admit pending requests to them each iteration.
 
-Thin by design: placement is pure (``placement.place``), Redis moves are scripts
-(``RequestStore``), and each executor's stream is its own ``ExecutorLink``.
+Thin by design: placement is pure (``placement.place``), Redis is the ``Store``'s (its ``fleet``
+holds the registry and the leases), and each executor's stream is its own ``ExecutorLink``.
 """
 
 from __future__ import annotations
@@ -13,19 +13,15 @@ import json
 import logging
 import time
 import uuid
-from typing import cast
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from common.config import BatonConfig
-from scheduler_service import lease_scripts
 from scheduler_service.admission import Admission
-from scheduler_service.control_channel import ControlChannel
 from scheduler_service.executor_link import ExecutorLink
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.request_store import RequestStore
 from scheduler_service.scoring import RequestScorer
+from scheduler_service.store import Store
 from scheduler_service.stream_batching import StreamInterval
 
 log = logging.getLogger(__name__)
@@ -35,16 +31,19 @@ _PLAN_TICK_S = 0.05
 
 class Dispatcher:
     def __init__(
-        self, store: RequestStore, config: BatonConfig, replica_id: str = "", metrics: SchedulerMetrics | None = None
+        self,
+        store: Store,
+        config: BatonConfig,
+        replica_id: str = "",
+        metrics: SchedulerMetrics | None = None,
+        scorer: RequestScorer | None = None,
     ) -> None:
         self.store = store
-        self.redis: aioredis.Redis = store.redis
-        self.keys = store.keys
         self.config = config
         self.replica_id = replica_id or f"sched-{uuid.uuid4().hex[:8]}"
         self.links: dict[str, ExecutorLink] = {}
         self.metrics = metrics or SchedulerMetrics()
-        store.on_quarantine = self.metrics.malformed.inc
+        store.requests.on_quarantine = self.metrics.malformed.inc
         self._classes_refreshed = 0.0
         # Loops also check this flag: a cancel swallowed inside a client library must not leave
         # a zombie replica renewing leases after stop().
@@ -53,12 +52,9 @@ class Dispatcher:
         self._queue_moved = False  # a wake since the last round said the queue may hold new work
         self._tasks: list[asyncio.Task[None]] = []
         self._link_tasks: dict[str, asyncio.Task[None]] = {}
-        self.scorer = RequestScorer(config)
+        self.scorer = scorer or RequestScorer(config)  # the frontend scores arrivals with it too
         self.admission = Admission(store, config, self.scorer, self.metrics)
-        # Sharded pub/sub on a Redis Cluster, classic elsewhere.
-        self.control = ControlChannel(self.redis, self.keys.control_channel)
-        self._renew = self.redis.register_script(lease_scripts.RENEW_LEASES)
-        self._release = self.redis.register_script(lease_scripts.RELEASE_LEASE)
+        self.control = store.control
 
     # ---- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -89,6 +85,15 @@ class Dispatcher:
         a queue found empty cannot use, so the round then makes no round trip."""
         self._queue_moved |= queue_moved
         self._wake.set()
+
+    def work_queued(self) -> None:
+        """Work was queued (a submit, a hand-back): plan here now, and tell the other replicas."""
+        self.wake()
+        self.control.wake_others()
+
+    async def alive_executors(self) -> int:
+        """Executors driven here, or when none, those registered in Redis (a replica just started)."""
+        return len(self.links) or await self.store.fleet.count()
 
     # ---- cancels -----------------------------------------------------------------------
     async def request_abort(self, request_id: str, executor_id: str) -> None:
@@ -130,12 +135,10 @@ class Dispatcher:
     async def discover_once(self) -> None:
         dist = self.config.distributed
         now = int(time.time() * 1000)
-        alive = set(
-            cast(list[str], await self.redis.zrangebyscore(self.keys.executors, now - dist.executor_timeout_ms, "+inf"))
-        )
+        fleet = self.store.fleet
+        alive = set(await fleet.alive_since(now - dist.executor_timeout_ms))
         held = list(self.links)
-        leases = [self.keys.lease(executor_id) for executor_id in held]
-        renewals = await self._renew(keys=leases, args=[self.replica_id, dist.lease_ttl_ms]) if held else []
+        renewals = await fleet.renew_leases(held, self.replica_id, dist.lease_ttl_ms)
         for executor_id, renewed in zip(held, renewals, strict=True):
             if executor_id not in self._link_tasks:
                 continue  # its link ended while the renewals were in flight
@@ -143,39 +146,34 @@ class Dispatcher:
                 log.warning("dropping executor %s (lease lost or heartbeat stale)", executor_id)
                 self._link_tasks[executor_id].cancel()
         for executor_id in alive - set(self.links):
-            if await self.redis.set(self.keys.lease(executor_id), self.replica_id, nx=True, px=dist.lease_ttl_ms):
-                address = cast(str | None, await self.redis.hget(self.keys.executor(executor_id), "address"))
+            if await fleet.take_lease(executor_id, self.replica_id, dist.lease_ttl_ms):
+                address = await fleet.address_of(executor_id)
                 if address:
                     self._start_link(executor_id, address)
                 else:
-                    await self._release(keys=[self.keys.lease(executor_id)], args=[self.replica_id])
+                    await fleet.release_lease(executor_id, self.replica_id)
         await self._reap_dead(now - dist.executor_timeout_ms)
 
     async def refresh_signals(self) -> None:
         """Feed the scorer the executors' heartbeat load and the shared length estimator."""
-        alive = cast(list[str], await self.redis.zrange(self.keys.executors, 0, -1))
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for executor_id in alive:
-                pipe.hget(self.keys.executor(executor_id), "load")
-            loads = await pipe.execute()
-        self.scorer.update(loads, await self.store.estimator_fields())
+        loads = await self.store.fleet.loads(await self.store.fleet.registered())
+        self.scorer.update(loads, await self.store.queue.estimator_fields())
         self.metrics.load_factor.set(self.scorer.load_factor)
         self.metrics.length_error.set(self.scorer.mean_abs_error())
 
     async def _reap_dead(self, cutoff_ms: int) -> None:
         """Re-queue the requests of executors whose heartbeat stopped, once, under their lease."""
-        dead = cast(list[str], await self.redis.zrangebyscore(self.keys.executors, "-inf", f"({cutoff_ms}"))
-        for executor_id in dead:
+        fleet = self.store.fleet
+        for executor_id in await fleet.silent_since(cutoff_ms):
             if executor_id in self.links:
                 continue
-            lease = self.keys.lease(executor_id)
-            if not await self.redis.set(lease, self.replica_id, nx=True, px=self.config.distributed.lease_ttl_ms):
+            if not await fleet.take_lease(executor_id, self.replica_id, self.config.distributed.lease_ttl_ms):
                 continue
-            for request_id in await self.store.running_ids(executor_id):
-                await self.store.hand_back(request_id, executor_id, "migrate", owner="")
+            for request_id in await self.store.requests.running_ids(executor_id):
+                await self.store.requests.hand_back(request_id, executor_id, "migrate", owner="")
                 self.metrics.migrations.inc()
-            await self.redis.zrem(self.keys.executors, executor_id)
-            await self._release(keys=[lease], args=[self.replica_id])
+            await fleet.forget(executor_id)
+            await fleet.release_lease(executor_id, self.replica_id)
             log.warning("executor %s is gone; its requests were re-queued", executor_id)
             self._wake_for(requeued=True)
 
@@ -202,10 +200,10 @@ class Dispatcher:
             await link.connect()
             # Whatever Redis says runs there is stale for this new stream: abort it there (fenced
             # before it is re-queued, so no re-admission can overtake the abort), re-queue it here.
-            stale = await self.store.running_ids(executor_id)
+            stale = await self.store.requests.running_ids(executor_id)
             link.fence(stale)
             for request_id in stale:
-                await self.store.hand_back(request_id, executor_id, "migrate", owner="")
+                await self.store.requests.hand_back(request_id, executor_id, "migrate", owner="")
                 self.metrics.migrations.inc()
             log.info("driving executor %s at %s", executor_id, link.address)
             self._wake_for(requeued=bool(stale))
@@ -226,15 +224,16 @@ class Dispatcher:
                 for request_id in orphans:
                     await link.hand_back(request_id, "migrate")
                     self.metrics.migrations.inc()
-                await self._release(keys=[self.keys.lease(executor_id)], args=[self.replica_id])
+                await self.store.fleet.release_lease(executor_id, self.replica_id)
             self._wake_for(requeued=bool(orphans))
 
     def _wake_for(self, requeued: bool) -> None:
         """Plan again; when work an executor lost went back to the queue, tell the other replicas
         too, which may have the room for it (this one may have no executor left)."""
-        self.wake()
         if requeued:
-            self.control.wake_others()
+            self.work_queued()
+        else:
+            self.wake()
 
     # ---- admission -----------------------------------------------------------------------
     async def _planning_loop(self) -> None:
@@ -269,7 +268,7 @@ class Dispatcher:
         empty, with nothing new since, is not read again: an idle replica then makes no round trip
         per tick."""
         if not self.admission.queue_known_empty:
-            self.metrics.waiting.set(await self.store.queue_length())
+            self.metrics.waiting.set(await self.store.queue.length())
         else:
             self.metrics.waiting.set(0)
         now = time.monotonic()
@@ -278,5 +277,5 @@ class Dispatcher:
         self._classes_refreshed = now
         await self.refresh_signals()
         self.metrics.waiting_by.clear()
-        for (priority, tenant), count in (await self.store.queue_classes(sample)).items():
+        for (priority, tenant), count in (await self.store.queue.classes(sample)).items():
             self.metrics.waiting_by.labels(priority, tenant).set(count)

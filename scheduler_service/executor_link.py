@@ -37,9 +37,9 @@ from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import ExecutorCapacity
 from scheduler_service.preemption import RunningRequest
 from scheduler_service.report_writes import ReportWrites
-from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import ClaimedRequest
-from scheduler_service.step_publishing import StepWrite
+from scheduler_service.store import Store
+from scheduler_service.store.step_publisher import StepWrite
 from scheduler_service.stream_batching import StreamBatcher, StreamInterval, coalesce
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class ExecutorLink:
         self,
         executor_id: str,
         address: str,
-        store: RequestStore,
+        store: Store,
         config: SchedulerConfig,
         on_change: Callable[[bool], None],
         redis_retry_s: float = 30.0,
@@ -186,7 +186,7 @@ class ExecutorLink:
         self._batcher.set_interval(claimed.request_id, claimed.params.stream_interval_tokens)
         self._pending.admit.append(admit_pb(claimed, self._batcher.executor_may_hold(claimed.request_id)))
         if not claimed.output_ids:  # a fresh stream: its readers here need no shared XREAD
-            self._store.expect_local(claimed.request_id)
+            self._store.streams.expect_local(claimed.request_id)
 
     def abort(self, request_id: str) -> None:
         if request_id in self.requests:
@@ -230,7 +230,7 @@ class ExecutorLink:
         writes = self._batched(coalesce(writes) if len(reports) > 1 else writes)
         if writes:
             accepted = await with_redis_retry(
-                lambda: self._store.publish_step(self.executor_id, writes, self.owner),
+                lambda: self._store.steps.publish(self.executor_id, writes, self.owner),
                 self._redis_retry_s,
                 f"recording a step of {self.executor_id}",
             )
@@ -283,11 +283,11 @@ class ExecutorLink:
         self._outbox.put_nowait(pb.Plan(seq=self._fence_seq, abort=refused))
         for request_id in refused:
             log.warning("request %s: Redis refused its tokens from %s; re-queued", request_id, self.executor_id)
-            await self._store.hand_back(request_id, self.executor_id, "migrate", self.owner)
+            await self._store.requests.hand_back(request_id, self.executor_id, "migrate", self.owner)
         return True
 
     async def hand_back(self, request_id: str, kind: str = "preempt") -> None:
         waiting = self._batcher.take(request_id)
         if waiting is not None:  # record what waited to stream, so the request resumes after it
-            await self._store.publish_step(self.executor_id, [waiting], self.owner)
-        await self._store.hand_back(request_id, self.executor_id, kind, self.owner)
+            await self._store.steps.publish(self.executor_id, [waiting], self.owner)
+        await self._store.requests.hand_back(request_id, self.executor_id, kind, self.owner)

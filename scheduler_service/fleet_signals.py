@@ -14,13 +14,12 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import cast
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from common.keys import KeySchema
 from scheduler_service.metrics import SchedulerMetrics
+from scheduler_service.store.fleet import FleetRegistry
+from scheduler_service.store.queue import PendingQueue
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +43,14 @@ class FleetSnapshot:
 class FleetSignals:
     def __init__(
         self,
-        redis: aioredis.Redis,
-        keys: KeySchema,
+        queue: PendingQueue,
+        fleet: FleetRegistry,
         metrics: SchedulerMetrics,
         executor_timeout_ms: int,
         sample: int = 1000,
     ) -> None:
-        self._redis = redis
-        self._keys = keys
+        self._queue = queue
+        self._fleet = fleet
         self._metrics = metrics
         self._timeout_ms = executor_timeout_ms
         # The queue is ordered by score, and a priority's oldest request leads that priority's
@@ -60,27 +59,19 @@ class FleetSignals:
 
     async def read(self) -> FleetSnapshot:
         now = time.time() * 1000
-        ids = cast(list[str], await self._redis.zrange(self._keys.pending, 0, self._sample - 1))
-        alive = cast(list[str], await self._redis.zrangebyscore(self._keys.executors, now - self._timeout_ms, "+inf"))
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for request_id in ids:
-                pipe.hmget(self._keys.request(request_id), "priority", "arrival_ms")
-            for executor_id in alive:
-                pipe.hget(self._keys.executor(executor_id), "load")
-            # A malformed record must not blind the fleet's gauges: admission ends it, this skips it.
-            rows = await pipe.execute(raise_on_error=False) if ids or alive else []
+        # A malformed record must not blind the fleet's gauges: admission ends it, this skips it.
+        arrivals = await self._queue.head_arrivals(self._sample)
+        alive = await self._fleet.alive_since(now - self._timeout_ms)
+        loads = await self._fleet.loads(alive) if alive else []
         oldest: dict[str, float] = {}
-        for row in rows[: len(ids)]:
-            if isinstance(row, Exception) or row[0] is None or row[1] is None:
-                continue  # ended between the two reads, or malformed
-            priority, arrival = row
+        for priority, arrival in arrivals:
             try:
                 age = max(0.0, (now - float(arrival)) / 1000)
             except ValueError:
                 continue
             oldest[priority] = max(age, oldest.get(priority, 0.0))
         used = total = running = 0
-        for raw in rows[len(ids) :]:
+        for raw in loads:
             load = json.loads(raw) if raw else {}
             used += int(load.get("kv_blocks_used", 0))
             total += int(load.get("kv_blocks_total", 0))

@@ -10,10 +10,9 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from redis.exceptions import ResponseError
-from redis.typing import EncodableT, FieldT
 
 from common.config import BatonConfig
 from common.errors import DataLoss, InvalidRequest, NotFound, Overloaded, PermissionDenied
@@ -23,10 +22,11 @@ from common.redis_client import with_redis_retry
 from common.security import current_principal
 from common.tracing import current_traceparent, tag_current_span
 from scheduler_service.dispatcher import Dispatcher
+from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.priority import shed_limit
-from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import NewRequest, TokenEvent
-from scheduler_service.stream_mux import StreamMux
+from scheduler_service.scoring import RequestScorer
+from scheduler_service.store import Store
 from scheduler_service.tokenizer_source import ModelLimits, TokenizerSource
 from scheduler_service.validation import validate
 
@@ -52,16 +52,21 @@ class RequestStatus:
 
 class Frontend:
     def __init__(
-        self, store: RequestStore, dispatcher: Dispatcher, tokenizers: TokenizerSource, config: BatonConfig
+        self,
+        store: Store,
+        dispatcher: Dispatcher,
+        tokenizers: TokenizerSource,
+        config: BatonConfig,
+        scorer: RequestScorer,
+        metrics: SchedulerMetrics,
     ) -> None:
+        """``scorer``: the one the dispatcher feeds with the fleet's load and the length estimator."""
         self.store = store
         self.dispatcher = dispatcher
         self.tokenizers = tokenizers
         self.config = config
-        # One XREAD for all followed streams (not one per client); per-client reads on a cluster.
-        self._mux = StreamMux(store.redis) if StreamMux.supported(store.redis) else None
-        # This replica's links tell the mux what they publish: its readers get it without an XREAD.
-        store.listener = self._mux
+        self.scorer = scorer
+        self.metrics = metrics
 
     async def tokenize(self, text: str) -> list[int]:
         limit = self.config.scheduler.request_level.max_prompt_chars
@@ -87,13 +92,13 @@ class Frontend:
         prompt_ids = await self.tokenize(msg.prompt) if msg.prompt else []
         request_level = self.config.scheduler.request_level
         req = validate(msg, lambda _text: prompt_ids, limits, request_level)
-        scored = self.dispatcher.scorer.score(req)
+        scored = self.scorer.score(req)
         tag_current_span(req.request_id)
         limit = shed_limit(req.priority, request_level)
         try:
-            await self.store.enqueue(req, scored.score, limit, current_traceparent(), scored.fields)
+            await self.store.requests.enqueue(req, scored.score, limit, current_traceparent(), scored.fields)
         except Overloaded as exc:
-            self.dispatcher.metrics.shed.labels(str(req.priority)).inc()
+            self.metrics.shed.labels(str(req.priority)).inc()
             raise Overloaded(
                 f"the queue holds {limit} or more requests, the limit for priority {req.priority}; retry later",
                 request_level.retry_after_ms,
@@ -106,8 +111,7 @@ class Frontend:
             req.tenant,
             scored.expected_output,
         )
-        self.dispatcher.wake()
-        self.dispatcher.control.wake_others()
+        self.dispatcher.work_queued()
         return req
 
     async def events(self, request_id: str, from_index: int = 0) -> AsyncIterator[TokenEvent]:
@@ -123,11 +127,11 @@ class Frontend:
             try:
                 batch = await self._retrying(functools.partial(self._read_events, request_id, last_id), what)
             except ResponseError:
-                if not await self.store.stream_is_malformed(request_id):
+                if not await self.store.streams.is_malformed(request_id):
                     raise
                 await self._end_malformed(request_id)
                 continue  # the stream now holds the request's final event
-            if not batch and await self._retrying(functools.partial(self.store.get, request_id), what) is None:
+            if not batch and await self._retrying(functools.partial(self.store.requests.get, request_id), what) is None:
                 raise NotFound(f"request {request_id} does not exist or has expired")
             for entry_id, event in batch:
                 last_id = entry_id
@@ -156,11 +160,11 @@ class Frontend:
         """The request's output stream holds another type: end the request FAILED (its stream is
         replaced by one with the final event), or, if it had already ended, say the output is lost."""
         try:
-            record = await self.store.get(request_id)
+            record = await self.store.requests.get(request_id)
             executor_id = record.get("executor", "") if record else ""
         except ResponseError:  # the record is malformed too
             executor_id = ""
-        if not await self.store.quarantine(request_id, "its output stream in Redis is malformed", executor_id):
+        if not await self.store.requests.quarantine(request_id, "its output stream in Redis is malformed", executor_id):
             raise DataLoss(f"the output stream of request {request_id} is malformed in Redis")
 
     async def _repair_gap(self, request_id: str, start: int, end: int) -> TokenEvent | None:
@@ -170,7 +174,7 @@ class Frontend:
         exactly once; the text is decoded here, as the executor's text for them was lost.
         """
         tokens = await self._retrying(
-            lambda: self.store.tokens_between(request_id, start, end), f"reading the tokens of {request_id}"
+            lambda: self.store.requests.tokens_between(request_id, start, end), f"reading the tokens of {request_id}"
         )
         if len(tokens) != end - start:
             return None
@@ -180,10 +184,7 @@ class Frontend:
         return TokenEvent(start, tokens, text)
 
     async def _read_events(self, request_id: str, last_id: str) -> list[tuple[str, TokenEvent]]:
-        if self._mux is None:
-            return await self.store.read_events(request_id, last_id, _BLOCK_MS)
-        entries = await self._mux.read(self.store.keys.output(request_id), last_id, _BLOCK_MS)
-        return [(entry_id, TokenEvent.from_fields(fields)) for entry_id, fields in entries]
+        return await self.store.streams.follow(request_id, last_id, _BLOCK_MS)
 
     async def _retrying(self, call: Callable[[], Awaitable[T]], what: str) -> T:
         """Every Redis call of a client's stream rides out an outage (up to ``redis_retry_s``). A
@@ -194,7 +195,7 @@ class Frontend:
 
     async def authorize(self, request_id: str) -> dict[str, str]:
         """The request's record, if it exists and the caller's tenant owns it."""
-        record = await self.store.get(request_id)
+        record = await self.store.requests.get(request_id)
         if record is None:
             raise NotFound(f"request {request_id} does not exist or has expired")
         principal = current_principal.get()
@@ -204,15 +205,13 @@ class Frontend:
 
     async def cancel(self, request_id: str) -> RequestState:
         await self.authorize(request_id)
-        outcome = await self.store.cancel(request_id)
+        outcome = await self.store.requests.cancel(request_id)
         if outcome.state is None:
             raise NotFound(f"request {request_id} does not exist or has expired")
         if outcome.ended_here:
             # It was queued: end its stream here, as no executor will.
             event = TokenEvent(outcome.tokens, (), "", FinishReason.CANCELLED, {})
-            fields = cast(dict[FieldT, EncodableT], event.to_fields())
-            await self.store.redis.xadd(self.store.keys.output(request_id), fields)
-            await self.store.redis.expire(self.store.keys.output(request_id), self.store.ttl_s)
+            await self.store.streams.publish_final(request_id, event)
         elif outcome.state in (RequestState.ASSIGNED, RequestState.RUNNING):
             await self.dispatcher.request_abort(request_id, outcome.executor_id)
         return outcome.state
@@ -220,7 +219,7 @@ class Frontend:
     async def status(self, request_id: str) -> RequestStatus:
         record = await self.authorize(request_id)
         state = RequestState[record["state"]]
-        position = await self.store.queue_position(request_id) if state is RequestState.QUEUED else None
+        position = await self.store.queue.position(request_id) if state is RequestState.QUEUED else None
         reason = record.get("finish_reason", "")
         return RequestStatus(
             request_id=request_id,
@@ -234,7 +233,7 @@ class Frontend:
         )
 
     async def alive_executors(self) -> int:
-        return len(self.dispatcher.links) or int(await self.store.redis.zcard(self.store.keys.executors))
+        return await self.dispatcher.alive_executors()
 
 
 def _count(raw: str | None) -> int:

@@ -77,7 +77,7 @@ class SchedulerMetrics:
         self.aborted = Counter("baton:requests_aborted", "Requests aborted for their client", ["reason"], registry=r)
         self.malformed = Counter(
             "baton:requests_malformed",
-            "Requests ended FAILED because their Redis state could not be read (RequestStore.quarantine)",
+            "Requests ended FAILED because their Redis state could not be read (RequestRecords.quarantine)",
             registry=r,
         )
         self.ttft = Histogram(

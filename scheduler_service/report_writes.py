@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 import time
 
+from common.clock import now_ms
 from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as pb
 from scheduler_service.link_state import LinkedRequest
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.request_store import usage_of
 from scheduler_service.requests import TokenEvent
-from scheduler_service.step_publishing import StepWrite, now_ms
+from scheduler_service.store.step_publisher import StepWrite
 
 log = logging.getLogger(__name__)
 
@@ -86,3 +86,14 @@ class ReportWrites:
             self._metrics.deadlines.labels("met" if now_ms() <= req.deadline_ms else "missed").inc()
         self._metrics.observe_finish(reason.name, usage, (now_ms() - req.arrival_ms) / 1000)
         return StepWrite(req.request_id, TokenEvent(req.generated, tokens, text, reason, usage), fin.error)
+
+
+def usage_of(
+    prompt_tokens: int, completion_tokens: int, arrival_ms: int, assigned_ms: int, first_token_ms: int | None
+) -> dict[str, float]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "queue_time_ms": float(max(0, assigned_ms - arrival_ms)),
+        "ttft_ms": float(max(0, (first_token_ms or assigned_ms) - arrival_ms)),
+    }

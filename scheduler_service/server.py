@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from common import service
@@ -27,8 +26,9 @@ from scheduler_service.dispatcher import Dispatcher
 from scheduler_service.fleet_signals import FleetSignals
 from scheduler_service.frontend import Frontend
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.request_store import RequestStore
+from scheduler_service.scoring import RequestScorer
 from scheduler_service.servicer import GenerationServicer
+from scheduler_service.store import Store
 from scheduler_service.tokenizer_source import TokenizerSource
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ CHECKED_STREAMS = (f"/{SERVICE_NAME}/GenerateBatch",)
 class RunningScheduler:
     port: int
     server: grpc.aio.Server
+    store: Store
     dispatcher: Dispatcher
     frontend: Frontend
     health: health.aio.HealthServicer
@@ -56,7 +57,7 @@ class RunningScheduler:
         await set_serving(self.health, [SERVICE_NAME], serving=False)
         await self.server.stop(grace)
         await self.dispatcher.stop()
-        await self.frontend.store.redis.aclose()
+        await self.store.close()
 
 
 async def start_scheduler(
@@ -65,36 +66,38 @@ async def start_scheduler(
     dist = config.distributed
     redis = connect(dist.redis_url)
     await check_deployment(redis, dist.redis_url)
-    keys = KeySchema(dist.key_prefix)
-    store = RequestStore(redis, keys, dist.request_ttl_s, dist.max_migrations)
+    store = Store(redis, KeySchema(dist.key_prefix), dist.request_ttl_s, dist.max_migrations)
     metrics = SchedulerMetrics()
-    dispatcher = Dispatcher(store, config, metrics=metrics)
-    tokenizers = TokenizerSource(redis, keys, config.scheduler.tokenizer, after_tokenizer_load)
-    frontend = Frontend(store, dispatcher, tokenizers, config)
+    scorer = RequestScorer(config)
+    dispatcher = Dispatcher(store, config, metrics=metrics, scorer=scorer)
+    tokenizers = TokenizerSource(store.fleet, config.scheduler.tokenizer, after_tokenizer_load)
+    frontend = Frontend(store, dispatcher, tokenizers, config, scorer, metrics)
     tracing = setup_tracing("baton-scheduler", config.monitoring.tracing, config.monitoring.otlp_endpoint)
     tokens = load_tokens(config.security.auth_tokens_file)
     fleet_secret(config.security)  # an unreadable secret file fails start-up, not every executor link
     server = service.make_server(config.scheduler.max_message_bytes, tokens, tracing, CHECKED_STREAMS)
-    generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(frontend), server)
+    generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(frontend, metrics), server)
     health_servicer = add_health_and_reflection(server, [SERVICE_NAME])
     await set_serving(health_servicer, [SERVICE_NAME], serving=False)
     port = service.add_port(server, f"{config.scheduler.host}:{config.scheduler.port}", config.security)
     await server.start()
     metrics_port = serve_metrics(metrics.registry, config.monitoring.metrics_port)
     await dispatcher.start()
-    readiness = asyncio.create_task(_track_readiness(redis, health_servicer), name="readiness")
-    fleet = FleetSignals(redis, keys, metrics, dist.executor_timeout_ms)
+    readiness = asyncio.create_task(_track_readiness(store, health_servicer), name="readiness")
+    fleet = FleetSignals(store.queue, store.fleet, metrics, dist.executor_timeout_ms)
     signals = asyncio.create_task(fleet.run(), name="fleet-signals")
     log.info("scheduler %s listening on port %d", dispatcher.replica_id, port)
-    return RunningScheduler(port, server, dispatcher, frontend, health_servicer, metrics_port, readiness, signals)
+    return RunningScheduler(
+        port, server, store, dispatcher, frontend, health_servicer, metrics_port, readiness, signals
+    )
 
 
-async def _track_readiness(redis: Redis, health_servicer: health.aio.HealthServicer, interval: float = 1.0) -> None:
+async def _track_readiness(store: Store, health_servicer: health.aio.HealthServicer, interval: float = 1.0) -> None:
     """SERVING exactly while Redis answers: without it the scheduler can neither queue nor stream."""
     serving: bool | None = None
     while True:
         try:
-            ok = bool(await asyncio.wait_for(redis.ping(), timeout=interval))
+            ok = await asyncio.wait_for(store.ping(), timeout=interval)
         except (RedisError, OSError, TimeoutError):
             ok = False
         if ok != serving:

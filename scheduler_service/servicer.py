@@ -13,6 +13,7 @@ from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from scheduler_service.batch_stream import BatchStream
 from scheduler_service.frontend import Frontend, RequestStatus
+from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.requests import TokenEvent
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,9 @@ def status_pb(status: RequestStatus) -> pb.GetRequestResponse:
 
 
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
-    def __init__(self, frontend: Frontend) -> None:
+    def __init__(self, frontend: Frontend, metrics: SchedulerMetrics) -> None:
         self._frontend = frontend
+        self._metrics = metrics
         self._background: set[asyncio.Task[object]] = set()  # cancels outliving their handler
 
     async def Generate(
@@ -82,7 +84,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     def _abandon(self, request_id: str) -> None:
         """Cancel a request its client left unfinished, without holding up the handler's exit."""
         log.info("request %s abandoned by its client; cancelling", request_id)
-        self._frontend.dispatcher.metrics.aborted.labels("client_gone").inc()
+        self._metrics.aborted.labels("client_gone").inc()
         task = asyncio.ensure_future(self._frontend.cancel(request_id))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -109,7 +111,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
 
     async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
         state = await self._frontend.cancel(request.request_id)
-        self._frontend.dispatcher.metrics.aborted.labels("cancelled").inc()
+        self._metrics.aborted.labels("cancelled").inc()
         return pb.CancelResponse(state=int(state))  # type: ignore[arg-type]
 
     async def GetRequest(

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from common.lifecycle import FinishReason
 from scheduler_service.requests import TokenEvent
-from scheduler_service.step_publishing import StepWrite
+from scheduler_service.store.step_publisher import StepWrite
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
-import redis.asyncio as aioredis
 from transformers import AutoTokenizer
 
 from common.errors import NotReady
-from common.keys import KeySchema
+from scheduler_service.store.fleet import FleetRegistry
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +25,13 @@ class ModelLimits:
 class TokenizerSource:
     def __init__(
         self,
-        redis: aioredis.Redis,
-        keys: KeySchema,
+        fleet: FleetRegistry,
         configured: str = "",
         after_load: Callable[[], object] | None = None,
     ) -> None:
         """``after_load``: called once the tokenizer is loaded (``serve`` freezes the heap again, since
         the tokenizer is loaded on the first request, after startup's freeze)."""
-        self._redis = redis
-        self._keys = keys
+        self._fleet = fleet
         self._configured = configured
         self._after_load = after_load
         self._lock = asyncio.Lock()
@@ -51,15 +47,8 @@ class TokenizerSource:
         assert self.tokenizer is not None and self.limits is not None
         return self.tokenizer, self.limits
 
-    async def _registered_executor(self) -> dict[str, str]:
-        for executor_id in cast(list[str], await self._redis.zrevrange(self._keys.executors, 0, 0)):
-            record = cast(dict[str, str], await self._redis.hgetall(self._keys.executor(executor_id)))
-            if record:
-                return record
-        return {}
-
     async def _load(self) -> None:
-        record = await self._registered_executor()
+        record = await self._fleet.newest_record()
         model = self._configured or record.get("model", "")
         if not model or "max_model_len" not in record:
             raise NotReady("no executor has registered yet; the model's tokenizer and limits are unknown")

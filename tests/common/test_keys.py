@@ -46,7 +46,7 @@ def test_crc16_matches_the_redis_cluster_reference_values() -> None:
 
 
 def _script_key_groups(keys: KeySchema, rid: str, eid: str) -> dict[str, list[str]]:
-    """The KEYS each Lua script in scheduler_service.scripts receives (see RequestStore)."""
+    """The KEYS each Lua script in scheduler_service.store (request_scripts, lease_scripts) receives."""
     return {
         "ENQUEUE": [keys.request(rid), keys.pending],
         "CLAIM": [keys.pending, keys.request(rid), keys.running(eid), keys.tokens(rid)],

@@ -17,10 +17,10 @@ from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from common.redis_client import connect, is_cluster
 from executor_service.server import start_executor
-from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
 from scheduler_service.server import start_scheduler
-from scheduler_service.step_publishing import StepWrite
+from scheduler_service.store import Store
+from scheduler_service.store.step_publisher import StepWrite
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.redis_topology import RedisClusterProcesses, redis_cli
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts
@@ -71,14 +71,14 @@ async def test_cluster_url_gives_a_cluster_client(cluster_url: str) -> None:
 
 async def _claimed_after_script_flush(
     client: aioredis.Redis, cluster: RedisClusterProcesses, claims: dict[str, str]
-) -> RequestStore:
+) -> Store:
     """A store whose requests (id -> executor) are queued and claimed, then every node's scripts flushed:
     what a promoted replica or restarted primary looks like."""
-    store = RequestStore(client, KeySchema(), request_ttl_s=60)
+    store = Store(client, KeySchema(), request_ttl_s=60)
     params = RequestParams(max_tokens=4, ignore_eos=True)
     for request_id, executor_id in claims.items():
-        await store.enqueue(NewRequest(request_id, (1, 5, 6), params, 5, "t", 0, 0), 0.0, 100)
-        assert await store.claim(request_id, executor_id) is not None
+        await store.requests.enqueue(NewRequest(request_id, (1, 5, 6), params, 5, "t", 0, 0), 0.0, 100)
+        assert await store.requests.claim(request_id, executor_id) is not None
     for node in cluster.nodes:
         redis_cli(node.port, "SCRIPT", "FLUSH")
     return store
@@ -92,13 +92,13 @@ async def test_pipelined_scripts_survive_a_node_that_lost_them(
     try:
         store = await _claimed_after_script_flush(client, redis_cluster, {"r1": "exec-a"})
         usage = {"prompt_tokens": 3.0, "completion_tokens": 2.0}
-        accepted = await store.publish_step(
+        accepted = await store.steps.publish(
             "exec-a",
             [StepWrite("r1", TokenEvent(0, (7, 8), "ab", FinishReason.LENGTH, usage))],
         )
         assert accepted == [True]
-        assert (await store.get("r1") or {})["state"] == "FINISHED"
-        events = await store.read_events("r1", "0", 100)
+        assert (await store.requests.get("r1") or {})["state"] == "FINISHED"
+        events = await store.streams.read_events("r1", "0", 100)
         assert [(e.index, e.token_ids) for _, e in events] == [(0, (7, 8))]
     finally:
         await client.aclose()
@@ -111,14 +111,14 @@ async def test_steps_of_several_executors_share_one_pipeline_on_a_cluster(
     client = connect(cluster_url)
     try:
         store = await _claimed_after_script_flush(client, redis_cluster, {f"r{i}": f"exec-{i}" for i in range(3)})
-        trips = store._record_step.round_trips
+        trips = store.steps._record_step.round_trips
         accepted = await asyncio.gather(
-            *(store.publish_step(f"exec-{i}", [StepWrite(f"r{i}", TokenEvent(0, (7 + i,), "a"))]) for i in range(3))
+            *(store.steps.publish(f"exec-{i}", [StepWrite(f"r{i}", TokenEvent(0, (7 + i,), "a"))]) for i in range(3))
         )
         assert accepted == [[True], [True], [True]]
-        assert store._record_step.round_trips == trips + 1
+        assert store.steps._record_step.round_trips == trips + 1
         for i in range(3):
-            events = await store.read_events(f"r{i}", "0", 100)
+            events = await store.streams.read_events(f"r{i}", "0", 100)
             assert [(e.index, e.token_ids) for _, e in events] == [(0, (7 + i,))]
     finally:
         await client.aclose()

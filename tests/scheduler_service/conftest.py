@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 from common.redis_client import connect
-from scheduler_service.request_store import RequestStore
+from scheduler_service.store import Store
 from tests.scheduler_service.store_helpers import KEYS, TTL_S
 
 
 @pytest.fixture
-async def store(redis_url: str) -> AsyncIterator[RequestStore]:
+async def store(redis_url: str) -> AsyncIterator[Store]:
     client = connect(redis_url)
-    yield RequestStore(client, KEYS, request_ttl_s=TTL_S)
+    yield Store(client, KEYS, request_ttl_s=TTL_S)
     await client.aclose()

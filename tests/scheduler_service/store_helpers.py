@@ -6,8 +6,8 @@ import redis.asyncio as aioredis
 
 from common.keys import KeySchema
 from common.lifecycle import FinishReason
-from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
+from scheduler_service.store import Store
 
 KEYS = KeySchema("baton")
 TTL_S = 60
@@ -27,23 +27,23 @@ def new_request(request_id: str, prompt: tuple[int, ...] = PROMPT, priority: int
     )
 
 
-async def enqueue(store: RequestStore, request_id: str, score: float = 100.0, max_pending: int = 100) -> None:
-    await store.enqueue(new_request(request_id), score, max_pending)
+async def enqueue(store: Store, request_id: str, score: float = 100.0, max_pending: int = 100) -> None:
+    await store.requests.enqueue(new_request(request_id), score, max_pending)
 
 
 async def append(
-    store: RequestStore, request_id: str, executor_id: str, index: int, tokens: tuple[int, ...], text: str = ""
+    store: Store, request_id: str, executor_id: str, index: int, tokens: tuple[int, ...], text: str = ""
 ) -> int:
     """Append one token event through a pipeline, as ExecutorLink does; returns the script's result."""
     async with store.redis.pipeline(transaction=False) as pipe:
-        await store.append_tokens(pipe, request_id, executor_id, TokenEvent(index, tokens, text))
+        await store.requests.append_tokens(pipe, request_id, executor_id, TokenEvent(index, tokens, text))
         results = await pipe.execute()
     return int(results[0])
 
 
-async def finish(store: RequestStore, request_id: str, executor_id: str, reason: FinishReason, error: str = "") -> int:
+async def finish(store: Store, request_id: str, executor_id: str, reason: FinishReason, error: str = "") -> int:
     async with store.redis.pipeline(transaction=False) as pipe:
-        await store.finish(pipe, request_id, executor_id, reason, error)
+        await store.requests.finish(pipe, request_id, executor_id, reason, error)
         results = await pipe.execute()
     return int(results[0])
 

@@ -19,25 +19,25 @@ from common.pb import executor_pb2 as pb
 from scheduler_service.admission import Admission
 from scheduler_service.executor_link import ExecutorLink
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import ClaimedRequest
 from scheduler_service.scoring import RequestScorer
+from scheduler_service.store import Store
 from tests.scheduler_service.store_helpers import new_request
 
 CONFIG = BatonConfig()
 
 
-def open_link(store: RequestStore) -> ExecutorLink:
+def open_link(store: Store) -> ExecutorLink:
     link = ExecutorLink("exec-1", "127.0.0.1:1", store, CONFIG.scheduler, lambda _queue_moved: None)
     link.info = pb.InfoResponse(executor_id="exec-1", kv_blocks_total=100, block_size=16, max_batch_size=8)
     link.fence(())  # nothing stale on the executor: ready at once
     return link
 
 
-async def queued(store: RequestStore, scorer: RequestScorer, request_id: str) -> None:
+async def queued(store: Store, scorer: RequestScorer, request_id: str) -> None:
     req = new_request(request_id)
     scored = scorer.score(req)
-    await store.enqueue(req, scored.score, 100, "", scored.fields)
+    await store.requests.enqueue(req, scored.score, 100, "", scored.fields)
 
 
 @dataclass
@@ -49,48 +49,46 @@ class Round:
 
 
 @pytest.fixture
-async def round_(store: RequestStore) -> Round:
+async def round_(store: Store) -> Round:
     scorer = RequestScorer(CONFIG)
     await queued(store, scorer, "r1")
     return Round(Admission(store, CONFIG, scorer, SchedulerMetrics()), open_link(store))
 
 
-def after_real_claims(
-    store: RequestStore, monkeypatch: pytest.MonkeyPatch, then: Callable[[], Awaitable[None]]
-) -> None:
+def after_real_claims(store: Store, monkeypatch: pytest.MonkeyPatch, then: Callable[[], Awaitable[None]]) -> None:
     """Make ``claim_many`` apply the claims in Redis for real, then run ``then`` before it returns."""
-    real_claim = store.claim_many
+    real_claim = store.requests.claim_many
 
     async def claim_then(claims: list[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
         rows = await real_claim(claims)
         await then()
         return rows
 
-    monkeypatch.setattr(store, "claim_many", claim_then)
+    monkeypatch.setattr(store.requests, "claim_many", claim_then)
 
 
-async def state_and_owner(store: RequestStore, request_id: str) -> tuple[str, str]:
-    record = await store.get(request_id)
+async def state_and_owner(store: Store, request_id: str) -> tuple[str, str]:
+    record = await store.requests.get(request_id)
     assert record is not None
     return record["state"], record.get("owner", "")
 
 
 async def test_a_claim_for_a_link_that_closed_meanwhile_goes_back_to_the_queue(
-    store: RequestStore, round_: Round, monkeypatch: pytest.MonkeyPatch
+    store: Store, round_: Round, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     admission, link = round_.admission, round_.link
     after_real_claims(store, monkeypatch, link.close)  # the link's stream ended while the claims were in flight
     assert await admission.run([link]) == 0
     assert "r1" not in link.requests
     assert await state_and_owner(store, "r1") == ("QUEUED", "")
-    assert await store.queue_position("r1") == 0
+    assert await store.queue.position("r1") == 0
 
 
 async def test_claims_whose_reply_was_lost_are_settled_next_round(
-    store: RequestStore, round_: Round, monkeypatch: pytest.MonkeyPatch
+    store: Store, round_: Round, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     admission, link = round_.admission, round_.link
-    real_claim = store.claim_many
+    real_claim = store.requests.claim_many
 
     async def lose_the_reply() -> None:
         raise RedisConnectionError("the connection dropped before the reply")
@@ -100,33 +98,33 @@ async def test_claims_whose_reply_was_lost_are_settled_next_round(
         await admission.run([link])
     assert await state_and_owner(store, "r1") == ("ASSIGNED", link.owner)  # applied, yet nobody runs it
     assert "r1" not in link.requests
-    monkeypatch.setattr(store, "claim_many", real_claim)
+    monkeypatch.setattr(store.requests, "claim_many", real_claim)
     assert await admission.run([link]) == 1  # handed back first, then admitted for real
     assert "r1" in link.requests
     assert await state_and_owner(store, "r1") == ("ASSIGNED", link.owner)
-    record = await store.get("r1")
+    record = await store.requests.get("r1")
     assert record is not None and not record.get("migrations") and not record.get("preemptions")
 
 
 async def test_settling_a_claim_redis_never_applied_changes_nothing(
-    store: RequestStore, round_: Round, monkeypatch: pytest.MonkeyPatch
+    store: Store, round_: Round, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     admission, link = round_.admission, round_.link
 
     async def fail_before_sending(claims: list[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
         raise RedisConnectionError("Redis is down")
 
-    real_claim = store.claim_many
-    monkeypatch.setattr(store, "claim_many", fail_before_sending)
+    real_claim = store.requests.claim_many
+    monkeypatch.setattr(store.requests, "claim_many", fail_before_sending)
     with pytest.raises(RedisConnectionError):
         await admission.run([link])
-    monkeypatch.setattr(store, "claim_many", real_claim)
+    monkeypatch.setattr(store.requests, "claim_many", real_claim)
     assert await admission.run([link]) == 1
-    record = await store.get("r1")
+    record = await store.requests.get("r1")
     assert record is not None and record["state"] == "ASSIGNED" and not record.get("migrations")
 
 
-async def test_a_new_link_admits_nothing_until_its_stale_aborts_are_confirmed(store: RequestStore) -> None:
+async def test_a_new_link_admits_nothing_until_its_stale_aborts_are_confirmed(store: Store) -> None:
     """The race a SIGKILLed replica's successor lost: it re-queued the executor's stale requests while
     its link already counted as ready, admission re-claimed one, and the admit went out ahead of the
     stale abort, which then cancelled the new run of it."""
@@ -146,7 +144,7 @@ async def test_a_new_link_admits_nothing_until_its_stale_aborts_are_confirmed(st
     assert [a.request_id for a in link._outbox.get_nowait().admit] == ["r1"]
 
 
-async def test_a_queue_found_empty_is_read_again_only_when_the_queue_moved(store: RequestStore, round_: Round) -> None:
+async def test_a_queue_found_empty_is_read_again_only_when_the_queue_moved(store: Store, round_: Round) -> None:
     """A finish frees room but queues nothing, so the round it wakes does not read the queue."""
     admission, link = round_.admission, round_.link
     assert await admission.run([link]) == 1
@@ -157,7 +155,7 @@ async def test_a_queue_found_empty_is_read_again_only_when_the_queue_moved(store
 
 
 async def test_a_link_says_whether_the_queue_moved_when_its_requests_leave(
-    store: RequestStore, monkeypatch: pytest.MonkeyPatch
+    store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     moves: list[bool] = []
     link = ExecutorLink("exec-1", "127.0.0.1:1", store, CONFIG.scheduler, moves.append)
@@ -166,7 +164,7 @@ async def test_a_link_says_whether_the_queue_moved_when_its_requests_leave(
     scorer = RequestScorer(CONFIG)
     for request_id in ("done", "evicted"):
         await queued(store, scorer, request_id)
-        claimed = await store.claim(request_id, "exec-1", link.owner)
+        claimed = await store.requests.claim(request_id, "exec-1", link.owner)
         assert claimed is not None
         link.admit(claimed)
     finished = pb.FinishedRequest(request_id="done", finish_reason=FinishReason.LENGTH)
@@ -174,15 +172,15 @@ async def test_a_link_says_whether_the_queue_moved_when_its_requests_leave(
     await link._on_reports([pb.StepReport(tokens=[last_token], finished=[finished])])
     assert moves == [False], "a finish only freed room"
     await queued(store, scorer, "late")
-    late = await store.claim("late", "exec-1", link.owner)
+    late = await store.requests.claim("late", "exec-1", link.owner)
     assert late is not None
-    real_hand_back = store.hand_back
+    real_hand_back = store.requests.hand_back
 
     async def admit_meanwhile(*args: object, **kwargs: object) -> None:
         await real_hand_back(*args, **kwargs)  # type: ignore[arg-type]
         link.admit(late)  # the planner admits while the link writes: the count stays the same
 
-    monkeypatch.setattr(store, "hand_back", admit_meanwhile)
+    monkeypatch.setattr(store.requests, "hand_back", admit_meanwhile)
     await link._on_reports([pb.StepReport(preempted=["evicted"])])
     assert moves == [False, True], "a preempted request went back to the queue"
-    assert await store.queue_position("evicted") == 0
+    assert await store.queue.position("evicted") == 0

@@ -145,7 +145,7 @@ async def test_get_request_reports_queued_with_position(redis_url: str, tiny_mod
         waiting = stack.stub.Generate(greedy([1, 6, 6], 4, request_id="waiting"))
 
         async def accepted() -> bool:
-            return await stack.scheduler.frontend.store.get("waiting") is not None
+            return await stack.scheduler.frontend.store.requests.get("waiting") is not None
 
         await eventually(accepted, "the waiting request to be queued")
         status = await stack.stub.GetRequest(pb.GetRequestRequest(request_id="waiting"))
@@ -215,22 +215,22 @@ async def test_reader_repairs_tokens_recorded_but_never_published(stack: Stack) 
     from common.keys import KeySchema
     from common.lifecycle import FinishReason
     from scheduler_service.frontend import Frontend
-    from scheduler_service.request_store import RequestStore
     from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
-    from scheduler_service.step_publishing import StepWrite
+    from scheduler_service.store import Store
+    from scheduler_service.store.step_publisher import StepWrite
 
     live = stack.scheduler.frontend
     # Its own key prefix, so the running scheduler cannot claim the request first.
-    store = RequestStore(live.store.redis, KeySchema("gaptest"), request_ttl_s=60)
-    frontend = Frontend(store, live.dispatcher, live.tokenizers, live.config)
+    store = Store(live.store.redis, KeySchema("gaptest"), request_ttl_s=60)
+    frontend = Frontend(store, live.dispatcher, live.tokenizers, live.config, live.scorer, live.metrics)
     params = RequestParams(max_tokens=4, ignore_eos=True)
-    await store.enqueue(NewRequest("gap-1", (1, 5, 6), params, 5, "t", 0, 0), -1e18, 100)
-    assert await store.claim("gap-1", "ghost") is not None
+    await store.requests.enqueue(NewRequest("gap-1", (1, 5, 6), params, 5, "t", 0, 0), -1e18, 100)
+    assert await store.requests.claim("gap-1", "ghost") is not None
     async with store.redis.pipeline(transaction=False) as pipe:  # a writer that died before publishing
-        await store.append_tokens(pipe, "gap-1", "ghost", TokenEvent(0, (11, 12, 13), ""))
+        await store.requests.append_tokens(pipe, "gap-1", "ghost", TokenEvent(0, (11, 12, 13), ""))
         await pipe.execute()
     usage = {"prompt_tokens": 3.0, "completion_tokens": 4.0}
-    await store.publish_step("ghost", [StepWrite("gap-1", TokenEvent(3, (14,), "x", FinishReason.LENGTH, usage))])
+    await store.steps.publish("ghost", [StepWrite("gap-1", TokenEvent(3, (14,), "x", FinishReason.LENGTH, usage))])
     events = [e async for e in frontend.events("gap-1")]
     assert [(e.index, e.token_ids) for e in events] == [(0, (11, 12, 13)), (3, (14,))]
     assert events[-1].finish_reason is FinishReason.LENGTH

@@ -11,20 +11,20 @@ from common.keys import KeySchema
 from common.redis_client import connect
 from scheduler_service.fleet_signals import FleetSignals
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import NewRequest, RequestParams
+from scheduler_service.store import Store
 
 
 async def test_oldest_wait_by_priority_and_fleet_kv_usage(redis_url: str) -> None:
     client = connect(redis_url)
     keys = KeySchema()
     try:
-        store = RequestStore(client, keys, request_ttl_s=60)
+        store = Store(client, keys, request_ttl_s=60)
         now = int(time.time() * 1000)
         params = RequestParams(max_tokens=8)
         for request_id, priority, age_ms in [("a", 2, 5000), ("b", 2, 1000), ("c", 8, 3000)]:
             req = NewRequest(request_id, (1, 5), params, priority, "t", 0, now - age_ms)
-            await store.enqueue(req, float(now - age_ms - priority * 1000), 100)
+            await store.requests.enqueue(req, float(now - age_ms - priority * 1000), 100)
         heartbeats = {"e1": (now, 10, 100, 3), "e2": (now, 30, 100, 4), "gone": (now - 60_000, 90, 100, 9)}
         for executor_id, (beat, used, total, running) in heartbeats.items():
             load = {"kv_blocks_used": used, "kv_blocks_total": total, "num_running": running}
@@ -32,7 +32,7 @@ async def test_oldest_wait_by_priority_and_fleet_kv_usage(redis_url: str) -> Non
             await client.zadd(keys.executors, {executor_id: beat})
 
         metrics = SchedulerMetrics()
-        signals = FleetSignals(client, keys, metrics, executor_timeout_ms=3000)
+        signals = FleetSignals(store.queue, store.fleet, metrics, executor_timeout_ms=3000)
         snapshot = await signals.refresh()
 
         assert set(snapshot.oldest_waiting_s) == {"2", "8"}
@@ -47,7 +47,7 @@ async def test_oldest_wait_by_priority_and_fleet_kv_usage(redis_url: str) -> Non
         assert sample("baton:fleet_executors") == 2
 
         for request_id in ("a", "b", "c"):
-            assert await store.claim(request_id, "e1") is not None
+            assert await store.requests.claim(request_id, "e1") is not None
         snapshot = await signals.refresh()
         assert snapshot.oldest_waiting_s == {}
         assert sample("baton:queue_oldest_waiting_seconds", {"priority": "2"}) is None

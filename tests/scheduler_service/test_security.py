@@ -134,7 +134,7 @@ async def test_a_batch_stream_runs_as_its_tokens_tenant(secure_stack: Stack) -> 
     events = [
         e async for m in secure_stack.stub.GenerateBatch(iter(requests), metadata=auth("tok-alice")) for e in m.events
     ]
-    record = await secure_stack.scheduler.frontend.store.get("alice-batch")
+    record = await secure_stack.scheduler.frontend.store.requests.get("alice-batch")
     assert record is not None and record["tenant"] == "alice"
     refused = [e for e in events if e.position == 1]
     assert len(refused) == 1 and refused[0].error_code == grpc.StatusCode.PERMISSION_DENIED.value[0]
@@ -144,7 +144,7 @@ async def test_a_batch_stream_runs_as_its_tokens_tenant(secure_stack: Stack) -> 
 async def test_a_token_is_served_and_pins_its_tenant(secure_stack: Stack) -> None:
     reply = await secure_stack.stub.Complete(short("alice-1"), metadata=auth("tok-alice"))
     assert len(reply.token_ids) == 3
-    record = await secure_stack.scheduler.frontend.store.get("alice-1")
+    record = await secure_stack.scheduler.frontend.store.requests.get("alice-1")
     assert record is not None and record["tenant"] == "alice"
     code = await _code(secure_stack.stub.Complete(short(tenant="bob"), metadata=auth("tok-alice")))
     assert code == grpc.StatusCode.PERMISSION_DENIED

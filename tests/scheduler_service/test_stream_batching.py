@@ -15,9 +15,9 @@ from common.pb import executor_pb2 as epb
 from common.pb import generate_pb2 as pb
 from common.redis_client import connect
 from scheduler_service.executor_link import ExecutorLink
-from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
-from scheduler_service.step_publishing import StepWrite
+from scheduler_service.store import Store
+from scheduler_service.store.step_publisher import StepWrite
 from scheduler_service.stream_batching import StreamBatcher, StreamInterval, coalesce
 from tests.conftest import RedisServer
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
@@ -161,26 +161,26 @@ async def test_handed_back_request_keeps_the_tokens_that_waited(redis_url: str) 
     """A preempted request resumes after every token the executor made, batched or not."""
     client = connect(redis_url)
     try:
-        store = RequestStore(client, KeySchema(), request_ttl_s=60)
+        store = Store(client, KeySchema(), request_ttl_s=60)
         params = RequestParams(max_tokens=50, ignore_eos=True)
-        await store.enqueue(NewRequest("hb", (1, 5, 6), params, 5, "t", 0, 0), 0.0, 100)
+        await store.requests.enqueue(NewRequest("hb", (1, 5, 6), params, 5, "t", 0, 0), 0.0, 100)
         link = ExecutorLink(
             "exec-x", "unused:0", store, stack_config(redis_url, Path(".")).scheduler, lambda _queue_moved: None,
             stream_interval=StreamInterval(tokens=16),
         )  # fmt: skip
-        claimed = await store.claim("hb", "exec-x", link.owner)
+        claimed = await store.requests.claim("hb", "exec-x", link.owner)
         assert claimed is not None
         link.admit(claimed)
         for i in range(5):
             await link._on_reports(
                 [epb.StepReport(tokens=[epb.TokenDelta(request_id="hb", token_ids=[40 + i], index=i)])]
             )
-        assert await store.tokens_between("hb", 0, 50) == (40,)  # only the first went out
+        assert await store.requests.tokens_between("hb", 0, 50) == (40,)  # only the first went out
         link.requests.pop("hb")
         await link.hand_back("hb")
-        assert await store.tokens_between("hb", 0, 50) == (40, 41, 42, 43, 44)
-        assert (await store.get("hb") or {})["state"] == "QUEUED"
-        events = await store.read_events("hb", "0", 100)
+        assert await store.requests.tokens_between("hb", 0, 50) == (40, 41, 42, 43, 44)
+        assert (await store.requests.get("hb") or {})["state"] == "QUEUED"
+        events = await store.streams.read_events("hb", "0", 100)
         assert [(e.index, e.token_ids) for _, e in events] == [(0, (40,)), (1, (41, 42, 43, 44))]
     finally:
         await client.aclose()

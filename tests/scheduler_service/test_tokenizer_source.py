@@ -9,6 +9,7 @@ import redis.asyncio as aioredis
 
 from common.errors import NotReady
 from common.keys import KeySchema
+from scheduler_service.store.fleet import FleetRegistry
 from scheduler_service.tokenizer_source import TokenizerSource
 
 
@@ -17,7 +18,7 @@ async def test_loads_once_from_the_registered_executor_then_calls_after_load(
 ) -> None:
     redis, keys = aioredis.Redis.from_url(redis_url, decode_responses=True), KeySchema("baton")
     loads: list[int] = []
-    source = TokenizerSource(redis, keys, after_load=lambda: loads.append(1))
+    source = TokenizerSource(FleetRegistry(redis, keys), after_load=lambda: loads.append(1))
     with pytest.raises(NotReady):
         await source.get()
     await redis.zadd(keys.executors, {"exec-1": 1})

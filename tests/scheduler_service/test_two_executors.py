@@ -39,15 +39,15 @@ async def test_a_lease_taken_by_another_replica_drops_only_that_link(redis_url: 
     stack = await start_stack(stack_config(redis_url, tiny_model_dir), executors=2)
     try:
         dispatcher = stack.scheduler.dispatcher
-        await dispatcher.redis.set(dispatcher.keys.lease("exec-1"), "sched-other", px=60_000)
+        await dispatcher.store.redis.set(dispatcher.store.keys.lease("exec-1"), "sched-other", px=60_000)
         await dispatcher.discover_once()
 
         async def dropped() -> bool:
             return sorted(dispatcher.links) == ["exec-0"]
 
         await eventually(dropped, "the link to exec-1 to be dropped")
-        assert await dispatcher.redis.get(dispatcher.keys.lease("exec-0")) == dispatcher.replica_id
-        assert await dispatcher.redis.get(dispatcher.keys.lease("exec-1")) == "sched-other"
+        assert await dispatcher.store.redis.get(dispatcher.store.keys.lease("exec-0")) == dispatcher.replica_id
+        assert await dispatcher.store.redis.get(dispatcher.store.keys.lease("exec-1")) == "sched-other"
         tokens = joined_tokens(await stack.generate(greedy(random_prompts(1, seed=9)[0], 8)))
         assert len(tokens) == 8  # served by the executor it still holds
     finally:

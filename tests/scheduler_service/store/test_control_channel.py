@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from common.redis_client import connect
-from scheduler_service.control_channel import WAKE, ControlChannel
+from scheduler_service.store.control_channel import WAKE, ControlChannel
 
 CHANNEL = "baton-test:control"
 
@@ -51,7 +51,7 @@ async def test_a_burst_of_wakes_is_one_publish_and_a_wake_during_a_publish_is_on
 async def test_a_wake_that_cannot_be_sent_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
     dead = connect("redis://127.0.0.1:1/0")  # nothing listens there
     channel = ControlChannel(dead, CHANNEL)
-    with caplog.at_level(logging.WARNING, logger="scheduler_service.control_channel"):
+    with caplog.at_level(logging.WARNING, logger="scheduler_service.store.control_channel"):
         channel.wake_others()
         await asyncio.wait_for(_wait_sent(channel), timeout=30)
     assert "could not wake the other replicas" in caplog.text

@@ -1,4 +1,6 @@
-"""Request records, the pending queue and output streams in Redis. Every state move is a Lua script."""
+"""Request records in Redis (a hash and a token list per request, the queues they sit in): every
+state move is one of the Lua scripts in ``request_scripts.py``. Queue reads: ``queue.py``; a step's
+writes: ``step_publisher.py``."""
 
 from __future__ import annotations
 
@@ -11,15 +13,14 @@ from typing import cast
 import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
+from common.clock import now_ms
 from common.errors import AlreadyExists, Overloaded
 from common.keys import KeySchema
 from common.lifecycle import FinishReason, RequestState, terminal_state_for
-from common.redis_client import is_cluster
-from scheduler_service import scripts
-from scheduler_service.queue_view import QueueReads
 from scheduler_service.requests import ClaimedRequest, NewRequest, RequestParams, TokenEvent, parse_ids
-from scheduler_service.script_batcher import ScriptBatcher
-from scheduler_service.step_publishing import StepPublishing, StreamListener, now_ms
+from scheduler_service.store import request_scripts
+from scheduler_service.store.script_batcher import ScriptBatcher
+from scheduler_service.store.token_streams import TokenStreams
 
 log = logging.getLogger(__name__)
 
@@ -36,33 +37,31 @@ class CancelOutcome:
     ended_here: bool  # it was queued, and this cancel ended it
 
 
-class RequestStore(QueueReads, StepPublishing):
+class RequestRecords:
     def __init__(
         self,
         redis: aioredis.Redis,
         keys: KeySchema,
+        streams: TokenStreams,
         request_ttl_s: int,
         max_migrations: int = 3,
         estimator_alpha: float = 0.2,
     ) -> None:
-        self.redis = redis
+        self._redis = redis
         self.keys = keys
         self.ttl_s = request_ttl_s
         self.max_migrations = max_migrations
         self.estimator_alpha = estimator_alpha
+        self._streams = streams  # a request ended here gets its final event there
         # Submits that arrive together (a batch stream's) share round trips too.
-        self._enqueue = ScriptBatcher(redis, redis.register_script(scripts.ENQUEUE))
-        self._claim = redis.register_script(scripts.CLAIM)
-        self._append = redis.register_script(scripts.APPEND_TOKENS)
-        self._finish = redis.register_script(scripts.FINISH)
-        # Every link records every step: their calls share round trips (see ScriptBatcher).
-        self._record_step = ScriptBatcher(redis, redis.register_script(scripts.RECORD_STEP))
-        self._requeue = redis.register_script(scripts.REQUEUE)
-        self._cancel = redis.register_script(scripts.CANCEL)
-        self._quarantine = redis.register_script(scripts.QUARANTINE)
-        self.listener: StreamListener | None = None  # told of this process's own stream writes
+        self._enqueue = ScriptBatcher(redis, redis.register_script(request_scripts.ENQUEUE))
+        self._claim = redis.register_script(request_scripts.CLAIM)
+        self._append = redis.register_script(request_scripts.APPEND_TOKENS)
+        self._finish = redis.register_script(request_scripts.FINISH)
+        self._requeue = redis.register_script(request_scripts.REQUEUE)
+        self._cancel = redis.register_script(request_scripts.CANCEL)
+        self._quarantine = redis.register_script(request_scripts.QUARANTINE)
         self.on_quarantine: Callable[[], None] = lambda: None  # counts malformed requests (a metric)
-        self._cluster = is_cluster(redis)
 
     async def enqueue(
         self,
@@ -120,7 +119,7 @@ class RequestStore(QueueReads, StepPublishing):
         """``claim`` for each (request id, executor id, owner), in one pipeline: one round trip
         for a whole admission round instead of one per request. Each claim is still its own
         script, judged on its own (None: no longer queued)."""
-        async with self.redis.pipeline(transaction=False) as pipe:
+        async with self._redis.pipeline(transaction=False) as pipe:
             for request_id, executor_id, owner in claims:
                 keys = [
                     self.keys.pending,
@@ -139,7 +138,7 @@ class RequestStore(QueueReads, StepPublishing):
         for (request_id, executor_id, _), row in zip(claims, rows, strict=True):
             claimed = None
             try:
-                if isinstance(row, Exception) or row == scripts.MALFORMED:
+                if isinstance(row, Exception) or row == request_scripts.MALFORMED:
                     raise ValueError(f"its claim failed: {row}")
                 claimed = _claimed(request_id, row)
             except MALFORMED_FIELDS as e:
@@ -195,26 +194,18 @@ class RequestStore(QueueReads, StepPublishing):
 
     async def finish_now(self, request_id: str, executor_id: str, event: TokenEvent, error: str = "") -> bool:
         """End a request outside a step (cancelled while re-queued, lost executor); publish if it ended here."""
-        async with self.redis.pipeline(transaction=False) as pipe:
+        async with self._redis.pipeline(transaction=False) as pipe:
             await self.finish(pipe, request_id, executor_id, event.finish_reason, error)
             (result,) = await pipe.execute()
-        if int(result) == scripts.MALFORMED:
+        if int(result) == request_scripts.MALFORMED:
             return await self.quarantine(request_id, "its record in Redis is malformed", executor_id)
         if int(result) != 1:
             return False
-        await self._publish_final(request_id, event)
+        await self._streams.publish_final(request_id, event)
         return True
 
-    async def _publish_final(self, request_id: str, event: TokenEvent) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            fields = event.to_fields()
-            self._add_entry(pipe, request_id, event, fields)
-            entry_id, _ = await pipe.execute()
-        if self.listener is not None:
-            self.listener.published(self.keys.output(request_id), str(entry_id), fields, final=True)
-
     async def requeue(self, request_id: str, executor_id: str, kind: str = "preempt", owner: str | None = None) -> int:
-        """Back to QUEUED with its tokens kept; see scripts.REQUEUE for the result codes."""
+        """Back to QUEUED with its tokens kept; see request_scripts.REQUEUE for the result codes."""
         keys = [
             self.keys.request(request_id),
             self.keys.running(executor_id),
@@ -245,15 +236,14 @@ class RequestStore(QueueReads, StepPublishing):
         A pending cancel ends it as CANCELLED instead, and a request past the migration limit
         ends as FAILED: a request that keeps killing executors must not take the fleet down.
         """
-        if self.listener is not None:  # first, so a Redis error below cannot leave it unfollowed
-            self.listener.released(self.keys.output(request_id))
+        self._streams.release_local(request_id)  # first, so a Redis error below cannot leave it unfollowed
         result = await self.requeue(request_id, executor_id, kind, owner)
-        if result == scripts.MALFORMED:
+        if result == request_scripts.MALFORMED:
             await self.quarantine(request_id, "its record in Redis is malformed", executor_id)
             return
         if result not in (2, 3):
             return
-        tokens = int(await self.redis.llen(self.keys.tokens(request_id)))
+        tokens = await self.token_count(request_id)
         if result == 2:
             await self.finish_now(request_id, "", TokenEvent(tokens, (), "", FinishReason.CANCELLED, {}))
         else:
@@ -296,41 +286,30 @@ class RequestStore(QueueReads, StepPublishing):
             return False  # it had ended: a malformed stream of it stays, and its readers say so
         log.error("request %s failed: %s", request_id, error)
         self.on_quarantine()
-        if await self.stream_is_malformed(request_id):
-            await self.redis.delete(self.keys.output(request_id))
-        tokens = int(await self.redis.llen(self.keys.tokens(request_id)))
-        await self._publish_final(request_id, TokenEvent(tokens, (), "", FinishReason.ERROR, {}))
+        if await self._streams.is_malformed(request_id):
+            await self._streams.drop(request_id)
+        tokens = await self.token_count(request_id)
+        await self._streams.publish_final(request_id, TokenEvent(tokens, (), "", FinishReason.ERROR, {}))
         return True
 
-    async def stream_is_malformed(self, request_id: str) -> bool:
-        """Whether the request's output stream key holds another type than a stream."""
-        return await self.redis.type(self.keys.output(request_id)) not in ("stream", "none")
-
     async def get(self, request_id: str) -> dict[str, str] | None:
-        record = cast(dict[str, str], await self.redis.hgetall(self.keys.request(request_id)))
+        record = cast(dict[str, str], await self._redis.hgetall(self.keys.request(request_id)))
         if not record:
             return None
-        record["tokens_generated"] = str(await self.redis.llen(self.keys.tokens(request_id)))
+        record["tokens_generated"] = str(await self._redis.llen(self.keys.tokens(request_id)))
         return record
+
+    async def token_count(self, request_id: str) -> int:
+        """How many output tokens the request has recorded."""
+        return int(await self._redis.llen(self.keys.tokens(request_id)))
 
     async def tokens_between(self, request_id: str, start: int, end: int) -> tuple[int, ...]:
         """Recorded output tokens ``start..end-1``: the source of truth a reader repairs gaps from."""
-        raw = await self.redis.lrange(self.keys.tokens(request_id), start, end - 1)  # type: ignore[misc]
+        raw = await self._redis.lrange(self.keys.tokens(request_id), start, end - 1)  # type: ignore[misc]
         return tuple(int(t) for t in raw)
 
     async def running_ids(self, executor_id: str) -> set[str]:
-        return set(cast(set[str], await self.redis.smembers(self.keys.running(executor_id))))
-
-    async def read_events(self, request_id: str, after: str, block_ms: int) -> list[tuple[str, TokenEvent]]:
-        """Events after stream id ``after`` ("0" for all), waiting up to ``block_ms`` for the first."""
-        reply = cast(
-            list[tuple[str, list[tuple[str, dict[str, str]]]]],
-            await self.redis.xread({self.keys.output(request_id): after}, count=512, block=block_ms),
-        )
-        if not reply:
-            return []
-        _, entries = reply[0]
-        return [(entry_id, TokenEvent.from_fields(fields)) for entry_id, fields in entries]
+        return set(cast(set[str], await self._redis.smembers(self.keys.running(executor_id))))
 
 
 def _claimed(request_id: str, row: list[str] | None) -> ClaimedRequest | None:
@@ -354,14 +333,3 @@ def _claimed(request_id: str, row: list[str] | None) -> ClaimedRequest | None:
         deadline_ms=int(deadline),
         expected_output=int(est_out),
     )
-
-
-def usage_of(
-    prompt_tokens: int, completion_tokens: int, arrival_ms: int, assigned_ms: int, first_token_ms: int | None
-) -> dict[str, float]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "queue_time_ms": float(max(0, assigned_ms - arrival_ms)),
-        "ttft_ms": float(max(0, (first_token_ms or assigned_ms) - arrival_ms)),
-    }

@@ -12,7 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from common.redis_client import connect
-from scheduler_service.script_batcher import ScriptBatcher
+from scheduler_service.store.script_batcher import ScriptBatcher
 from tests.conftest import RedisServer
 
 # Appends ARGV[1] to the list KEYS[1] and returns the list's new length; fails on ARGV[1] == "bad".

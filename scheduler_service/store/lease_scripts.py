@@ -1,7 +1,7 @@
 """Lua scripts of the executor leases: which scheduler replica drives which executor.
 
-Apart from ``scripts.py`` (the request state machine): a lease names an executor, not a request,
-and only the dispatcher's discovery takes, renews and releases them.
+Apart from ``request_scripts.py`` (the request state machine): a lease names an executor, not a
+request, and only ``FleetRegistry`` runs them, for the dispatcher's discovery.
 """
 
 from __future__ import annotations

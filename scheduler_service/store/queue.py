@@ -1,5 +1,7 @@
-"""Reads of the pending queues: what admission, metrics and ``inspect`` look at. No state moves
-here (those are the Lua scripts in ``RequestStore``); every read is O(log n + what it returns)."""
+"""Reads of the pending queues and the scheduling state beside them (tenants' counters and running
+counts, the length estimator): what admission, metrics and the fleet's gauges look at. No state
+moves here (those are the Lua scripts ``RequestRecords`` runs); every read is O(log n + what it
+returns)."""
 
 from __future__ import annotations
 
@@ -19,39 +21,38 @@ class MalformedRecord:
     reason: str
 
 
-class QueueReads:
-    """Mixed into ``RequestStore``; needs its ``redis`` and ``keys``."""
+class PendingQueue:
+    def __init__(self, redis: aioredis.Redis, keys: KeySchema) -> None:
+        self._redis = redis
+        self._keys = keys
 
-    redis: aioredis.Redis
-    keys: KeySchema
-
-    async def peek_pending(self, count: int) -> list[tuple[str, float]]:
+    async def peek(self, count: int) -> list[tuple[str, float]]:
         """The ``count`` requests that should run soonest (lowest scores), O(log n + count)."""
         queued = cast(
-            list[tuple[str, float]], await self.redis.zrange(self.keys.pending, 0, count - 1, withscores=True)
+            list[tuple[str, float]], await self._redis.zrange(self._keys.pending, 0, count - 1, withscores=True)
         )
         return [(m, float(s)) for m, s in queued]
 
     async def waiting_tenants(self, limit: int) -> dict[str, float]:
         """The ``limit`` waiting tenants with the smallest virtual token counters."""
-        rows = await self.redis.zrange(self.keys.tenants_waiting, 0, limit - 1, withscores=True)
+        rows = await self._redis.zrange(self._keys.tenants_waiting, 0, limit - 1, withscores=True)
         return {str(t): float(c) for t, c in cast(list[tuple[str, float]], rows)}
 
     async def tenant_heads(self, tenants: Sequence[str], count: int) -> dict[str, list[tuple[str, float]]]:
         """Each tenant's ``count`` queued requests that should run soonest, O(T log n)."""
-        async with self.redis.pipeline(transaction=False) as pipe:
+        async with self._redis.pipeline(transaction=False) as pipe:
             for tenant in tenants:
-                pipe.zrange(self.keys.tenant_queue(tenant), 0, count - 1, withscores=True)
+                pipe.zrange(self._keys.tenant_queue(tenant), 0, count - 1, withscores=True)
             rows = await pipe.execute()
         return {t: [(str(m), float(sc)) for m, sc in row] for t, row in zip(tenants, rows, strict=True)}
 
     async def queued_details(self, request_ids: Sequence[str]) -> list[dict[str, str] | MalformedRecord | None]:
         """What admission needs of each queued request; None for one that is gone."""
         fields = ("prompt_len", "priority", "est_out", "fair_cost", "arrival_ms", "tenant")
-        async with self.redis.pipeline(transaction=False) as pipe:
+        async with self._redis.pipeline(transaction=False) as pipe:
             for rid in request_ids:
-                pipe.hmget(self.keys.request(rid), *fields)
-                pipe.llen(self.keys.tokens(rid))
+                pipe.hmget(self._keys.request(rid), *fields)
+                pipe.llen(self._keys.tokens(rid))
             raw = await pipe.execute(raise_on_error=False)  # one bad record must not hide the rest
         out: list[dict[str, str] | MalformedRecord | None] = []
         for values, generated in zip(raw[::2], raw[1::2], strict=True):
@@ -67,32 +68,32 @@ class QueueReads:
         return out
 
     async def tenant_running(self) -> dict[str, int]:
-        raw = cast(dict[str, str], await self.redis.hgetall(self.keys.tenant_running))
+        raw = cast(dict[str, str], await self._redis.hgetall(self._keys.tenant_running))
         return {t: int(n) for t, n in raw.items()}
 
     async def estimator_fields(self) -> dict[str, str]:
-        return cast(dict[str, str], await self.redis.hgetall(self.keys.estimator))
+        return cast(dict[str, str], await self._redis.hgetall(self._keys.estimator))
 
     async def prompt_lengths(self, request_ids: Sequence[str]) -> list[int | None]:
-        async with self.redis.pipeline(transaction=False) as pipe:
+        async with self._redis.pipeline(transaction=False) as pipe:
             for rid in request_ids:
-                pipe.hget(self.keys.request(rid), "prompt_len")
-                pipe.llen(self.keys.tokens(rid))
+                pipe.hget(self._keys.request(rid), "prompt_len")
+                pipe.llen(self._keys.tokens(rid))
             raw = await pipe.execute(raise_on_error=False)
         return [_length(p, n) for p, n in zip(raw[::2], raw[1::2], strict=True)]
 
-    async def queue_position(self, request_id: str) -> int | None:
-        return cast(int | None, await self.redis.zrank(self.keys.pending, request_id))
+    async def position(self, request_id: str) -> int | None:
+        return cast(int | None, await self._redis.zrank(self._keys.pending, request_id))
 
-    async def queue_length(self) -> int:
-        return int(await self.redis.zcard(self.keys.pending))
+    async def length(self) -> int:
+        return int(await self._redis.zcard(self._keys.pending))
 
-    async def queue_classes(self, sample: int) -> dict[tuple[str, str], int]:
+    async def classes(self, sample: int) -> dict[tuple[str, str], int]:
         """Queued requests by (priority, tenant), over the ``sample`` that run soonest."""
-        ids = cast(list[str], await self.redis.zrange(self.keys.pending, 0, sample - 1))
-        async with self.redis.pipeline(transaction=False) as pipe:
+        ids = cast(list[str], await self._redis.zrange(self._keys.pending, 0, sample - 1))
+        async with self._redis.pipeline(transaction=False) as pipe:
             for rid in ids:
-                pipe.hmget(self.keys.request(rid), "priority", "tenant")
+                pipe.hmget(self._keys.request(rid), "priority", "tenant")
             rows = await pipe.execute(raise_on_error=False)
         counts: dict[tuple[str, str], int] = {}
         for row in rows:
@@ -102,6 +103,22 @@ class QueueReads:
             if priority is not None:
                 counts[(priority, tenant or "")] = counts.get((priority, tenant or ""), 0) + 1
         return counts
+
+    async def head_arrivals(self, sample: int) -> list[tuple[str, str]]:
+        """(priority, arrival_ms) of each of the ``sample`` requests that run soonest, as stored;
+        one that ended meanwhile or is malformed is left out (admission ends a malformed one)."""
+        ids = cast(list[str], await self._redis.zrange(self._keys.pending, 0, sample - 1))
+        if not ids:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for request_id in ids:
+                pipe.hmget(self._keys.request(request_id), "priority", "arrival_ms")
+            rows = await pipe.execute(raise_on_error=False)
+        return [
+            (row[0], row[1])
+            for row in rows
+            if not isinstance(row, Exception) and row[0] is not None and row[1] is not None
+        ]
 
 
 def _length(prompt_len: object, generated: object) -> int | None:

@@ -1,14 +1,14 @@
 """Recording executor steps against a real redis-server: APPEND_TOKENS, FINISH and the RECORD_STEP
-call of ``publish_step``, and the events clients read back."""
+call of ``StepPublisher.publish``, and the events clients read back."""
 
 from __future__ import annotations
 
 import pytest
 
 from common.lifecycle import FinishReason
-from scheduler_service.request_store import RequestStore
 from scheduler_service.requests import TokenEvent
-from scheduler_service.step_publishing import StepWrite
+from scheduler_service.store import Store
+from scheduler_service.store.step_publisher import StepWrite
 from tests.scheduler_service.store_helpers import (
     KEYS,
     TTL_S,
@@ -19,28 +19,28 @@ from tests.scheduler_service.store_helpers import (
 )
 
 
-async def test_append_tokens_records_them_and_moves_to_running(store: RequestStore) -> None:
+async def test_append_tokens_records_them_and_moves_to_running(store: Store) -> None:
     await enqueue(store, "r1")
-    await store.claim("r1", "e1")
+    await store.requests.claim("r1", "e1")
     assert await append(store, "r1", "e1", 0, (5, 6), "ab") == 2
-    record = await store.get("r1")
+    record = await store.requests.get("r1")
     assert record is not None
     assert record["state"] == "RUNNING"
     first_token_ms = record["first_token_ms"]
     assert int(first_token_ms) > 0
     assert await append(store, "r1", "e1", 2, (7,), "c") == 3
-    record = await store.get("r1")
+    record = await store.requests.get("r1")
     assert record is not None
     assert record["state"] == "RUNNING"
     assert record["first_token_ms"] == first_token_ms  # set once
     assert record["tokens_generated"] == "3"
     assert await tokens_of(store.redis, "r1") == ["5", "6", "7"]
-    assert await store.read_events("r1", "0", 10) == []  # recording publishes nothing: publish_step does
+    assert await store.streams.read_events("r1", "0", 10) == []  # recording publishes nothing: publish_step does
 
 
-async def test_append_tokens_from_a_wrong_executor_is_rejected_without_changes(store: RequestStore) -> None:
+async def test_append_tokens_from_a_wrong_executor_is_rejected_without_changes(store: Store) -> None:
     await enqueue(store, "r1")
-    await store.claim("r1", "e1")
+    await store.requests.claim("r1", "e1")
     assert await append(store, "r1", "e1", 0, (5,)) == 1
     before = await store.redis.hgetall(KEYS.request("r1"))
     assert await append(store, "r1", "intruder", 1, (6,)) == -1
@@ -48,18 +48,18 @@ async def test_append_tokens_from_a_wrong_executor_is_rejected_without_changes(s
     assert await tokens_of(store.redis, "r1") == ["5"]
 
 
-async def test_append_tokens_to_a_queued_request_is_rejected(store: RequestStore) -> None:
+async def test_append_tokens_to_a_queued_request_is_rejected(store: Store) -> None:
     await enqueue(store, "r1")
     assert await append(store, "r1", "", 0, (5,)) == -1
     assert await tokens_of(store.redis, "r1") == []
-    record = await store.get("r1")
+    record = await store.requests.get("r1")
     assert record is not None and record["state"] == "QUEUED"
 
 
 @pytest.mark.parametrize("index", [0, 2, 5], ids=["replayed", "gap-of-one", "far-ahead"])
-async def test_append_tokens_with_an_index_gap_is_rejected_without_changes(store: RequestStore, index: int) -> None:
+async def test_append_tokens_with_an_index_gap_is_rejected_without_changes(store: Store, index: int) -> None:
     await enqueue(store, "r1")
-    await store.claim("r1", "e1")
+    await store.requests.claim("r1", "e1")
     assert await append(store, "r1", "e1", 0, (5,)) == 1
     before = await store.redis.hgetall(KEYS.request("r1"))
     assert await append(store, "r1", "e1", index, (6,)) == -2
@@ -68,27 +68,27 @@ async def test_append_tokens_with_an_index_gap_is_rejected_without_changes(store
 
 
 @pytest.mark.parametrize(("executor_id", "index"), [("intruder", 1), ("e1", 5)], ids=["wrong-executor", "gap"])
-async def test_rejected_append_publishes_no_event(store: RequestStore, executor_id: str, index: int) -> None:
+async def test_rejected_append_publishes_no_event(store: Store, executor_id: str, index: int) -> None:
     await enqueue(store, "r1")
-    await store.claim("r1", "e1")
-    assert await store.publish_step("e1", [StepWrite("r1", TokenEvent(0, (5,), ""))]) == [True]
-    assert await store.publish_step(executor_id, [StepWrite("r1", TokenEvent(index, (6,), ""))]) == [False]
-    events = [e for _, e in await store.read_events("r1", "0", 10)]
+    await store.requests.claim("r1", "e1")
+    assert await store.steps.publish("e1", [StepWrite("r1", TokenEvent(0, (5,), ""))]) == [True]
+    assert await store.steps.publish(executor_id, [StepWrite("r1", TokenEvent(index, (6,), ""))]) == [False]
+    events = [e for _, e in await store.streams.read_events("r1", "0", 10)]
     assert events == [TokenEvent(0, (5,), "")]
 
 
-async def test_finish_sets_the_terminal_state_and_ttls(store: RequestStore) -> None:
+async def test_finish_sets_the_terminal_state_and_ttls(store: Store) -> None:
     await enqueue(store, "r1")
-    await store.claim("r1", "e1")
+    await store.requests.claim("r1", "e1")
     await append(store, "r1", "e1", 0, (5, 6))
     assert await finish(store, "r1", "e1", FinishReason.STOP) == 1
-    record = await store.get("r1")
+    record = await store.requests.get("r1")
     assert record is not None
     assert record["state"] == "FINISHED"
     assert record["finish_reason"] == "STOP"
     assert int(record["finished_ms"]) > 0
     assert record["error"] == ""
-    assert await store.running_ids("e1") == set()
+    assert await store.requests.running_ids("e1") == set()
     for key in (KEYS.request("r1"), KEYS.tokens("r1")):
         assert 0 < await store.redis.ttl(key) <= TTL_S, key
     # Tokens survive the finish until the TTL.
@@ -103,59 +103,59 @@ async def test_finish_sets_the_terminal_state_and_ttls(store: RequestStore) -> N
         (FinishReason.ERROR, "FAILED"),
     ],
 )
-async def test_finish_state_follows_the_reason(store: RequestStore, reason: FinishReason, state: str) -> None:
+async def test_finish_state_follows_the_reason(store: Store, reason: FinishReason, state: str) -> None:
     await enqueue(store, "r1")
-    await store.claim("r1", "e1")
+    await store.requests.claim("r1", "e1")
     assert await finish(store, "r1", "e1", reason, error="boom" if reason is FinishReason.ERROR else "") == 1
-    record = await store.get("r1")
+    record = await store.requests.get("r1")
     assert record is not None
     assert record["state"] == state
     assert record["finish_reason"] == reason.name
 
 
-async def test_finish_by_a_wrong_executor_or_twice_changes_nothing(store: RequestStore) -> None:
+async def test_finish_by_a_wrong_executor_or_twice_changes_nothing(store: Store) -> None:
     await enqueue(store, "r1")
-    await store.claim("r1", "e1")
+    await store.requests.claim("r1", "e1")
     assert await finish(store, "r1", "intruder", FinishReason.STOP) == -1
-    record = await store.get("r1")
+    record = await store.requests.get("r1")
     assert record is not None and record["state"] == "ASSIGNED"
-    assert await store.running_ids("e1") == {"r1"}
+    assert await store.requests.running_ids("e1") == {"r1"}
     assert await finish(store, "r1", "e1", FinishReason.LENGTH) == 1
     assert await finish(store, "r1", "e1", FinishReason.ERROR) == 0
-    record = await store.get("r1")
+    record = await store.requests.get("r1")
     assert record is not None
     assert (record["state"], record["finish_reason"]) == ("FINISHED", "LENGTH")
 
 
-async def test_finish_of_a_missing_request_returns_minus_one(store: RequestStore) -> None:
+async def test_finish_of_a_missing_request_returns_minus_one(store: Store) -> None:
     assert await finish(store, "ghost", "e1", FinishReason.STOP) == -1
-    assert await store.get("ghost") is None
+    assert await store.requests.get("ghost") is None
 
 
-async def test_finish_now_appends_the_final_event(store: RequestStore) -> None:
+async def test_finish_now_appends_the_final_event(store: Store) -> None:
     await enqueue(store, "r1")
-    await store.claim("r1", "e1")
+    await store.requests.claim("r1", "e1")
     usage = {"prompt_tokens": 3.0, "completion_tokens": 0.0}
-    await store.finish_now("r1", "e1", TokenEvent(0, (), "", FinishReason.ERROR, usage), error="oom")
-    record = await store.get("r1")
+    await store.requests.finish_now("r1", "e1", TokenEvent(0, (), "", FinishReason.ERROR, usage), error="oom")
+    record = await store.requests.get("r1")
     assert record is not None
     assert (record["state"], record["error"]) == ("FAILED", "oom")
-    events = [e for _, e in await store.read_events("r1", "0", 10)]
+    events = [e for _, e in await store.streams.read_events("r1", "0", 10)]
     assert events == [TokenEvent(0, (), "", FinishReason.ERROR, usage)]
     assert 0 < await store.redis.ttl(KEYS.output("r1")) <= TTL_S
 
 
-async def test_read_events_returns_token_events_in_order_and_resumes_after_an_id(store: RequestStore) -> None:
+async def test_read_events_returns_token_events_in_order_and_resumes_after_an_id(store: Store) -> None:
     await enqueue(store, "r1")
-    await store.claim("r1", "e1")
+    await store.requests.claim("r1", "e1")
     usage = {"prompt_tokens": 3.0, "completion_tokens": 4.0}
     writes = [
         StepWrite("r1", TokenEvent(0, (1,), "a")),
         StepWrite("r1", TokenEvent(1, (2, 3), "bc")),
         StepWrite("r1", TokenEvent(3, (4,), "d", FinishReason.LENGTH, usage)),
     ]
-    assert await store.publish_step("e1", writes) == [True, True, True]
-    batch = await store.read_events("r1", "0", 10)
+    assert await store.steps.publish("e1", writes) == [True, True, True]
+    batch = await store.streams.read_events("r1", "0", 10)
     assert [e for _, e in batch] == [
         TokenEvent(0, (1,), "a"),
         TokenEvent(1, (2, 3), "bc"),
@@ -163,42 +163,42 @@ async def test_read_events_returns_token_events_in_order_and_resumes_after_an_id
     ]
     ids = [entry_id for entry_id, _ in batch]
     assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
-    rest = await store.read_events("r1", ids[0], 10)
+    rest = await store.streams.read_events("r1", ids[0], 10)
     assert [e.index for _, e in rest] == [1, 3]
-    assert await store.read_events("r1", ids[-1], 10) == []
+    assert await store.streams.read_events("r1", ids[-1], 10) == []
 
 
-async def test_read_events_of_an_unknown_request_is_empty(store: RequestStore) -> None:
-    assert await store.read_events("ghost", "0", 10) == []
+async def test_read_events_of_an_unknown_request_is_empty(store: Store) -> None:
+    assert await store.streams.read_events("ghost", "0", 10) == []
 
 
-async def test_a_retried_step_whose_first_attempt_landed_is_still_published(store: RequestStore) -> None:
+async def test_a_retried_step_whose_first_attempt_landed_is_still_published(store: Store) -> None:
     await enqueue(store, "r1")
-    await store.claim("r1", "e1")
+    await store.requests.claim("r1", "e1")
     usage = {"prompt_tokens": 3.0, "completion_tokens": 2.0}
     # The first attempt recorded everything, then the connection died before the events went out.
     async with store.redis.pipeline(transaction=False) as pipe:
-        await store.append_tokens(pipe, "r1", "e1", TokenEvent(0, (5, 6), "ab"))
-        await store.finish(pipe, "r1", "e1", FinishReason.LENGTH)
+        await store.requests.append_tokens(pipe, "r1", "e1", TokenEvent(0, (5, 6), "ab"))
+        await store.requests.finish(pipe, "r1", "e1", FinishReason.LENGTH)
         await pipe.execute()
     retry = [StepWrite("r1", TokenEvent(0, (5, 6), "ab", FinishReason.LENGTH, usage))]
-    assert await store.publish_step("e1", retry) == [True]
-    events = [e for _, e in await store.read_events("r1", "0", 10)]
+    assert await store.steps.publish("e1", retry) == [True]
+    events = [e for _, e in await store.streams.read_events("r1", "0", 10)]
     assert events == [TokenEvent(0, (5, 6), "ab", FinishReason.LENGTH, usage)]
     # A different token at an already-filled position is still refused.
     await enqueue(store, "r2")
-    await store.claim("r2", "e1")
+    await store.requests.claim("r2", "e1")
     assert await append(store, "r2", "e1", 0, (5,)) == 1
     assert await append(store, "r2", "e1", 0, (9,)) == -2
 
 
-async def test_one_step_judges_each_request_on_its_own(store: RequestStore) -> None:
+async def test_one_step_judges_each_request_on_its_own(store: Store) -> None:
     """publish_step records a whole step in one script call; each request keeps its own verdict."""
     for request_id in ("ok", "gap", "theirs", "done", "queued"):
         await enqueue(store, request_id)
     for request_id in ("ok", "gap", "done"):
-        await store.claim(request_id, "e1")
-    await store.claim("theirs", "e2")
+        await store.requests.claim(request_id, "e1")
+    await store.requests.claim("theirs", "e2")
     usage = {"prompt_tokens": 3.0, "completion_tokens": 2.0}
     writes = [
         StepWrite("ok", TokenEvent(0, (5, 6), "ab")),
@@ -207,22 +207,22 @@ async def test_one_step_judges_each_request_on_its_own(store: RequestStore) -> N
         StepWrite("done", TokenEvent(0, (9, 10), "ef", FinishReason.LENGTH, usage)),
         StepWrite("queued", TokenEvent(0, (11,), "g")),  # never assigned
     ]
-    assert await store.publish_step("e1", writes) == [True, False, False, True, False]
+    assert await store.steps.publish("e1", writes) == [True, False, False, True, False]
     assert await tokens_of(store.redis, "ok") == ["5", "6"]
     assert await tokens_of(store.redis, "gap") == []
     assert await tokens_of(store.redis, "theirs") == []
     assert await tokens_of(store.redis, "done") == ["9", "10"]
-    records = {rid: await store.get(rid) or {} for rid in ("ok", "gap", "theirs", "done", "queued")}
+    records = {rid: await store.requests.get(rid) or {} for rid in ("ok", "gap", "theirs", "done", "queued")}
     assert records["ok"]["state"] == "RUNNING" and records["ok"]["first_token_ms"]
     assert records["gap"]["state"] == "ASSIGNED" and "first_token_ms" not in records["gap"]
     assert records["theirs"]["state"] == "ASSIGNED"
     assert (records["done"]["state"], records["done"]["finish_reason"]) == ("FINISHED", "LENGTH")
     assert records["queued"]["state"] == "QUEUED"
-    assert await store.running_ids("e1") == {"ok", "gap"}
-    assert [e for _, e in await store.read_events("ok", "0", 10)] == [TokenEvent(0, (5, 6), "ab")]
-    assert await store.read_events("gap", "0", 10) == []
-    assert await store.read_events("theirs", "0", 10) == []
+    assert await store.requests.running_ids("e1") == {"ok", "gap"}
+    assert [e for _, e in await store.streams.read_events("ok", "0", 10)] == [TokenEvent(0, (5, 6), "ab")]
+    assert await store.streams.read_events("gap", "0", 10) == []
+    assert await store.streams.read_events("theirs", "0", 10) == []
     # The same step again (a retry whose reply was lost): the exact replays are accepted once more.
     replay = [writes[0], writes[3]]
-    assert await store.publish_step("e1", replay) == [True, True]
+    assert await store.steps.publish("e1", replay) == [True, True]
     assert await tokens_of(store.redis, "ok") == ["5", "6"]

@@ -1,6 +1,7 @@
-"""Lua scripts: every move of a request between states is one script, so a crash between two
-commands can neither lose nor duplicate a request. Each script names every key it touches in
-KEYS, and those keys share the ``{prefix}`` hash tag, so the scripts also run on Redis Cluster.
+"""Lua scripts of the request records (run by ``RequestRecords`` and ``StepPublisher``): every move
+of a request between states is one script, so a crash between two commands can neither lose nor
+duplicate a request. Each script names every key it touches in KEYS, and those keys share the
+``{prefix}`` hash tag, so the scripts also run on Redis Cluster.
 """
 
 from __future__ import annotations

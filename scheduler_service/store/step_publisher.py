@@ -1,25 +1,23 @@
-"""Recording an executor step and publishing it to the clients' streams (mixed into ``RequestStore``)."""
+"""Recording an executor step in the request records, then publishing it to the clients' streams."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
-from redis.typing import EncodableT, FieldT
+from redis.typing import EncodableT
 
+from common.clock import now_ms
 from common.keys import KeySchema
 from common.lifecycle import FinishReason, terminal_state_for
+from common.redis_client import is_cluster
 from scheduler_service.requests import TokenEvent
-from scheduler_service.script_batcher import ScriptBatcher
-from scheduler_service.scripts import MALFORMED
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
+from scheduler_service.store import request_scripts
+from scheduler_service.store.request_records import RequestRecords
+from scheduler_service.store.script_batcher import ScriptBatcher
+from scheduler_service.store.token_streams import TokenStreams
 
 
 @dataclass(frozen=True)
@@ -31,36 +29,29 @@ class StepWrite:
     error: str = ""
 
 
-class StreamListener(Protocol):
-    """Told of this process's own stream writes (``StreamMux``: hands them to local readers)."""
+class StepPublisher:
+    """Runs RECORD_STEP (group-committed across links by a ``ScriptBatcher``), ends the requests
+    it finds malformed through ``RequestRecords.quarantine``, and appends to ``TokenStreams``."""
 
-    def published(self, key: str, entry_id: str, fields: dict[str, str], final: bool) -> None: ...
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: KeySchema,
+        requests: RequestRecords,
+        streams: TokenStreams,
+        ttl_s: int,
+        estimator_alpha: float,
+    ) -> None:
+        self.keys = keys
+        self.ttl_s = ttl_s
+        self.estimator_alpha = estimator_alpha
+        self._requests = requests
+        self._streams = streams
+        # Every link records every step: their calls share round trips (see ScriptBatcher).
+        self._record_step = ScriptBatcher(redis, redis.register_script(request_scripts.RECORD_STEP))
+        self._cluster = is_cluster(redis)
 
-    def expected(self, key: str) -> None: ...
-
-    def released(self, key: str) -> None: ...
-
-
-class StepPublishing:
-    """Mixed into ``RequestStore``; needs its Redis client, keys, TTL, estimator weight, the
-    RECORD_STEP script (group-committed across links by a ``ScriptBatcher``), whether Redis is a
-    cluster, and its listener."""
-
-    redis: aioredis.Redis
-    keys: KeySchema
-    ttl_s: int
-    estimator_alpha: float
-    listener: StreamListener | None
-    _cluster: bool
-    _record_step: ScriptBatcher
-    quarantine: Callable[..., Awaitable[bool]]  # RequestStore.quarantine
-
-    def expect_local(self, request_id: str) -> None:
-        """A link in this process took ``request_id`` with an empty stream: only it will write it."""
-        if self.listener is not None:
-            self.listener.expected(self.keys.output(request_id))
-
-    async def publish_step(self, executor_id: str, writes: Sequence[StepWrite], owner: str | None = None) -> list[bool]:
+    async def publish(self, executor_id: str, writes: Sequence[StepWrite], owner: str | None = None) -> list[bool]:
         """Record one executor step, then publish what was accepted to the clients' streams.
 
         The guarded script decides first, so an executor that no longer owns a request (it was
@@ -103,8 +94,8 @@ class StepPublishing:
                 args += (2 * len(entry), *(item for pair in entry.items() for item in pair))
         results = await self._record_step(keys, args)
         for i, write in enumerate(writes):
-            if results[3 * i] == MALFORMED:  # refused below; the link aborts it on the executor
-                await self.quarantine(write.request_id, "its record in Redis is malformed", executor_id)
+            if results[3 * i] == request_scripts.MALFORMED:  # refused below; the link aborts it on the executor
+                await self._requests.quarantine(write.request_id, "its record in Redis is malformed", executor_id)
         accepted = []
         for i, write in enumerate(writes):
             # FINISH's 2: a retried finish whose first attempt landed; its final event must still go out.
@@ -116,11 +107,10 @@ class StepPublishing:
             entry_ids = [str(results[3 * i + 2]) for i in range(len(writes))]
         else:
             entry_ids = await self._publish_all(writes, fields, accepted, executor_id)
-        if self.listener is not None:
-            for write, entry, entry_id in zip(writes, fields, entry_ids, strict=True):
-                if entry_id:
-                    final = write.event.finish_reason is not none
-                    self.listener.published(self.keys.output(write.request_id), entry_id, entry, final)
+        for write, entry, entry_id in zip(writes, fields, entry_ids, strict=True):
+            if entry_id:
+                final = write.event.finish_reason is not none
+                self._streams.published_here(write.request_id, entry_id, entry, final)
         return accepted
 
     async def _publish_all(
@@ -129,27 +119,17 @@ class StepPublishing:
         """XADD each accepted event to its stream (a cluster's second round trip); their entry ids.
 
         A stream key of another type fails its own XADD only: that request ends FAILED."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for write, entry, ok in zip(writes, fields, accepted, strict=True):
-                if ok:
-                    self._add_entry(pipe, write.request_id, write.event, entry)
-            replies = iter(await pipe.execute(raise_on_error=False))
+        entries = [(w.request_id, w.event, entry) for w, entry, ok in zip(writes, fields, accepted, strict=True) if ok]
+        replies = iter(await self._streams.append_all(entries))
         entry_ids = []
         for write, ok in zip(writes, accepted, strict=True):
             reply = next(replies) if ok else ""
-            if ok and write.event.finish_reason is not FinishReason.NONE:
-                next(replies)  # the EXPIRE's reply
             if isinstance(reply, ResponseError):
-                await self.quarantine(write.request_id, "its output stream in Redis is malformed", executor_id)
+                await self._requests.quarantine(
+                    write.request_id, "its output stream in Redis is malformed", executor_id
+                )
                 reply = ""
             elif isinstance(reply, Exception):
                 raise reply
             entry_ids.append(str(reply))
         return entry_ids
-
-    def _add_entry(
-        self, pipe: aioredis.client.Pipeline, request_id: str, event: TokenEvent, fields: dict[str, str]
-    ) -> None:
-        pipe.xadd(self.keys.output(request_id), cast(dict[FieldT, EncodableT], fields))
-        if event.finish_reason is not FinishReason.NONE:
-            pipe.expire(self.keys.output(request_id), self.ttl_s)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from common.redis_client import connect
-from scheduler_service.stream_mux import StreamMux
+from scheduler_service.store.stream_mux import StreamMux
 from tests.stack import eventually
 
 
@@ -103,7 +103,7 @@ async def test_a_late_reader_of_a_local_stream_is_served_from_memory(redis_url: 
 
 
 async def test_a_reader_older_than_the_kept_entries_reads_redis(redis_url: str, monkeypatch) -> None:
-    monkeypatch.setattr("scheduler_service.stream_mux.RECENT_ENTRIES", 2)
+    monkeypatch.setattr("scheduler_service.store.stream_mux.RECENT_ENTRIES", 2)
     redis = connect(redis_url)
     mux = StreamMux(redis, block_ms=5000)
     ids = []
@@ -127,7 +127,7 @@ async def test_a_released_or_silent_local_stream_is_read_from_redis_again(redis_
     await redis.xadd("s:gone", {"n": "2"})
     assert [f["n"] for _, f in await asyncio.wait_for(waiting, 2.0)] == ["2"]
 
-    monkeypatch.setattr("scheduler_service.stream_mux.LOCAL_GRACE_S", 0.2)
+    monkeypatch.setattr("scheduler_service.store.stream_mux.LOCAL_GRACE_S", 0.2)
     silent = await redis.xadd("s:silent", {"n": "1"})
     mux.published("s:silent", silent, {"n": "1"}, final=False)  # its link then dies without a word
     await redis.xadd("s:silent", {"n": "2"})
@@ -152,7 +152,7 @@ async def test_an_expected_stream_waits_for_its_link_not_for_a_shared_read(redis
     mux.published("s:fresh", "100-0", {"n": "1"}, final=False)  # never in Redis: the hand-over alone
     assert [f["n"] for _, f in await asyncio.wait_for(waiting, 1.0)] == ["1"]
 
-    monkeypatch.setattr("scheduler_service.stream_mux.LOCAL_GRACE_S", 0.2)
+    monkeypatch.setattr("scheduler_service.store.stream_mux.LOCAL_GRACE_S", 0.2)
     mux.expected("s:lost")  # its link then dies before the first token
 
     async def gone_silent() -> bool:
@@ -170,7 +170,7 @@ async def test_an_expected_stream_waits_for_its_link_not_for_a_shared_read(redis
 async def test_readers_of_an_expected_stream_that_stays_silent_go_back_to_the_shared_read(
     redis_url: str, monkeypatch
 ) -> None:
-    monkeypatch.setattr("scheduler_service.stream_mux.LOCAL_GRACE_S", 0.2)
+    monkeypatch.setattr("scheduler_service.store.stream_mux.LOCAL_GRACE_S", 0.2)
     redis = connect(redis_url)
     mux = StreamMux(redis, block_ms=5000)
     mux.expected("s:quiet")

@@ -1,0 +1,283 @@
+"""scheduler_service.store.request_records and its Lua scripts, against a real redis-server: queueing, claims,
+requeues, cancels and hand-backs. Recording steps: test_step_publisher.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from common.errors import AlreadyExists, Overloaded
+from common.lifecycle import FinishReason, RequestState
+from common.redis_client import connect
+from scheduler_service.requests import RequestParams, TokenEvent
+from scheduler_service.store import Store
+from tests.scheduler_service.store_helpers import (
+    ARRIVAL,
+    KEYS,
+    PROMPT,
+    TTL_S,
+    append,
+    enqueue,
+    finish,
+    new_request,
+    tokens_of,
+)
+
+
+async def test_enqueue_writes_the_record_and_queues_it(store: Store) -> None:
+    await enqueue(store, "r1", score=42.5)
+    record = await store.requests.get("r1")
+    assert record is not None
+    assert record["state"] == "QUEUED"
+    assert record["prompt_ids"] == "11,12,13"
+    assert record["prompt_len"] == "3"
+    assert RequestParams.from_json(record["params"]) == new_request("r1").params
+    assert record["priority"] == "5"
+    assert record["tenant"] == "acme"
+    assert record["arrival_ms"] == str(ARRIVAL)
+    assert record["executor"] == ""
+    assert record["tokens_generated"] == "0"
+    assert await store.queue.peek(10) == [("r1", 42.5)]
+    assert await store.queue.length() == 1
+    assert await store.queue.position("r1") == 0
+    assert await store.queue.prompt_lengths(["r1", "missing"]) == [3, None]
+    # Queued, not yet expiring.
+    assert await store.redis.ttl(KEYS.request("r1")) == -1
+
+
+async def test_enqueue_of_a_duplicate_id_raises_already_exists_and_changes_nothing(store: Store) -> None:
+    await enqueue(store, "dup", score=1.0)
+    with pytest.raises(AlreadyExists, match="dup"):
+        await store.requests.enqueue(new_request("dup", prompt=(1,), priority=9), 0.0, 100)
+    assert await store.queue.peek(10) == [("dup", 1.0)]
+    record = await store.requests.get("dup")
+    assert record is not None and record["prompt_ids"] == "11,12,13"
+
+
+async def test_enqueue_into_a_full_queue_raises_overloaded_and_writes_nothing(store: Store) -> None:
+    await enqueue(store, "a", max_pending=2)
+    await enqueue(store, "b", max_pending=2)
+    with pytest.raises(Overloaded, match="2 pending"):
+        await enqueue(store, "c", max_pending=2)
+    assert await store.requests.get("c") is None
+    assert await store.queue.length() == 2
+
+
+async def test_enqueues_made_together_share_round_trips_and_each_is_judged_alone(store: Store) -> None:
+    """A batch stream's requests arrive together: their enqueue scripts go out pipelined, in order,
+    and each still gets its own answer (here the third finds the queue full)."""
+    results = await asyncio.gather(
+        *(enqueue(store, rid, score=float(i), max_pending=2) for i, rid in enumerate(["a", "b", "c", "d"])),
+        enqueue(store, "a"),
+        return_exceptions=True,
+    )
+    assert results[:2] == [None, None]
+    assert all(isinstance(r, Overloaded) for r in results[2:4])
+    assert isinstance(results[4], AlreadyExists)
+    assert await store.queue.peek(10) == [("a", 0.0), ("b", 1.0)]
+    assert store.requests._enqueue.round_trips <= 2  # five calls: the first alone, the rest together
+
+
+async def test_peek_pending_returns_lowest_scores_first(store: Store) -> None:
+    for rid, score in [("late", 30.0), ("first", -5.0), ("middle", 10.0), ("second", 0.0)]:
+        await enqueue(store, rid, score=score)
+    assert await store.queue.peek(10) == [("first", -5.0), ("second", 0.0), ("middle", 10.0), ("late", 30.0)]
+    assert await store.queue.peek(2) == [("first", -5.0), ("second", 0.0)]
+    assert await store.queue.position("late") == 3
+
+
+async def test_claim_many_judges_each_claim_in_one_round_trip(store: Store) -> None:
+    await enqueue(store, "m1")
+    await enqueue(store, "m2")
+    claims = [("m1", "e1", "e1#a"), ("gone", "e1", "e1#a"), ("m2", "e2", "e2#b"), ("m1", "e2", "e2#b")]
+    got = await store.requests.claim_many(claims)
+    assert [c.request_id if c else None for c in got] == ["m1", None, "m2", None]  # m1 only once
+    assert await store.requests.running_ids("e1") == {"m1"}
+    assert await store.requests.running_ids("e2") == {"m2"}
+    assert await store.queue.length() == 0
+
+
+async def test_peek_pending_of_an_empty_queue_is_empty(store: Store) -> None:
+    assert await store.queue.peek(5) == []
+
+
+async def test_claim_moves_queued_to_assigned_on_the_executor(store: Store) -> None:
+    await enqueue(store, "r1", score=7.0)
+    claimed = await store.requests.claim("r1", "e1")
+    assert claimed is not None
+    assert claimed.request_id == "r1"
+    assert claimed.prompt_ids == PROMPT
+    assert claimed.output_ids == ()
+    assert claimed.params == new_request("r1").params
+    assert claimed.score == 7.0
+    assert claimed.arrival_ms == ARRIVAL
+    assert claimed.assigned_ms > 0
+    assert claimed.first_token_ms is None
+    record = await store.requests.get("r1")
+    assert record is not None
+    assert record["state"] == "ASSIGNED"
+    assert record["executor"] == "e1"
+    assert record["assigned_ms"] == str(claimed.assigned_ms)
+    assert await store.requests.running_ids("e1") == {"r1"}
+    assert await store.queue.peek(10) == []
+    assert await store.queue.position("r1") is None
+
+
+async def test_second_claim_returns_none(store: Store) -> None:
+    await enqueue(store, "r1")
+    assert await store.requests.claim("r1", "e1") is not None
+    assert await store.requests.claim("r1", "e2") is None
+    assert await store.requests.running_ids("e2") == set()
+    record = await store.requests.get("r1")
+    assert record is not None and record["executor"] == "e1"
+
+
+async def test_claim_of_an_unknown_request_returns_none(store: Store) -> None:
+    assert await store.requests.claim("nope", "e1") is None
+    assert await store.requests.running_ids("e1") == set()
+
+
+async def test_requeue_keeps_tokens_and_original_score_and_the_next_claim_resumes(store: Store) -> None:
+    await enqueue(store, "r1", score=5.0)
+    await enqueue(store, "r2", score=9.0)
+    first = await store.requests.claim("r1", "e1")
+    assert first is not None
+    await append(store, "r1", "e1", 0, (7, 8))
+    assert await store.requests.requeue("r1", "e1") == 1
+    record = await store.requests.get("r1")
+    assert record is not None
+    assert record["state"] == "QUEUED"
+    assert record["executor"] == ""
+    assert record["preemptions"] == "1"
+    assert await store.requests.running_ids("e1") == set()
+    # Back ahead of r2, with the score it was first given.
+    assert await store.queue.peek(10) == [("r1", 5.0), ("r2", 9.0)]
+    assert await tokens_of(store.redis, "r1") == ["7", "8"]
+    assert await store.queue.prompt_lengths(["r1"]) == [5]
+    resumed = await store.requests.claim("r1", "e2")
+    assert resumed is not None
+    assert resumed.prompt_ids == PROMPT
+    assert resumed.output_ids == (7, 8)
+    assert resumed.score == 5.0
+    assert resumed.assigned_ms == first.assigned_ms  # the first assignment time is kept for usage
+    assert resumed.first_token_ms is not None
+    assert await store.requests.running_ids("e2") == {"r1"}
+    # The new executor continues from index 2.
+    assert await append(store, "r1", "e2", 2, (9,)) == 3
+
+
+async def test_requeue_by_a_wrong_executor_or_of_a_queued_request_does_nothing(store: Store) -> None:
+    await enqueue(store, "r1")
+    assert await store.requests.requeue("r1", "e1") == 0
+    await store.requests.claim("r1", "e1")
+    assert await store.requests.requeue("r1", "intruder") == -1
+    record = await store.requests.get("r1")
+    assert record is not None and record["state"] == "ASSIGNED"
+    assert await store.requests.running_ids("e1") == {"r1"}
+
+
+async def test_cancel_of_a_queued_request_ends_it_here(store: Store) -> None:
+    await enqueue(store, "r1")
+    outcome = await store.requests.cancel("r1")
+    assert outcome.state is RequestState.CANCELLED
+    assert outcome.ended_here is True
+    assert outcome.executor_id == ""
+    assert outcome.tokens == 0
+    record = await store.requests.get("r1")
+    assert record is not None
+    assert (record["state"], record["finish_reason"]) == ("CANCELLED", "CANCELLED")
+    assert await store.queue.peek(10) == []
+    assert 0 < await store.redis.ttl(KEYS.request("r1")) <= TTL_S
+    # A cancelled request cannot be claimed.
+    assert await store.requests.claim("r1", "e1") is None
+
+
+async def test_cancel_of_a_running_request_flags_it_and_names_its_executor(store: Store) -> None:
+    await enqueue(store, "r1")
+    await store.requests.claim("r1", "e1")
+    await append(store, "r1", "e1", 0, (1, 2, 3))
+    outcome = await store.requests.cancel("r1")
+    assert outcome.state is RequestState.RUNNING
+    assert outcome.executor_id == "e1"
+    assert outcome.tokens == 3
+    assert outcome.ended_here is False
+    record = await store.requests.get("r1")
+    assert record is not None
+    assert record["state"] == "RUNNING"
+    assert record["cancel"] == "1"
+    assert await store.requests.running_ids("e1") == {"r1"}
+
+
+async def test_cancel_of_an_assigned_request_names_its_executor(store: Store) -> None:
+    await enqueue(store, "r1")
+    await store.requests.claim("r1", "e1")
+    outcome = await store.requests.cancel("r1")
+    assert (outcome.state, outcome.executor_id, outcome.ended_here) == (RequestState.ASSIGNED, "e1", False)
+
+
+async def test_cancel_of_a_missing_or_finished_request(store: Store) -> None:
+    missing = await store.requests.cancel("ghost")
+    assert missing.state is None and missing.ended_here is False
+    await enqueue(store, "r1")
+    await store.requests.claim("r1", "e1")
+    await finish(store, "r1", "e1", FinishReason.STOP)
+    done = await store.requests.cancel("r1")
+    assert (done.state, done.ended_here) == (RequestState.FINISHED, False)
+
+
+async def test_requeue_after_a_cancel_returns_two_and_hand_back_ends_it_cancelled(store: Store) -> None:
+    await enqueue(store, "r1")
+    await store.requests.claim("r1", "e1")
+    await append(store, "r1", "e1", 0, (4, 5))
+    await store.requests.cancel("r1")
+    assert await store.requests.requeue("r1", "e1") == 2
+    # Not re-queued: the cancel wins.
+    assert await store.queue.peek(10) == []
+    assert await store.requests.running_ids("e1") == set()
+
+    # hand_back is what callers use; run it on a fresh cancelled request.
+    await enqueue(store, "r2")
+    await store.requests.claim("r2", "e1")
+    await append(store, "r2", "e1", 0, (4, 5))
+    await store.requests.cancel("r2")
+    await store.requests.hand_back("r2", "e1")
+    record = await store.requests.get("r2")
+    assert record is not None
+    assert (record["state"], record["finish_reason"]) == ("CANCELLED", "CANCELLED")
+    assert await store.queue.peek(10) == []
+    assert await store.requests.running_ids("e1") == set()
+    events = [e for _, e in await store.streams.read_events("r2", "0", 10)]
+    assert events == [TokenEvent(2, (), "", FinishReason.CANCELLED, {})]
+    for key in (KEYS.request("r2"), KEYS.tokens("r2"), KEYS.output("r2")):
+        assert 0 < await store.redis.ttl(key) <= TTL_S, key
+
+
+async def test_hand_back_without_a_cancel_requeues(store: Store) -> None:
+    await enqueue(store, "r1", score=3.0)
+    await store.requests.claim("r1", "e1")
+    await store.requests.hand_back("r1", "e1")
+    record = await store.requests.get("r1")
+    assert record is not None and record["state"] == "QUEUED"
+    assert await store.queue.peek(10) == [("r1", 3.0)]
+    assert await store.streams.read_events("r1", "0", 10) == []
+
+
+async def test_migrations_past_the_limit_fail_the_request(redis_url: str) -> None:
+    client = connect(redis_url)
+    store = Store(client, KEYS, request_ttl_s=TTL_S, max_migrations=1)
+    try:
+        await enqueue(store, "m1")
+        await store.requests.claim("m1", "e1")
+        await store.requests.hand_back("m1", "e1", "migrate")
+        assert (await store.requests.get("m1") or {})["state"] == "QUEUED"
+        await store.requests.claim("m1", "e2")
+        await store.requests.hand_back("m1", "e2", "migrate")
+        record = await store.requests.get("m1")
+        assert record is not None
+        assert (record["state"], record["finish_reason"]) == ("FAILED", "ERROR")
+        assert "lost more than 1 times" in record["error"]
+        events = [e for _, e in await store.streams.read_events("m1", "0", 10)]
+        assert [e.finish_reason for e in events] == [FinishReason.ERROR]
+    finally:
+        await client.aclose()
