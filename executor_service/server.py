@@ -21,6 +21,7 @@ from common.metrics import serve_metrics
 from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
 from common.redis_client import check_deployment, connect
+from common.sampling_params import SamplingParams
 from common.security import fleet_secret
 from common.tracing import setup_tracing
 from executor_service.engine import Engine
@@ -31,7 +32,6 @@ from executor_service.model_loader import LoadedModel, load_engine
 from executor_service.registration import Registration
 from executor_service.report_coalescing import ReportCoalescer
 from executor_service.report_hub import ReportHub
-from executor_service.sampling import SamplingParams
 from executor_service.servicer import ExecutorServicer
 from executor_service.worker import EngineWorker
 

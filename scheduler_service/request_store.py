@@ -15,9 +15,10 @@ from common.errors import AlreadyExists, Overloaded
 from common.keys import KeySchema
 from common.lifecycle import FinishReason, RequestState, terminal_state_for
 from common.redis_client import is_cluster
+from common.sampling_params import SamplingParams
 from scheduler_service import scripts
 from scheduler_service.queue_view import QueueReads
-from scheduler_service.requests import ClaimedRequest, NewRequest, RequestParams, TokenEvent, parse_ids
+from scheduler_service.requests import ClaimedRequest, NewRequest, TokenEvent, parse_ids
 from scheduler_service.script_batcher import ScriptBatcher
 from scheduler_service.step_publishing import StepPublishing, StreamListener, now_ms
 
@@ -342,7 +343,7 @@ def _claimed(request_id: str, row: list[str] | None) -> ClaimedRequest | None:
         request_id=request_id,
         prompt_ids=parse_ids(prompt),
         output_ids=parse_ids(out),
-        params=RequestParams.from_json(params),
+        params=SamplingParams.from_json(params),
         score=float(score),
         arrival_ms=int(arrival),
         assigned_ms=int(assigned),

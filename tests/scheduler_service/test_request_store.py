@@ -10,8 +10,9 @@ import pytest
 from common.errors import AlreadyExists, Overloaded
 from common.lifecycle import FinishReason, RequestState
 from common.redis_client import connect
+from common.sampling_params import SamplingParams
 from scheduler_service.request_store import RequestStore
-from scheduler_service.requests import RequestParams, TokenEvent
+from scheduler_service.requests import TokenEvent
 from tests.scheduler_service.store_helpers import (
     ARRIVAL,
     KEYS,
@@ -32,7 +33,7 @@ async def test_enqueue_writes_the_record_and_queues_it(store: RequestStore) -> N
     assert record["state"] == "QUEUED"
     assert record["prompt_ids"] == "11,12,13"
     assert record["prompt_len"] == "3"
-    assert RequestParams.from_json(record["params"]) == new_request("r1").params
+    assert SamplingParams.from_json(record["params"]) == new_request("r1").params
     assert record["priority"] == "5"
     assert record["tenant"] == "acme"
     assert record["arrival_ms"] == str(ARRIVAL)

@@ -14,9 +14,10 @@ from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as epb
 from common.pb import generate_pb2 as pb
 from common.redis_client import connect
+from common.sampling_params import SamplingParams
 from scheduler_service.executor_link import ExecutorLink
 from scheduler_service.request_store import RequestStore
-from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
+from scheduler_service.requests import NewRequest, TokenEvent
 from scheduler_service.step_publishing import StepWrite
 from scheduler_service.stream_batching import StreamBatcher, StreamInterval, coalesce
 from tests.conftest import RedisServer
@@ -162,7 +163,7 @@ async def test_handed_back_request_keeps_the_tokens_that_waited(redis_url: str) 
     client = connect(redis_url)
     try:
         store = RequestStore(client, KeySchema(), request_ttl_s=60)
-        params = RequestParams(max_tokens=50, ignore_eos=True)
+        params = SamplingParams(max_tokens=50, ignore_eos=True)
         await store.enqueue(NewRequest("hb", (1, 5, 6), params, 5, "t", 0, 0), 0.0, 100)
         link = ExecutorLink(
             "exec-x", "unused:0", store, stack_config(redis_url, Path(".")).scheduler, lambda _queue_moved: None,
