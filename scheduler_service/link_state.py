@@ -110,8 +110,8 @@ def linked_request_of(claimed: ClaimedRequest) -> LinkedRequest:
     )
 
 
-def admit_pb(claimed: ClaimedRequest, report_interval_steps: int) -> pb.AdmitRequest:
-    """The plan's admission of ``claimed``; its executor may hold its tokens ``report_interval_steps`` steps."""
+def admit_pb(claimed: ClaimedRequest, stream_interval_tokens: int, stream_interval_ms: int) -> pb.AdmitRequest:
+    """The plan's admission of ``claimed``, whose client takes its tokens at that stream interval."""
     return pb.AdmitRequest(
         request_id=claimed.request_id,
         prompt_token_ids=claimed.prompt_ids,
@@ -119,7 +119,8 @@ def admit_pb(claimed: ClaimedRequest, report_interval_steps: int) -> pb.AdmitReq
         sampling=claimed.params.to_pb(),
         rank=claimed.score,
         traceparent=claimed.traceparent,
-        report_interval_steps=report_interval_steps,
+        stream_interval_tokens=stream_interval_tokens,
+        stream_interval_ms=stream_interval_ms,
     )
 
 

@@ -86,3 +86,25 @@ class ReportWrites:
             self._metrics.deadlines.labels("met" if now_ms() <= req.deadline_ms else "missed").inc()
         self._metrics.observe_finish(reason.name, usage, (now_ms() - req.arrival_ms) / 1000)
         return StepWrite(req.request_id, TokenEvent(req.generated, tokens, text, reason, usage), fin.error)
+
+
+def coalesce(writes: list[StepWrite]) -> list[StepWrite]:
+    """Merge each request's contiguous events (from several step reports) into one write.
+
+    Order is kept (a request's merged write sits where its first one was); events that are not
+    contiguous, or that follow a final event, stay separate so Redis judges each on its own.
+    """
+    out: list[StepWrite] = []
+    last: dict[str, int] = {}  # request id -> its newest write's position in ``out``
+    for write in writes:
+        at = last.get(write.request_id)
+        if at is not None:
+            prev, event = out[at].event, write.event
+            if prev.finish_reason is FinishReason.NONE and prev.index + len(prev.token_ids) == event.index:
+                tokens, text = (*prev.token_ids, *event.token_ids), prev.text + event.text
+                merged = TokenEvent(prev.index, tokens, text, event.finish_reason, event.usage)
+                out[at] = StepWrite(write.request_id, merged, write.error)
+                continue
+        last[write.request_id] = len(out)
+        out.append(write)
+    return out
