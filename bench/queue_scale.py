@@ -26,9 +26,10 @@ import redis.asyncio as aioredis
 from baton.dev import start_redis, stop_processes
 from common.config import BatonConfig
 from common.keys import KeySchema
+from common.sampling_params import SamplingParams
 from scheduler_service.admission import Admission
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.requests import NewRequest, RequestParams
+from scheduler_service.requests import NewRequest
 from scheduler_service.scoring import RequestScorer
 from scheduler_service.store import Store
 
@@ -39,7 +40,7 @@ def new_request(i: int, rng: random.Random, tenants: int, now: int) -> NewReques
     return NewRequest(
         request_id=f"r{i}",
         prompt_ids=PROMPT,
-        params=RequestParams(max_tokens=rng.randrange(16, 256)),
+        params=SamplingParams(max_tokens=rng.randrange(16, 256)),
         priority=rng.randrange(0, 11),
         tenant=f"t{rng.randrange(tenants)}",
         deadline_ms=0,

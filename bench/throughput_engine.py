@@ -21,11 +21,11 @@ from tqdm import tqdm
 from bench.device_watch import DeviceWatch, sampler_reader
 from bench.throughput_setup import MAX_BATCH, WARM_PROMPT, WARM_TOKENS, Result, Setup, Workload, finish, progress, say
 from common.config import ExecutorConfig
+from common.sampling_params import SamplingParams
 from executor_service.cpu_threads import prefer_passive_openmp
 from executor_service.engine import Engine
 from executor_service.engine_io import AdmitSpec, PlanUpdate
 from executor_service.model_loader import load_engine
-from executor_service.sampling import SamplingParams
 
 LABEL = "(b) Baton engine in process"
 

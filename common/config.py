@@ -180,9 +180,10 @@ class DistributedConfig:
     redis_retry_s: float = 30.0
     # A request whose executor died is re-queued at most this many times, then fails.
     max_migrations: int = 3
-    # Token-stream batching (vLLM's stream_interval): a request's tokens are recorded and streamed
-    # once this many have gathered, or once the oldest has waited stream_interval_ms (0: no time
-    # limit). 1 writes every step's tokens at once. A first and a final event always go at once.
+    # Token-stream batching (vLLM's stream_interval): a request's tokens reach its client (and
+    # Redis) once this many have gathered, or once the oldest has waited stream_interval_ms (0: no
+    # time limit). 1 streams every step's tokens at once. A first and a final event always go at
+    # once. Sent to the executor with each admission; it holds the tokens (token_batching.py).
     stream_interval_tokens: int = 1
     stream_interval_ms: int = 0
 
@@ -255,9 +256,9 @@ class ExecutorConfig:
     torch_threads: int = 0
     # Step reports: 1 sends one per step. N > 1 holds plain decode tokens for up to N steps or
     # report_max_wait_ms, merged into one report; finishes, preemptions, plan acknowledgements,
-    # pending prefill and first tokens still go at once (executor_service/report_coalescing.py).
-    # For CPU hosts where the scheduler shares the cores and clients take tokens in chunks. A
-    # request's own stream interval raises N while every request in the step allows it.
+    # pending prefill and first tokens still go at once (executor_service/token_batching.py).
+    # For CPU hosts where the scheduler shares the cores. A request whose client takes chunks
+    # (a stream interval) holds its tokens for its chunks whatever N is.
     report_every_steps: int = 1
     report_max_wait_ms: float = 50.0
     # The engine's fast paths: a lean forward with fused projections for Llama-layout models;

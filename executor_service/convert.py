@@ -3,22 +3,9 @@
 from __future__ import annotations
 
 from common.pb import executor_pb2 as pb
+from common.sampling_params import SamplingParams
 from executor_service.engine_io import AdmitSpec, FinishOut, PlanUpdate, StepOutput
 from executor_service.load_metrics import DeviceLoad
-from executor_service.sampling import SamplingParams
-
-
-def sampling_from_pb(msg: pb.ExecSampling) -> SamplingParams:
-    return SamplingParams(
-        temperature=msg.temperature,
-        top_p=msg.top_p if msg.top_p > 0 else 1.0,
-        top_k=msg.top_k,
-        seed=msg.seed if msg.HasField("seed") else None,
-        max_tokens=max(1, msg.max_tokens),
-        stop=tuple(msg.stop),
-        stop_token_ids=tuple(msg.stop_token_ids),
-        ignore_eos=msg.ignore_eos,
-    )
 
 
 def plan_from_pb(msg: pb.Plan) -> PlanUpdate:
@@ -30,7 +17,7 @@ def plan_from_pb(msg: pb.Plan) -> PlanUpdate:
                 request_id=a.request_id,
                 prompt_ids=tuple(a.prompt_token_ids),
                 output_ids=tuple(a.output_token_ids),
-                params=sampling_from_pb(a.sampling),
+                params=SamplingParams.from_pb(a.sampling),
                 rank=a.rank,
             )
             for a in msg.admit

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from common.lifecycle import FinishReason
-from executor_service.sampling import SamplingParams
+from common.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

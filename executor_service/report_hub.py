@@ -6,7 +6,7 @@ are dropped on purpose: they belong to requests the next driver re-queues from R
 not this process, is the record of what a client has received), and delivering them late could
 mislabel the tokens of a re-admitted request.
 
-Each step is observed (metrics) and offered to the attached stream's ``ReportCoalescer`` on the
+Each step is observed (metrics) and offered to the attached stream's ``TokenBatcher`` on the
 engine thread itself, so a step whose report is held never wakes the event loop's thread. On a
 CPU host that thread shares the cores with the steps: a wake-up per step was a context switch per
 step, taken out of the step.
@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Callable
 
 from executor_service.engine_io import StepOutput
-from executor_service.report_coalescing import ReportCoalescer
+from executor_service.token_batching import TokenBatcher
 
 ReportQueue = asyncio.Queue[StepOutput | None]
 
@@ -31,9 +31,9 @@ class ReportHub:
     def __init__(self, loop: asyncio.AbstractEventLoop, observe: Callable[[StepOutput], None] = _ignore) -> None:
         self._loop = loop
         self._observe = observe  # called on the engine thread with every step (thread-safe metrics)
-        # The attached stream's queue and coalescer, as one attribute: the engine thread reads
-        # both in one load, so it never pairs one stream's coalescer with another's queue.
-        self._stream: tuple[ReportQueue, ReportCoalescer | None] | None = None
+        # The attached stream's queue and token batcher, as one attribute: the engine thread reads
+        # both in one load, so it never pairs one stream's batcher with another's queue.
+        self._stream: tuple[ReportQueue, TokenBatcher | None] | None = None
         self.latest: StepOutput | None = None
 
     def publish_threadsafe(self, out: StepOutput) -> None:
@@ -43,8 +43,8 @@ class ReportHub:
         stream = self._stream
         if stream is None:
             return  # nobody drives this executor: dropped (see the module's docstring)
-        queue, held = stream
-        report = out if held is None else held.offer(out)
+        queue, batcher = stream
+        report = out if batcher is None else batcher.offer(out)
         if report is not None:
             self._loop.call_soon_threadsafe(self._publish, queue, report)
 
@@ -56,12 +56,12 @@ class ReportHub:
     def attached(self) -> bool:
         return self._stream is not None
 
-    def attach(self, held: ReportCoalescer | None = None) -> ReportQueue:
-        """A new stream's queue of reports; ``held``: its coalescer (None: every step is a report)."""
+    def attach(self, batcher: TokenBatcher | None = None) -> ReportQueue:
+        """A new stream's queue of reports; ``batcher``: its token batcher (None: every step is a report)."""
         if self._stream is not None:
             self._stream[0].put_nowait(None)  # supersede the old stream
         queue: ReportQueue = asyncio.Queue()
-        self._stream = (queue, held)
+        self._stream = (queue, batcher)
         return queue
 
     def detach(self, queue: ReportQueue) -> bool:

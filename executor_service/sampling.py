@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from common.errors import InvalidRequest
+from common.sampling_params import SamplingParams
 from executor_service.kernels import layer_ops
-
-# torch.Generator.manual_seed accepts exactly this range (negative values wrap around).
-_SEED_MIN = -(1 << 63)
-_SEED_MAX = (1 << 64) - 1
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -26,48 +21,6 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     if logits.dim() == 2 and logits.dtype == torch.float32 and layer_ops.available(logits.device, logits.dtype):
         return layer_ops.argmax_rows(logits)
     return logits.argmax(dim=-1)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one request picks its tokens. Invalid values raise InvalidRequest (a ValueError)."""
-
-    temperature: float = 0.0  # 0 means greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 means off
-    seed: int | None = None
-    max_tokens: int = 16
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        # Callers often build this from lists (protobuf repeated fields, JSON); keep the object hashable.
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise InvalidRequest(f"temperature must be finite and >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):  # also rejects NaN
-            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise InvalidRequest(f"top_k must be >= 0, got {self.top_k}")
-        if self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.seed is not None and not (_SEED_MIN <= self.seed <= _SEED_MAX):
-            raise InvalidRequest(f"seed must fit in 64 bits, got {self.seed}")
-        if any(not s for s in self.stop):
-            # An empty stop string would match before the first character and end every request at once.
-            raise InvalidRequest("stop strings must not be empty")
-        if any(t < 0 for t in self.stop_token_ids):
-            raise InvalidRequest(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def needs_filter(self) -> bool:
-        return self.top_k > 0 or self.top_p < 1.0
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:

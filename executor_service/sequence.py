@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common.sampling_params import SamplingParams
 from executor_service.detokenizer import IncrementalDetokenizer
-from executor_service.sampling import SamplingParams
 
 
 @dataclass(eq=False)

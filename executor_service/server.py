@@ -21,6 +21,7 @@ from common.metrics import serve_metrics
 from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
 from common.redis_client import check_deployment, connect
+from common.sampling_params import SamplingParams
 from common.security import fleet_secret
 from common.tracing import setup_tracing
 from executor_service.engine import Engine
@@ -29,10 +30,9 @@ from executor_service.load_metrics import LoadSampler
 from executor_service.metrics import ExecutorMetrics
 from executor_service.model_loader import LoadedModel, load_engine
 from executor_service.registration import Registration
-from executor_service.report_coalescing import ReportCoalescer
 from executor_service.report_hub import ReportHub
-from executor_service.sampling import SamplingParams
 from executor_service.servicer import ExecutorServicer
+from executor_service.token_batching import TokenBatcher
 from executor_service.worker import EngineWorker
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     )
     metrics = ExecutorMetrics()
     servicer = ExecutorServicer(
-        metrics, tracing, lambda: ReportCoalescer(cfg.report_every_steps, cfg.report_max_wait_ms)
+        metrics, tracing, lambda: TokenBatcher(cfg.report_every_steps, cfg.report_max_wait_ms)
     )
     executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, [SERVICE_NAME])

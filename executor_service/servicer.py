@@ -17,8 +17,8 @@ from executor_service.convert import plan_from_pb, report_to_pb
 from executor_service.engine_io import PlanUpdate, StepOutput
 from executor_service.load_metrics import LoadSampler
 from executor_service.metrics import ExecutorMetrics
-from executor_service.report_coalescing import ReportCoalescer
 from executor_service.report_hub import ReportHub, ReportQueue
+from executor_service.token_batching import StreamInterval, TokenBatcher
 from executor_service.worker import EngineWorker
 
 log = logging.getLogger(__name__)
@@ -31,11 +31,11 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self,
         metrics: ExecutorMetrics | None = None,
         tracing: bool = False,
-        coalescer: Callable[[], ReportCoalescer] = lambda: ReportCoalescer(1, 0.0),  # one per stream
+        token_batcher: Callable[[], TokenBatcher] = lambda: TokenBatcher(1, 0.0),  # one per stream
     ) -> None:
         self._metrics = metrics or ExecutorMetrics()
         self._tracing = tracing
-        self._coalescer = coalescer
+        self._token_batcher = token_batcher
         self._spans: dict[str, Span] = {}  # one per running request, when tracing
         self._readers: set[asyncio.Task[None]] = set()
         self._worker: EngineWorker | None = None
@@ -70,10 +70,10 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         """
         worker, hub, load, _ = self._ready()
         peer = context.peer()  # read while the call is certainly live (see above)
-        held = self._coalescer()
-        queue = hub.attach(held)  # the hub offers each step to ``held`` on the engine thread
+        batcher = self._token_batcher()
+        queue = hub.attach(batcher)  # the hub offers each step to ``batcher`` on the engine thread
         log.info("scheduler attached to Run stream %s", peer)
-        reader = asyncio.create_task(self._read_plans(worker, request_iterator, queue, held))
+        reader = asyncio.create_task(self._read_plans(worker, request_iterator, queue, batcher))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
         try:
@@ -108,15 +108,18 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         worker: EngineWorker,
         plans: AsyncIterator[pb.Plan],
         queue: ReportQueue,
-        held: ReportCoalescer,
+        batcher: TokenBatcher,
     ) -> None:
         try:
             async for plan in plans:
                 self._start_spans(plan)
                 for request_id in plan.abort:
-                    held.forget(request_id)
+                    batcher.forget(request_id)
                 for admit in plan.admit:
-                    held.admitted(admit.request_id, admit.report_interval_steps)
+                    batcher.admitted(
+                        admit.request_id,
+                        StreamInterval(max(1, admit.stream_interval_tokens), admit.stream_interval_ms),
+                    )
                 worker.submit(plan_from_pb(plan))
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.CancelledError, RuntimeError):
             pass  # the call ended

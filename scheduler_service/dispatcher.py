@@ -22,7 +22,6 @@ from scheduler_service.executor_link import ExecutorLink
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.scoring import RequestScorer
 from scheduler_service.store import Store
-from scheduler_service.stream_batching import StreamInterval
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +188,7 @@ class Dispatcher:
             self.config.distributed.redis_retry_s,
             self.config.security,
             self.metrics,
-            StreamInterval(self.config.distributed.stream_interval_tokens, self.config.distributed.stream_interval_ms),
+            (self.config.distributed.stream_interval_tokens, self.config.distributed.stream_interval_ms),
         )
         self.links[executor_id] = link
         self._link_tasks[executor_id] = asyncio.create_task(self._drive(link), name=f"link-{executor_id}")

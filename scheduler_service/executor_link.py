@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from collections.abc import AsyncIterator, Callable, Iterable
 
 import grpc
@@ -36,11 +35,10 @@ from scheduler_service.link_state import (
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import ExecutorCapacity
 from scheduler_service.preemption import RunningRequest
-from scheduler_service.report_writes import ReportWrites
+from scheduler_service.report_writes import ReportWrites, coalesce
 from scheduler_service.requests import ClaimedRequest
 from scheduler_service.store import Store
 from scheduler_service.store.step_publisher import StepWrite
-from scheduler_service.stream_batching import StreamBatcher, StreamInterval, coalesce
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +54,7 @@ class ExecutorLink:
         redis_retry_s: float = 30.0,
         security: SecurityConfig | None = None,
         metrics: SchedulerMetrics | None = None,
-        stream_interval: StreamInterval | None = None,
+        stream_interval: tuple[int, int] = (1, 0),
     ) -> None:
         self.executor_id = executor_id
         self.address = address
@@ -84,7 +82,9 @@ class ExecutorLink:
         self._metadata: tuple[tuple[str, str], ...] = ()  # sent on each call to the executor; see connect()
         self._metrics = metrics or SchedulerMetrics()
         self._report_writes = ReportWrites(executor_id, self.requests, self._metrics)
-        self._batcher = StreamBatcher(stream_interval or StreamInterval())
+        # The server's stream interval (tokens, ms), sent down with each admission: the executor
+        # holds a request's tokens for its client's chunks (executor_service/token_batching.py).
+        self._stream_interval = stream_interval
         self.preempting: set[str] = set()  # preempt plans sent, not yet reported back
         # Set by close(): admission must not hand this link work any more (its plans go nowhere).
         self.closed = False
@@ -183,8 +183,9 @@ class ExecutorLink:
 
     def admit(self, claimed: ClaimedRequest) -> None:
         self.requests[claimed.request_id] = linked_request_of(claimed)
-        self._batcher.set_interval(claimed.request_id, claimed.params.stream_interval_tokens)
-        self._pending.admit.append(admit_pb(claimed, self._batcher.executor_may_hold(claimed.request_id)))
+        tokens, ms = self._stream_interval
+        # A request may ask for a coarser interval than the server's, never a finer one.
+        self._pending.admit.append(admit_pb(claimed, max(tokens, claimed.params.stream_interval_tokens), ms))
         if not claimed.output_ids:  # a fresh stream: its readers here need no shared XREAD
             self._store.streams.expect_local(claimed.request_id)
 
@@ -227,7 +228,8 @@ class ExecutorLink:
                 self._acked_seq = max(self._acked_seq, report.plan_seq)
             writes += self._report_writes.of(report)
         self.preempting.intersection_update(self.requests)  # those that finished meanwhile
-        writes = self._batched(coalesce(writes) if len(reports) > 1 else writes)
+        if len(reports) > 1:
+            writes = coalesce(writes)
         if writes:
             accepted = await with_redis_retry(
                 lambda: self._store.steps.publish(self.executor_id, writes, self.owner),
@@ -252,13 +254,6 @@ class ExecutorLink:
         if requeued or (len(self.requests), self.ready) != before:
             self._on_change(requeued)
 
-    def _batched(self, writes: list[StepWrite]) -> list[StepWrite]:
-        """Apply the stream interval: hold back what may wait, add what has waited long enough."""
-        if not self._batcher.batching:
-            return writes  # every write goes out as it comes (the default); nothing ever waits
-        now = time.monotonic()
-        return [out for write in writes for out in self._batcher.offer(write, now)] + self._batcher.due(now)
-
     async def _recover_refused(self, writes: list[StepWrite], accepted: list[bool]) -> bool:
         """Redis refused tokens of a request this link still drives.
 
@@ -278,7 +273,6 @@ class ExecutorLink:
             del self.requests[request_id]
             self._report_writes.forget(request_id)
             self.preempting.discard(request_id)
-            self._batcher.take(request_id)  # held tokens would be refused as well
         self._fence_seq = self._next_seq()
         self._outbox.put_nowait(pb.Plan(seq=self._fence_seq, abort=refused))
         for request_id in refused:
@@ -287,7 +281,4 @@ class ExecutorLink:
         return True
 
     async def hand_back(self, request_id: str, kind: str = "preempt") -> None:
-        waiting = self._batcher.take(request_id)
-        if waiting is not None:  # record what waited to stream, so the request resumes after it
-            await self._store.steps.publish(self.executor_id, [waiting], self.owner)
         await self._store.requests.hand_back(request_id, self.executor_id, kind, self.owner)

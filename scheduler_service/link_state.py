@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from common.pb import executor_pb2 as pb
 from scheduler_service.placement import ExecutorCapacity, blocks_for
 from scheduler_service.preemption import RunningRequest
-from scheduler_service.requests import ClaimedRequest, RequestParams
+from scheduler_service.requests import ClaimedRequest
 
 CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
@@ -110,32 +110,18 @@ def linked_request_of(claimed: ClaimedRequest) -> LinkedRequest:
     )
 
 
-def admit_pb(claimed: ClaimedRequest, report_interval_steps: int) -> pb.AdmitRequest:
-    """The plan's admission of ``claimed``; its executor may hold its tokens ``report_interval_steps`` steps."""
+def admit_pb(claimed: ClaimedRequest, stream_interval_tokens: int, stream_interval_ms: int) -> pb.AdmitRequest:
+    """The plan's admission of ``claimed``, whose client takes its tokens at that stream interval."""
     return pb.AdmitRequest(
         request_id=claimed.request_id,
         prompt_token_ids=claimed.prompt_ids,
         output_token_ids=claimed.output_ids,
-        sampling=sampling_to_pb(claimed.params),
+        sampling=claimed.params.to_pb(),
         rank=claimed.score,
         traceparent=claimed.traceparent,
-        report_interval_steps=report_interval_steps,
+        stream_interval_tokens=stream_interval_tokens,
+        stream_interval_ms=stream_interval_ms,
     )
-
-
-def sampling_to_pb(params: RequestParams) -> pb.ExecSampling:
-    msg = pb.ExecSampling(
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        stop=list(params.stop),
-        stop_token_ids=list(params.stop_token_ids),
-        ignore_eos=params.ignore_eos,
-    )
-    if params.seed is not None:
-        msg.seed = params.seed
-    return msg
 
 
 async def read_reports(

@@ -97,3 +97,25 @@ def usage_of(
         "queue_time_ms": float(max(0, assigned_ms - arrival_ms)),
         "ttft_ms": float(max(0, (first_token_ms or assigned_ms) - arrival_ms)),
     }
+
+
+def coalesce(writes: list[StepWrite]) -> list[StepWrite]:
+    """Merge each request's contiguous events (from several step reports) into one write.
+
+    Order is kept (a request's merged write sits where its first one was); events that are not
+    contiguous, or that follow a final event, stay separate so Redis judges each on its own.
+    """
+    out: list[StepWrite] = []
+    last: dict[str, int] = {}  # request id -> its newest write's position in ``out``
+    for write in writes:
+        at = last.get(write.request_id)
+        if at is not None:
+            prev, event = out[at].event, write.event
+            if prev.finish_reason is FinishReason.NONE and prev.index + len(prev.token_ids) == event.index:
+                tokens, text = (*prev.token_ids, *event.token_ids), prev.text + event.text
+                merged = TokenEvent(prev.index, tokens, text, event.finish_reason, event.usage)
+                out[at] = StepWrite(write.request_id, merged, write.error)
+                continue
+        last[write.request_id] = len(out)
+        out.append(write)
+    return out

@@ -3,36 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from common.lifecycle import FinishReason
-
-
-@dataclass(frozen=True)
-class RequestParams:
-    """Validated sampling and stopping parameters, and how the output is chunked."""
-
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    stream_interval_tokens: int = 0  # 0: the server's stream interval alone
-
-    def to_json(self) -> str:
-        # Every field is a number, a string or a tuple of them: a shallow dict is enough
-        # (``asdict`` deep-copies, and this runs once per submit).
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, raw: str) -> RequestParams:
-        data = json.loads(raw)
-        data["stop"] = tuple(data.get("stop", ()))
-        data["stop_token_ids"] = tuple(data.get("stop_token_ids", ()))
-        return cls(**data)
+from common.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -41,7 +15,7 @@ class NewRequest:
 
     request_id: str
     prompt_ids: tuple[int, ...]
-    params: RequestParams
+    params: SamplingParams
     priority: int
     tenant: str
     deadline_ms: int
@@ -56,7 +30,7 @@ class ClaimedRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
-    params: RequestParams
+    params: SamplingParams
     score: float
     arrival_ms: int
     assigned_ms: int

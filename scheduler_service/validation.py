@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -11,7 +10,8 @@ from common.config import RequestLevelConfig
 from common.errors import InvalidRequest
 from common.keys import MAX_NAME_CHARS, NAME_ALPHABET, is_safe_name
 from common.pb import generate_pb2 as pb
-from scheduler_service.requests import NewRequest, RequestParams
+from common.sampling_params import SamplingParams
+from scheduler_service.requests import NewRequest
 from scheduler_service.tokenizer_source import ModelLimits
 
 MAX_STREAM_INTERVAL_TOKENS = 1024
@@ -23,12 +23,10 @@ def _check_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
         raise InvalidRequest(f"{what} has token ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
 
 
-def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config: RequestLevelConfig) -> RequestParams:
+def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config: RequestLevelConfig) -> SamplingParams:
+    """The request's parameters: the checks that need the model or the config here, the value checks
+    in ``SamplingParams`` itself."""
     room = limits.max_model_len - prompt_len
-    if not (math.isfinite(msg.temperature) and msg.temperature >= 0):
-        raise InvalidRequest(f"temperature must be a finite number >= 0, got {msg.temperature}")
-    if not (math.isfinite(msg.top_p) and 0 <= msg.top_p <= 1):
-        raise InvalidRequest(f"top_p must lie in (0, 1] (0 means 1), got {msg.top_p}")
     if msg.top_k > limits.vocab_size:
         raise InvalidRequest(f"top_k must be at most the vocabulary size {limits.vocab_size}, got {msg.top_k}")
     if msg.HasField("max_tokens") and msg.max_tokens == 0:
@@ -49,10 +47,10 @@ def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config
     if len(msg.stop_token_ids) > config.max_stop_strings * 4:
         raise InvalidRequest(f"at most {config.max_stop_strings * 4} stop token ids are allowed")
     _check_ids(msg.stop_token_ids, limits.vocab_size, "stop_token_ids")
-    return RequestParams(
+    return SamplingParams(
         max_tokens=msg.max_tokens if msg.HasField("max_tokens") else min(config.default_max_tokens, room),
         temperature=float(msg.temperature),
-        top_p=float(msg.top_p) or 1.0,
+        top_p=float(msg.top_p) or 1.0,  # proto3's unset 0 means "no top-p"
         top_k=int(msg.top_k),
         seed=int(msg.seed) if msg.HasField("seed") else None,
         stop=tuple(msg.stop),

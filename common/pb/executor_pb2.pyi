@@ -27,22 +27,24 @@ class ExecSampling(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "sampling", "rank", "traceparent", "report_interval_steps")
+    __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "sampling", "rank", "traceparent", "stream_interval_tokens", "stream_interval_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
-    REPORT_INTERVAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_INTERVAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: ExecSampling
     rank: float
     traceparent: str
-    report_interval_steps: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[ExecSampling, _Mapping]] = ..., rank: _Optional[float] = ..., traceparent: _Optional[str] = ..., report_interval_steps: _Optional[int] = ...) -> None: ...
+    stream_interval_tokens: int
+    stream_interval_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[ExecSampling, _Mapping]] = ..., rank: _Optional[float] = ..., traceparent: _Optional[str] = ..., stream_interval_tokens: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ...) -> None: ...
 
 class PrefillGrant(_message.Message):
     __slots__ = ("request_id", "num_tokens")

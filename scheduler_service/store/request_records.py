@@ -17,7 +17,8 @@ from common.clock import now_ms
 from common.errors import AlreadyExists, Overloaded
 from common.keys import KeySchema
 from common.lifecycle import FinishReason, RequestState, terminal_state_for
-from scheduler_service.requests import ClaimedRequest, NewRequest, RequestParams, TokenEvent, parse_ids
+from common.sampling_params import SamplingParams
+from scheduler_service.requests import ClaimedRequest, NewRequest, TokenEvent, parse_ids
 from scheduler_service.store import request_scripts
 from scheduler_service.store.script_batcher import ScriptBatcher
 from scheduler_service.store.token_streams import TokenStreams
@@ -321,7 +322,7 @@ def _claimed(request_id: str, row: list[str] | None) -> ClaimedRequest | None:
         request_id=request_id,
         prompt_ids=parse_ids(prompt),
         output_ids=parse_ids(out),
-        params=RequestParams.from_json(params),
+        params=SamplingParams.from_json(params),
         score=float(score),
         arrival_ms=int(arrival),
         assigned_ms=int(assigned),

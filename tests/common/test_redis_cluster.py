@@ -16,8 +16,9 @@ from common.lifecycle import FinishReason
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from common.redis_client import connect, is_cluster
+from common.sampling_params import SamplingParams
 from executor_service.server import start_executor
-from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
+from scheduler_service.requests import NewRequest, TokenEvent
 from scheduler_service.server import start_scheduler
 from scheduler_service.store import Store
 from scheduler_service.store.step_publisher import StepWrite
@@ -75,7 +76,7 @@ async def _claimed_after_script_flush(
     """A store whose requests (id -> executor) are queued and claimed, then every node's scripts flushed:
     what a promoted replica or restarted primary looks like."""
     store = Store(client, KeySchema(), request_ttl_s=60)
-    params = RequestParams(max_tokens=4, ignore_eos=True)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
     for request_id, executor_id in claims.items():
         await store.requests.enqueue(NewRequest(request_id, (1, 5, 6), params, 5, "t", 0, 0), 0.0, 100)
         assert await store.requests.claim(request_id, executor_id) is not None

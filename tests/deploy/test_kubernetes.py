@@ -16,8 +16,9 @@ from common.config_loading import load_config
 from common.keys import KeySchema
 from common.redis_client import connect
 from common.redis_url import RedisKind, parse_redis_url
+from common.sampling_params import SamplingParams
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.requests import NewRequest, RequestParams
+from scheduler_service.requests import NewRequest
 from scheduler_service.store import Store
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
@@ -154,7 +155,7 @@ async def test_the_queue_is_a_sorted_set_whose_length_keda_reads(redis_url: str)
         store = Store(client, KeySchema(), request_ttl_s=60)
         for i in range(3):
             await store.requests.enqueue(
-                NewRequest(f"k{i}", (1, 5), RequestParams(max_tokens=4), 5, "t", 0, i), float(i), 10
+                NewRequest(f"k{i}", (1, 5), SamplingParams(max_tokens=4), 5, "t", 0, i), float(i), 10
             )
         assert await client.type(KeySchema().pending) == "zset"
         assert await client.zcard(KeySchema().pending) == await store.queue.length() == 3

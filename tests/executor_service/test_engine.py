@@ -10,11 +10,11 @@ import torch
 
 from common.config import ExecutorConfig
 from common.lifecycle import FinishReason
+from common.sampling_params import SamplingParams
 from executor_service.cpu_threads import ThreadGovernor
 from executor_service.engine import Engine
 from executor_service.engine_io import AdmitSpec, PlanUpdate, StepOutput
 from executor_service.model_loader import load_engine
-from executor_service.sampling import SamplingParams
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 
 

@@ -7,9 +7,9 @@ import asyncio
 import threading
 
 from executor_service.engine_io import StepOutput
-from executor_service.report_coalescing import ReportCoalescer
 from executor_service.report_hub import ReportHub
-from tests.executor_service.test_report_coalescing import step, tok
+from executor_service.token_batching import StreamInterval, TokenBatcher
+from tests.executor_service.test_token_batching import step, tok
 
 
 def from_engine_thread(hub: ReportHub, outputs: list[StepOutput]) -> None:
@@ -26,8 +26,8 @@ async def drained(queue: asyncio.Queue[StepOutput | None]) -> list[StepOutput | 
 async def test_held_steps_stay_on_the_engine_thread_and_every_step_is_observed() -> None:
     observed: list[int] = []
     hub = ReportHub(asyncio.get_running_loop(), lambda out: observed.append(out.iteration))
-    held = ReportCoalescer(1, 1000.0)
-    held.admitted("a", 3)
+    held = TokenBatcher(1, 1000.0)
+    held.admitted("a", StreamInterval(3))
     queue = hub.attach(held)
     from_engine_thread(hub, [step(i + 1, tok("a", i)) for i in range(4)])
     reports = await drained(queue)
@@ -51,7 +51,7 @@ async def test_without_a_coalescer_every_step_is_a_report_and_without_a_stream_n
 async def test_a_new_stream_supersedes_the_old_one() -> None:
     hub = ReportHub(asyncio.get_running_loop())
     old = hub.attach()
-    new = hub.attach(ReportCoalescer(1, 0.0))
+    new = hub.attach(TokenBatcher(1, 0.0))
     assert old.get_nowait() is None  # the old stream is told to end
     assert not hub.detach(old)  # the new one is still attached
     from_engine_thread(hub, [step(1, tok("a", 0))])

@@ -25,7 +25,7 @@ from executor_service.load_metrics import LoadSampler
 from executor_service.report_hub import ReportHub
 from executor_service.servicer import ExecutorServicer
 from executor_service.worker import EngineWorker
-from tests.executor_service.test_report_coalescing import step
+from tests.executor_service.test_token_batching import step
 
 
 class _Worker:

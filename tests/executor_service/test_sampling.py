@@ -1,11 +1,10 @@
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
-from executor_service.sampling import Sampler, SamplingParams, make_generator
+from common.sampling_params import SamplingParams
+from executor_service.sampling import Sampler, make_generator
 
 VOCAB = 64
 
@@ -136,29 +135,3 @@ def test_shape_mismatch_raises() -> None:
         Sampler().sample(_logits(2), [SamplingParams()], [None])
     with pytest.raises(ValueError):
         Sampler().sample(torch.zeros(VOCAB), [SamplingParams()], [None])
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"temperature": -0.1},
-        {"temperature": math.nan},
-        {"temperature": math.inf},
-        {"top_p": 0.0},
-        {"top_p": 1.01},
-        {"top_p": math.nan},
-        {"top_k": -1},
-        {"max_tokens": 0},
-        {"stop": ("",)},
-        {"seed": 1 << 64},
-    ],
-)
-def test_invalid_params_raise(kwargs: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
-        SamplingParams(**kwargs)  # type: ignore[arg-type]
-
-
-def test_params_are_hashable_from_lists() -> None:
-    params = SamplingParams(stop=["a", "b"], stop_token_ids=[1, 2])  # type: ignore[arg-type]
-    assert params.stop == ("a", "b") and params.stop_token_ids == (1, 2)
-    hash(params)

@@ -6,7 +6,8 @@ import redis.asyncio as aioredis
 
 from common.keys import KeySchema
 from common.lifecycle import FinishReason
-from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
+from common.sampling_params import SamplingParams
+from scheduler_service.requests import NewRequest, TokenEvent
 from scheduler_service.store import Store
 
 KEYS = KeySchema("baton")
@@ -19,7 +20,7 @@ def new_request(request_id: str, prompt: tuple[int, ...] = PROMPT, priority: int
     return NewRequest(
         request_id=request_id,
         prompt_ids=prompt,
-        params=RequestParams(max_tokens=16, temperature=0.7, top_p=0.9, top_k=5, seed=3, stop=("END",)),
+        params=SamplingParams(max_tokens=16, temperature=0.7, top_p=0.9, top_k=5, seed=3, stop=("END",)),
         priority=priority,
         tenant="acme",
         deadline_ms=0,

@@ -214,8 +214,9 @@ async def test_resume_replays_a_finished_request_from_an_index(stack: Stack) -> 
 async def test_reader_repairs_tokens_recorded_but_never_published(stack: Stack) -> None:
     from common.keys import KeySchema
     from common.lifecycle import FinishReason
+    from common.sampling_params import SamplingParams
     from scheduler_service.frontend import Frontend
-    from scheduler_service.requests import NewRequest, RequestParams, TokenEvent
+    from scheduler_service.requests import NewRequest, TokenEvent
     from scheduler_service.store import Store
     from scheduler_service.store.step_publisher import StepWrite
 
@@ -223,7 +224,7 @@ async def test_reader_repairs_tokens_recorded_but_never_published(stack: Stack) 
     # Its own key prefix, so the running scheduler cannot claim the request first.
     store = Store(live.store.redis, KeySchema("gaptest"), request_ttl_s=60)
     frontend = Frontend(store, live.dispatcher, live.tokenizers, live.config, live.scorer, live.metrics)
-    params = RequestParams(max_tokens=4, ignore_eos=True)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
     await store.requests.enqueue(NewRequest("gap-1", (1, 5, 6), params, 5, "t", 0, 0), -1e18, 100)
     assert await store.requests.claim("gap-1", "ghost") is not None
     async with store.redis.pipeline(transaction=False) as pipe:  # a writer that died before publishing

@@ -9,9 +9,10 @@ import pytest
 
 from common.keys import KeySchema
 from common.redis_client import connect
+from common.sampling_params import SamplingParams
 from scheduler_service.fleet_signals import FleetSignals
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.requests import NewRequest, RequestParams
+from scheduler_service.requests import NewRequest
 from scheduler_service.store import Store
 
 
@@ -21,7 +22,7 @@ async def test_oldest_wait_by_priority_and_fleet_kv_usage(redis_url: str) -> Non
     try:
         store = Store(client, keys, request_ttl_s=60)
         now = int(time.time() * 1000)
-        params = RequestParams(max_tokens=8)
+        params = SamplingParams(max_tokens=8)
         for request_id, priority, age_ms in [("a", 2, 5000), ("b", 2, 1000), ("c", 8, 3000)]:
             req = NewRequest(request_id, (1, 5), params, priority, "t", 0, now - age_ms)
             await store.requests.enqueue(req, float(now - age_ms - priority * 1000), 100)

@@ -10,7 +10,8 @@ import pytest
 from common.errors import AlreadyExists, Overloaded
 from common.lifecycle import FinishReason, RequestState
 from common.redis_client import connect
-from scheduler_service.requests import RequestParams, TokenEvent
+from common.sampling_params import SamplingParams
+from scheduler_service.requests import TokenEvent
 from scheduler_service.store import Store
 from tests.scheduler_service.store_helpers import (
     ARRIVAL,
@@ -32,7 +33,7 @@ async def test_enqueue_writes_the_record_and_queues_it(store: Store) -> None:
     assert record["state"] == "QUEUED"
     assert record["prompt_ids"] == "11,12,13"
     assert record["prompt_len"] == "3"
-    assert RequestParams.from_json(record["params"]) == new_request("r1").params
+    assert SamplingParams.from_json(record["params"]) == new_request("r1").params
     assert record["priority"] == "5"
     assert record["tenant"] == "acme"
     assert record["arrival_ms"] == str(ARRIVAL)

@@ -1,5 +1,5 @@
-"""Step reports held and merged while nothing needs the scheduler: the rules (pure logic), then a
-real stack with coalescing on, whose greedy outputs must still equal ``model.generate``'s."""
+"""Token batching on the executor: the rules (pure logic), then real stacks that hold tokens, whose
+greedy outputs must still equal ``model.generate``'s."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from common.lifecycle import FinishReason
 from common.pb import generate_pb2 as pb
 from executor_service.engine_io import FinishOut, StepOutput, TokenOut
-from executor_service.report_coalescing import ReportCoalescer
+from executor_service.token_batching import StreamInterval, TokenBatcher
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.stack import Stack, joined_tokens, stack_config, start_stack
 
@@ -41,16 +41,20 @@ def tok(request_id: str, index: int) -> TokenOut:
     return TokenOut(request_id, (100 + index,), f"t{index}", index)
 
 
-def started(every: int = 3, wait_ms: float = 1000.0, clock: list[float] | None = None) -> ReportCoalescer:
-    """A coalescer whose stream has already reported requests a and b (plan 1 acknowledged)."""
+def started(every: int = 3, wait_ms: float = 1000.0, clock: list[float] | None = None) -> TokenBatcher:
+    """A batcher whose stream has already reported requests a and b (plan 1 acknowledged)."""
     now = clock if clock is not None else [0.0]
-    held = ReportCoalescer(every, wait_ms, clock=lambda: now[0])
+    held = TokenBatcher(every, wait_ms, clock=lambda: now[0])
     assert held.offer(step(1, tok("a", 0), tok("b", 0))) is not None  # first tokens: at once
     return held
 
 
+def sizes(report: StepOutput | None) -> dict[str, int]:
+    return {} if report is None else {t.request_id: len(t.token_ids) for t in report.tokens}
+
+
 def test_one_step_a_report_passes_every_output_through() -> None:
-    held = ReportCoalescer(1, 50.0)
+    held = TokenBatcher(1, 50.0)
     for i in range(3):
         out = step(i, tok("a", i))
         assert held.offer(out) is out
@@ -62,6 +66,7 @@ def test_plain_decode_steps_are_merged_into_one_report() -> None:
     assert held.offer(step(3, tok("a", 2))) is None
     report = held.offer(step(4, tok("a", 3), tok("b", 2)))
     assert report is not None
+    # a's three tokens make a report worth sending; b's two ride along (its client takes every token)
     assert [(t.request_id, t.index, t.token_ids, t.text) for t in report.tokens] == [
         ("a", 1, (101, 102, 103), "t1t2t3"),
         ("b", 1, (101, 102), "t1t2"),
@@ -111,10 +116,40 @@ def test_held_tokens_wait_no_longer_than_the_cap() -> None:
     assert report is not None and report.tokens[0].token_ids == (101, 102, 103)
 
 
+def test_first_tokens_at_once_then_every_n_and_the_rest_on_finish() -> None:
+    held = TokenBatcher(1, 1000.0)
+    held.admitted("r", StreamInterval(tokens=4))
+    outs = [
+        held.offer(step(i + 1, tok("r", i), finished=(FinishOut("r", FinishReason.LENGTH),) if i == 9 else ()))
+        for i in range(10)
+    ]
+    # token 0 at once; 1-4 as one chunk; 5-8 as one; 9 alone with the finish.
+    assert [sizes(o).get("r", 0) for o in outs] == [1, 0, 0, 0, 4, 0, 0, 0, 4, 1]
+    assert [o is None for o in outs] == [False, True, True, True, False, True, True, True, False, False]
+
+
+def test_each_request_keeps_its_own_chunks_whatever_its_neighbours_do() -> None:
+    held = TokenBatcher(1, 1000.0)
+    held.admitted("coarse", StreamInterval(tokens=4))
+    held.admitted("fine", StreamInterval(tokens=1))  # not coarser than every token: nothing to remember
+    outs = [held.offer(step(i + 1, tok("coarse", i), tok("fine", i))) for i in range(9)]
+    assert [sizes(o) for o in outs] == [
+        {"coarse": 1, "fine": 1},
+        {"fine": 1},
+        {"fine": 1},
+        {"fine": 1},
+        {"coarse": 4, "fine": 1},
+        {"fine": 1},
+        {"fine": 1},
+        {"fine": 1},
+        {"coarse": 4, "fine": 1},
+    ]
+
+
 def test_requests_whose_clients_take_chunks_hold_reports_that_many_steps() -> None:
-    held = ReportCoalescer(1, 1000.0)
-    held.admitted("a", 3)
-    held.admitted("b", 3)
+    held = TokenBatcher(1, 1000.0)
+    held.admitted("a", StreamInterval(3))
+    held.admitted("b", StreamInterval(3))
     assert held.offer(step(1, tok("a", 0), tok("b", 0))) is not None  # first tokens: at once
     assert held.offer(step(2, tok("a", 1), tok("b", 1))) is None
     assert held.offer(step(3, tok("a", 2), tok("b", 2))) is None
@@ -122,10 +157,36 @@ def test_requests_whose_clients_take_chunks_hold_reports_that_many_steps() -> No
     assert report is not None and report.tokens[0].token_ids == (101, 102, 103)
 
 
+def test_a_chunk_never_waits_past_its_time_bound() -> None:
+    now = [0.0]
+    held = TokenBatcher(1, 1000.0, clock=lambda: now[0])
+    held.admitted("r", StreamInterval(tokens=100, ms=50))
+    assert sizes(held.offer(step(1, tok("r", 0)))) == {"r": 1}
+    now[0] = 1.0
+    assert held.offer(step(2, tok("r", 1))) is None
+    now[0] = 1.049
+    assert held.offer(step(3, tok("r", 2))) is None
+    now[0] = 1.05
+    report = held.offer(step(4, tok("r", 3)))
+    assert report is not None and report.tokens == (TokenOut("r", (101, 102, 103), "t1t2t3", 1),)
+
+
+def test_a_hand_back_carries_everything_held_and_the_request_restarts_fresh() -> None:
+    held = TokenBatcher(1, 1000.0)
+    held.admitted("r", StreamInterval(tokens=8))
+    held.offer(step(1, tok("r", 0)))
+    assert held.offer(step(2, tok("r", 1))) is None
+    report = held.offer(step(3, tok("r", 2), preempted=("r",)))
+    assert report is not None and report.preempted == ("r",)
+    assert report.tokens == (TokenOut("r", (101, 102), "t1t2", 1),)  # recorded before the hand-back
+    out = step(4, tok("r", 3))  # re-admitted later with a finer interval: per step, nothing held
+    assert held.offer(out) is out
+
+
 def test_one_request_streaming_token_by_token_brings_back_a_report_per_step() -> None:
-    held = ReportCoalescer(1, 1000.0)
-    held.admitted("a", 8)
-    held.admitted("b", 1)
+    held = TokenBatcher(1, 1000.0)
+    held.admitted("a", StreamInterval(8))
+    held.admitted("b", StreamInterval(1))
     assert held.offer(step(1, tok("a", 0), tok("b", 0))) is not None
     assert held.offer(step(2, tok("a", 1), tok("b", 1))) is not None
     assert held.offer(step(3, tok("a", 2), tok("b", 2), finished=(FinishOut("b", FinishReason.LENGTH),))) is not None
@@ -133,20 +194,20 @@ def test_one_request_streaming_token_by_token_brings_back_a_report_per_step() ->
 
 
 def test_a_request_that_left_no_longer_holds_reports() -> None:
-    held = ReportCoalescer(1, 1000.0)
-    held.admitted("a", 8)
+    held = TokenBatcher(1, 1000.0)
+    held.admitted("a", StreamInterval(8))
     assert held.offer(step(1, tok("a", 0), finished=(FinishOut("a", FinishReason.LENGTH),))) is not None
     out = step(2, tok("c", 0))
     assert held.offer(out) is out  # back on the per-step path, nothing kept for a
-    held.admitted("d", 8)
+    held.admitted("d", StreamInterval(8))
     held.forget("d")  # aborted before it ran
     out = step(3, tok("c", 1))
     assert held.offer(out) is out
 
 
 def test_an_abort_while_steps_are_held_sends_them_in_order_with_the_next_step() -> None:
-    held = ReportCoalescer(1, 1000.0)
-    held.admitted("a", 8)
+    held = TokenBatcher(1, 1000.0)
+    held.admitted("a", StreamInterval(8))
     assert held.offer(step(1, tok("a", 0))) is not None
     assert held.offer(step(2, tok("a", 1))) is None
     held.forget("a")  # the plan reader, while the engine steps on
@@ -156,9 +217,47 @@ def test_an_abort_while_steps_are_held_sends_them_in_order_with_the_next_step() 
     assert held.offer(out) is out  # nothing held any more: the per-step path again
 
 
+def test_random_steps_reassemble_exactly() -> None:
+    rng = random.Random(7)
+    now = [0.0]
+    for trial in range(50):
+        held = TokenBatcher(rng.choice([1, 1, 3]), rng.choice([5.0, 1000.0]), clock=lambda: now[0])
+        intervals = {f"r{k}": StreamInterval(rng.randrange(1, 10), rng.choice([0, 0, 5])) for k in range(4)}
+        for rid, interval in intervals.items():
+            held.admitted(rid, interval)
+        made: dict[str, list[int]] = {rid: [] for rid in intervals}
+        got: dict[str, list[TokenOut]] = {rid: [] for rid in intervals}
+        for i in range(60):
+            now[0] += rng.random() * 0.004
+            tokens = []
+            for rid in intervals:
+                if rng.random() < 0.3:
+                    continue
+                ids = tuple(rng.randrange(100) for _ in range(rng.randrange(1, 3)))
+                tokens.append(TokenOut(rid, ids, "", len(made[rid])))
+                made[rid].extend(ids)
+            report = held.offer(step(i + 1, *tokens))
+            for t in report.tokens if report is not None else ():
+                got[t.request_id].append(t)
+        final = held.offer(step(61, finished=tuple(FinishOut(rid, FinishReason.LENGTH) for rid in intervals)))
+        assert final is not None
+        for t in final.tokens:
+            got[t.request_id].append(t)
+        for rid, chunks in got.items():
+            flat: list[int] = []
+            for chunk in chunks:
+                assert chunk.index == len(flat), f"trial {trial}, {rid}: a chunk must start where the last ended"
+                flat.extend(chunk.token_ids)
+            assert flat == made[rid], f"trial {trial}, {rid}"
+
+
 def test_rejects_bad_settings() -> None:
     with pytest.raises(ValueError, match="every_steps"):
-        ReportCoalescer(0, 50.0)
+        TokenBatcher(0, 50.0)
+    with pytest.raises(ValueError):
+        StreamInterval(tokens=0)
+    with pytest.raises(ValueError):
+        StreamInterval(tokens=2, ms=-1)
 
 
 @pytest.fixture
