@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 
 import grpc
 
@@ -22,18 +22,10 @@ from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
 from common.redis_client import with_redis_retry
 from common.security import channel_credentials, fleet_metadata
-from scheduler_service.link_state import (
-    CHANNEL_OPTIONS,
-    LinkedRequest,
-    admit_pb,
-    capacity_of,
-    linked_request_of,
-    preemptible,
-    prefill_grants,
-    read_reports,
-)
+from scheduler_service.linked_requests import LinkedRequest, capacity_of, linked_request_of, preemptible
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import ExecutorCapacity
+from scheduler_service.plans import admit_pb, prefill_grants
 from scheduler_service.preemption import RunningRequest
 from scheduler_service.report_writes import ReportWrites, coalesce
 from scheduler_service.requests import ClaimedRequest
@@ -41,6 +33,16 @@ from scheduler_service.store import Store
 from scheduler_service.store.step_publisher import StepWrite
 
 log = logging.getLogger(__name__)
+
+# The link's channel: keepalives notice a dead executor between reports, and plans and reports
+# may be large (a whole prompt's token ids in an admission).
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
 
 
 class ExecutorLink:
@@ -282,3 +284,17 @@ class ExecutorLink:
 
     async def hand_back(self, request_id: str, kind: str = "preempt") -> None:
         await self._store.requests.hand_back(request_id, self.executor_id, kind, self.owner)
+
+
+async def read_reports(
+    call: AsyncIterable[pb.StepReport], inbox: asyncio.Queue[pb.StepReport | BaseException | None]
+) -> None:
+    """Move the stream's reports into ``inbox``; then None at its end, or the error that ended it."""
+    try:
+        async for report in call:
+            inbox.put_nowait(report)
+        inbox.put_nowait(None)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:
+        inbox.put_nowait(exc)

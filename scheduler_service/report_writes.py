@@ -13,7 +13,7 @@ import time
 from common.clock import now_ms
 from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as pb
-from scheduler_service.link_state import LinkedRequest
+from scheduler_service.linked_requests import LinkedRequest
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.requests import TokenEvent
 from scheduler_service.store.step_publisher import StepWrite

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as pb
-from scheduler_service.link_state import LinkedRequest
+from scheduler_service.linked_requests import LinkedRequest
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.report_writes import ReportWrites
 

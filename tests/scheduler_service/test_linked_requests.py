@@ -1,10 +1,10 @@
-"""scheduler_service.link_state: what a linked request still weighs on its executor, and the room and
+"""scheduler_service.linked_requests: what a linked request still weighs on its executor, and the room and
 preemption choices that follow from the requests on it."""
 
 from __future__ import annotations
 
 from common.pb import executor_pb2 as pb
-from scheduler_service.link_state import LinkedRequest, capacity_of, preemptible
+from scheduler_service.linked_requests import LinkedRequest, capacity_of, preemptible
 
 
 def linked(generated: int, expected_output: int = 100, prompt_len: int = 40) -> LinkedRequest:

@@ -1,26 +1,16 @@
-"""What an executor link keeps and exchanges: its view of each request (and the room and
-preemption choices that view implies), the gRPC channel options, the admission and sampling
-conversions and prefill grants for plans, and the task that moves step reports into an inbox."""
+"""An executor link's view of the requests on its executor, and what that view implies: the
+executor's room for more (placement) and the requests preemption may choose from."""
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections.abc import AsyncIterable, Collection, Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from common.pb import executor_pb2 as pb
 from scheduler_service.placement import ExecutorCapacity, blocks_for
 from scheduler_service.preemption import RunningRequest
 from scheduler_service.requests import ClaimedRequest
-
-CHANNEL_OPTIONS = [
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-]
 
 
 @dataclass
@@ -83,18 +73,6 @@ def preemptible(
     ]
 
 
-def prefill_grants(admits: Iterable[pb.AdmitRequest], budget: int, max_chunk: int) -> list[pb.PrefillGrant]:
-    """Prefill tokens for the newly admitted, in plan order, from what the step budget leaves."""
-    grants: list[pb.PrefillGrant] = []
-    for admit in admits:
-        if budget <= 0:
-            break
-        grant = min(budget, len(admit.prompt_token_ids) + len(admit.output_token_ids), max_chunk)
-        grants.append(pb.PrefillGrant(request_id=admit.request_id, num_tokens=grant))
-        budget -= grant
-    return grants
-
-
 def linked_request_of(claimed: ClaimedRequest) -> LinkedRequest:
     return LinkedRequest(
         request_id=claimed.request_id,
@@ -108,31 +86,3 @@ def linked_request_of(claimed: ClaimedRequest) -> LinkedRequest:
         deadline_ms=claimed.deadline_ms,
         expected_output=claimed.expected_output or claimed.params.max_tokens,
     )
-
-
-def admit_pb(claimed: ClaimedRequest, stream_interval_tokens: int, stream_interval_ms: int) -> pb.AdmitRequest:
-    """The plan's admission of ``claimed``, whose client takes its tokens at that stream interval."""
-    return pb.AdmitRequest(
-        request_id=claimed.request_id,
-        prompt_token_ids=claimed.prompt_ids,
-        output_token_ids=claimed.output_ids,
-        sampling=claimed.params.to_pb(),
-        rank=claimed.score,
-        traceparent=claimed.traceparent,
-        stream_interval_tokens=stream_interval_tokens,
-        stream_interval_ms=stream_interval_ms,
-    )
-
-
-async def read_reports(
-    call: AsyncIterable[pb.StepReport], inbox: asyncio.Queue[pb.StepReport | BaseException | None]
-) -> None:
-    """Move the stream's reports into ``inbox``; then None at its end, or the error that ended it."""
-    try:
-        async for report in call:
-            inbox.put_nowait(report)
-        inbox.put_nowait(None)
-    except asyncio.CancelledError:
-        raise
-    except BaseException as exc:
-        inbox.put_nowait(exc)
