@@ -97,7 +97,7 @@ class FinishedRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[int] = ..., text: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("num_running", "kv_blocks_used", "kv_blocks_total", "step_time_ns", "num_tokens", "source", "utilization_pct", "memory_used_bytes", "memory_total_bytes", "power_watts", "pending_prefill_tokens")
+    __slots__ = ("num_running", "kv_blocks_used", "kv_blocks_total", "step_time_ns", "num_tokens", "source", "utilization_pct", "memory_used_bytes", "memory_total_bytes", "power_watts", "pending_prefill_tokens", "prefix_cache_queries", "prefix_cache_hits")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_USED_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,8 @@ class Load(_message.Message):
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     POWER_WATTS_FIELD_NUMBER: _ClassVar[int]
     PENDING_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERIES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     kv_blocks_used: int
     kv_blocks_total: int
@@ -120,10 +122,22 @@ class Load(_message.Message):
     memory_total_bytes: int
     power_watts: float
     pending_prefill_tokens: int
-    def __init__(self, num_running: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., step_time_ns: _Optional[int] = ..., num_tokens: _Optional[int] = ..., source: _Optional[str] = ..., utilization_pct: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., pending_prefill_tokens: _Optional[int] = ...) -> None: ...
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    def __init__(self, num_running: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., step_time_ns: _Optional[int] = ..., num_tokens: _Optional[int] = ..., source: _Optional[str] = ..., utilization_pct: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., pending_prefill_tokens: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ...) -> None: ...
+
+class KvCacheEvents(_message.Message):
+    __slots__ = ("cleared", "stored", "removed")
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    cleared: bool
+    stored: _containers.RepeatedScalarFieldContainer[int]
+    removed: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, cleared: _Optional[bool] = ..., stored: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepReport(_message.Message):
-    __slots__ = ("iteration", "plan_seq", "tokens", "finished", "preempted", "load", "rejected")
+    __slots__ = ("iteration", "plan_seq", "tokens", "finished", "preempted", "load", "rejected", "kv_events")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     PLAN_SEQ_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +145,7 @@ class StepReport(_message.Message):
     PREEMPTED_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
+    KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     plan_seq: int
     tokens: _containers.RepeatedCompositeFieldContainer[TokenDelta]
@@ -138,14 +153,15 @@ class StepReport(_message.Message):
     preempted: _containers.RepeatedScalarFieldContainer[str]
     load: Load
     rejected: _containers.RepeatedCompositeFieldContainer[FinishedRequest]
-    def __init__(self, iteration: _Optional[int] = ..., plan_seq: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[TokenDelta, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[FinishedRequest, _Mapping]]] = ..., preempted: _Optional[_Iterable[str]] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., rejected: _Optional[_Iterable[_Union[FinishedRequest, _Mapping]]] = ...) -> None: ...
+    kv_events: KvCacheEvents
+    def __init__(self, iteration: _Optional[int] = ..., plan_seq: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[TokenDelta, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[FinishedRequest, _Mapping]]] = ..., preempted: _Optional[_Iterable[str]] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., rejected: _Optional[_Iterable[_Union[FinishedRequest, _Mapping]]] = ..., kv_events: _Optional[_Union[KvCacheEvents, _Mapping]] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("executor_id", "model", "max_model_len", "kv_blocks_total", "block_size", "dtype", "device", "max_batch_size", "token_budget", "eos_token_ids", "vocab_size")
+    __slots__ = ("executor_id", "model", "max_model_len", "kv_blocks_total", "block_size", "dtype", "device", "max_batch_size", "token_budget", "eos_token_ids", "vocab_size", "prefix_caching")
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +173,7 @@ class InfoResponse(_message.Message):
     TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
     executor_id: str
     model: str
     max_model_len: int
@@ -168,4 +185,5 @@ class InfoResponse(_message.Message):
     token_budget: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     vocab_size: int
-    def __init__(self, executor_id: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., token_budget: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., vocab_size: _Optional[int] = ...) -> None: ...
+    prefix_caching: bool
+    def __init__(self, executor_id: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., token_budget: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., vocab_size: _Optional[int] = ..., prefix_caching: _Optional[bool] = ...) -> None: ...

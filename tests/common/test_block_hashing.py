@@ -1,0 +1,41 @@
+"""Block names for the prefix cache: a name stands for the whole prefix up to its block's end."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.block_hashing import ROOT, block_hash, block_hashes
+
+
+def test_only_full_blocks_are_named() -> None:
+    assert len(block_hashes(list(range(15)), 4)) == 3
+    assert block_hashes(list(range(3)), 4) == []
+
+
+def test_a_name_depends_on_every_token_before_it() -> None:
+    a = block_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4)
+    b = block_hashes([1, 2, 3, 9, 5, 6, 7, 8], 4)
+    assert a[0] != b[0] and a[1] != b[1]  # same second block, different prefix
+
+
+def test_sequences_that_share_a_prefix_share_its_names() -> None:
+    system = list(range(100, 132))
+    a = block_hashes([*system, 1, 2, 3, 4], 16)
+    b = block_hashes([*system, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], 16)
+    assert a[:2] == b[:2] and len(a) == 2 and len(b) == 3
+
+
+def test_the_chain_can_resume_from_a_known_block() -> None:
+    tokens = list(range(40))
+    whole = block_hashes(tokens, 8)
+    assert block_hashes(tokens, 8, start=2, parent=whole[1]) == whole[2:]
+    assert whole[0] == block_hash(ROOT, tokens[:8])
+
+
+def test_extra_keys_change_the_name() -> None:
+    assert block_hash(ROOT, [1, 2], b"lora-a") != block_hash(ROOT, [1, 2])
+
+
+def test_block_size_is_checked() -> None:
+    with pytest.raises(ValueError):
+        block_hashes([1], 0)
