@@ -267,6 +267,11 @@ class ExecutorConfig:
     # malloc thresholds that keep freed memory. False keeps transformers' forward and plain torch
     # ops (so does a missing compiler, for the native code alone).
     fast_paths: bool = True
+    # Automatic prefix caching: finished and preempted requests' full KV blocks stay cached by
+    # the hash of their prefix (common/block_hashing.py), and a request whose prompt starts the
+    # same way starts from them instead of recomputing them. Cached blocks count as free and are
+    # evicted least recently used first. False frees every block as soon as its request ends.
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.executor_id:

@@ -4,15 +4,26 @@ Why the allocator tries to keep a table contiguous: on CPU, attention reads a re
 straight out of the pool when its blocks are consecutive (a view), instead of gathering a
 padded copy of every request's context in every layer, which costs more than the attention
 itself. Blocks stay the unit of accounting; contiguity is only a placement preference.
+
+Prefix caching (as vLLM's and nano-vllm's block managers): a full, computed block may be given a
+name (``common/block_hashing.py``: a hash of every token up to its end). Blocks are counted by
+reference, so tables whose sequences share a prefix share its named blocks; a named block nobody
+references stays cached, its K/V intact, until its room is needed. Cached blocks count as free
+(they are reclaimable at once), so admission and scheduling arithmetic ignore the cache; they are
+reclaimed in least-recently-released order, and only once no plain free block is left. A shared
+block is never written: only blocks wholly computed are named, and a sequence that takes them
+starts computing after them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 
 # Block states. HELD blocks are free, but kept as room for the sequence placed just before
-# them to grow into; anyone may take them once no plain free block is left.
-_FREE, _USED, _HELD = 0, 1, 2
+# them to grow into; anyone may take them once no plain free block is left. CACHED blocks are
+# free too, but keep a name and the K/V behind it until they are taken (evicted).
+_FREE, _USED, _HELD, _CACHED = 0, 1, 2, 3
 
 
 class OutOfBlocks(RuntimeError):
@@ -22,22 +33,37 @@ class OutOfBlocks(RuntimeError):
 class BlockAllocator:
     """Hands out fixed-size KV blocks. Pure bookkeeping, no tensors."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        # Off: nothing is ever named, so nothing is cached and every release frees its blocks.
+        self.prefix_caching = prefix_caching
         self._state = bytearray(num_blocks)  # one byte per block: bytes.find locates runs in C
+        self._refs = [0] * num_blocks  # tables holding each block
         self._num_free = num_blocks
         self._rooms: dict[int, range] = {}  # first block of a table -> the blocks held for it
+        self._name_of: dict[int, int] = {}  # named block -> its name
+        self._block_of: dict[int, int] = {}  # name -> the block holding it
+        # Unreferenced named blocks, oldest release first: the order they are evicted in.
+        self._lru: dict[int, None] = {}
+        # Names stored (True) or evicted (False) since the last drain, the latest change per name.
+        self._changes: dict[int, bool] = {}
 
     @property
     def num_free(self) -> int:
+        """Blocks nobody references: plain free, held as room, or cached (reclaimable)."""
         return self._num_free
 
     @property
     def num_used(self) -> int:
         return self.num_blocks - self._num_free
+
+    @property
+    def num_cached(self) -> int:
+        """Named blocks nobody references: free, but their K/V may still be reused."""
+        return len(self._lru)
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
@@ -59,24 +85,85 @@ class BlockAllocator:
             if start is not None:
                 block_table.extend(self._take(b) for b in range(start, start + missing))
                 return
-        for _ in range(missing):
+        state = self._state
+        for taken in range(missing):
             after = block_table[-1] + 1 if block_table else self.num_blocks
-            if after < self.num_blocks and self._state[after] != _USED:
+            if after < self.num_blocks and state[after] in (_FREE, _HELD):
                 block_table.append(self._take(after))
-            else:
+            elif self._num_free > len(self._lru):
                 block_table.append(self._take(self._any_free()))
+            else:
+                # Only cached blocks are left: evict the least recently released ones, in
+                # ascending order, so a table released whole and reclaimed whole stays a run.
+                block_table.extend(self._take(b) for b in sorted(islice(self._lru, missing - taken)))
+                return
 
     def release(self, block_table: list[int]) -> None:
-        """Return a sequence's blocks to the pool and empty its table."""
-        if block_table:
+        """Drop a sequence's references to its blocks and empty its table. Blocks nobody references
+        become free, or cached when named; the table's tail is released first, so evicted first
+        (a long prefix is less likely to be asked for again than its start)."""
+        if not block_table:
+            return
+        refs, state = self._refs, self._state
+        if refs[block_table[0]] == 1:  # the last table starting here: its room goes too
             for block in self._rooms.pop(block_table[0], range(0)):
-                if self._state[block] == _HELD:
-                    self._state[block] = _FREE
-        for block in block_table:
-            self._state[block] = _FREE
-        self._num_free += len(block_table)
+                if state[block] == _HELD:
+                    state[block] = _FREE
+        for block in reversed(block_table):
+            refs[block] -= 1
+            if refs[block]:
+                continue
+            self._num_free += 1
+            if block in self._name_of:
+                state[block] = _CACHED
+                self._lru[block] = None
+            else:
+                state[block] = _FREE
         block_table.clear()
 
+    # ---- prefix cache ------------------------------------------------------------------
+    def cached_prefix(self, names: Sequence[int]) -> list[int]:
+        """Take the blocks of the longest run of ``names`` held here, from the first (one more
+        reference each), and return them in order; empty when the first is not held."""
+        blocks: list[int] = []
+        for name in names:
+            block = self._block_of.get(name)
+            if block is None:
+                break
+            if self._refs[block] == 0:
+                del self._lru[block]
+                self._state[block] = _USED
+                self._num_free -= 1
+            self._refs[block] += 1
+            blocks.append(block)
+        return blocks
+
+    def name(self, block: int, name: int) -> None:
+        """Register a full, computed ``block`` under ``name``. When another block already holds
+        that name (two sequences computed the same prefix at once) the first keeps it and this
+        block stays unnamed."""
+        if not self.prefix_caching or name in self._block_of or block in self._name_of:
+            return
+        if self._refs[block] < 1:
+            raise ValueError(f"block {block} is not in use, so it cannot be named")
+        self._block_of[name] = block
+        self._name_of[block] = name
+        self._changes[name] = True
+
+    def cached_names(self) -> tuple[int, ...]:
+        """Every name held now, referenced or not."""
+        return tuple(self._block_of)
+
+    def drain_changes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Names stored and names evicted since the last drain (disjoint: the latest change wins)."""
+        if not self._changes:
+            return (), ()
+        changes, self._changes = self._changes, {}
+        stored = tuple(name for name, present in changes.items() if present)
+        removed = tuple(name for name, present in changes.items() if not present)
+        return stored, removed
+
+    # ---- placement ---------------------------------------------------------------------
     def contiguous_start(self, block_table: Sequence[int]) -> int | None:
         """The first block when the table is one run of consecutive blocks, else None."""
         if not block_table:
@@ -101,10 +188,17 @@ class BlockAllocator:
         return None
 
     def _any_free(self) -> int:
+        """A plain free block, else one held as room (the caller checked one of them is left)."""
         block = self._state.find(_FREE)
         return block if block >= 0 else self._state.find(_HELD)
 
     def _take(self, block: int) -> int:
+        if self._state[block] == _CACHED:
+            del self._lru[block]
+            name = self._name_of.pop(block)
+            del self._block_of[name]
+            self._changes[name] = False
         self._state[block] = _USED
+        self._refs[block] = 1
         self._num_free -= 1
         return block

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common.pb import executor_pb2 as pb
 from common.sampling_params import SamplingParams
-from executor_service.engine_io import AdmitSpec, FinishOut, PlanUpdate, StepOutput
+from executor_service.engine_io import AdmitSpec, FinishOut, KvCacheEvents, PlanUpdate, StepOutput
 from executor_service.load_metrics import DeviceLoad
 
 
@@ -33,6 +33,12 @@ def _finish_pb(out: FinishOut) -> pb.FinishedRequest:
     return pb.FinishedRequest(request_id=out.request_id, finish_reason=int(out.reason), text=out.text, error=out.error)
 
 
+def _kv_events_pb(events: KvCacheEvents) -> pb.KvCacheEvents | None:
+    if not events:
+        return None  # unset: nothing changed
+    return pb.KvCacheEvents(cleared=events.cleared, stored=events.stored, removed=events.removed)
+
+
 def report_to_pb(out: StepOutput, device: DeviceLoad) -> pb.StepReport:
     return pb.StepReport(
         iteration=out.iteration,
@@ -56,5 +62,8 @@ def report_to_pb(out: StepOutput, device: DeviceLoad) -> pb.StepReport:
             memory_total_bytes=device.memory_total_bytes,
             power_watts=device.power_watts,
             pending_prefill_tokens=out.pending_prefill_tokens,
+            prefix_cache_queries=out.prefix_cache_queries,
+            prefix_cache_hits=out.prefix_cache_hits,
         ),
+        kv_events=_kv_events_pb(out.kv_events),
     )

@@ -18,8 +18,17 @@ from executor_service.batch_admission import Admission, judge_admission
 from executor_service.block_allocator import BlockAllocator
 from executor_service.cpu_threads import ThreadGovernor
 from executor_service.detokenizer import IncrementalDetokenizer
-from executor_service.engine_io import AdmitSpec, FinishOut, PlanUpdate, StepOutput, TokenOut
+from executor_service.engine_io import (
+    NO_KV_EVENTS,
+    AdmitSpec,
+    FinishOut,
+    KvCacheEvents,
+    PlanUpdate,
+    StepOutput,
+    TokenOut,
+)
 from executor_service.model_runner import ModelRunner
+from executor_service.prefix_cache import PrefixCache
 from executor_service.sampling import Sampler, make_generator
 from executor_service.sequence import Sequence
 from executor_service.step_scheduler import ScheduledChunk, StepScheduler
@@ -51,6 +60,7 @@ class Engine:
         self.token_budget = limits.token_budget
         self.sampler = Sampler()
         self.threads = threads  # None: torch's thread count is fixed (configured, or a GPU)
+        self.prefix_cache = PrefixCache(allocator)
         self.step_scheduler: StepScheduler[Sequence] = StepScheduler(allocator, self._drop)
         self.running: dict[str, Sequence] = {}
         self.iteration = 0
@@ -119,7 +129,7 @@ class Engine:
         detok = IncrementalDetokenizer(
             self.tokenizer, spec.prompt_ids, spec.params.stop, output_token_ids=list(spec.output_ids)
         )
-        self.running[spec.request_id] = Sequence(
+        seq = Sequence(
             request_id=spec.request_id,
             prompt_ids=list(spec.prompt_ids),
             output_ids=list(spec.output_ids),
@@ -128,8 +138,11 @@ class Engine:
             generator=None if spec.params.temperature == 0 else make_generator(spec.params.seed, self.runner.device),
             detokenizer=detok,
         )
+        self.running[spec.request_id] = seq
         if len(spec.output_ids) >= spec.params.max_tokens:
-            self._finish(self.running[spec.request_id], FinishReason.LENGTH, "")
+            self._finish(seq, FinishReason.LENGTH, "")
+            return
+        self.prefix_cache.match(seq)
 
     def _drop(self, seq: Sequence) -> None:
         self.allocator.release(seq.block_table)
@@ -149,6 +162,7 @@ class Engine:
             completing = [c.seq for c in plan.chunks if c.completes]
             for chunk in plan.chunks:
                 chunk.seq.num_computed += chunk.num_tokens
+                self.prefix_cache.name_computed(chunk.seq)
             if completing:
                 generators = [self._generator_for(s) for s in completing]
                 sampled = self.sampler.sample(logits, [s.params for s in completing], generators)
@@ -202,6 +216,10 @@ class Engine:
         self._drop(seq)
         self._finished.append(FinishOut(seq.request_id, reason, text))
 
+    def _kv_events(self) -> KvCacheEvents:
+        stored, removed = self.allocator.drain_changes()
+        return KvCacheEvents(stored=stored, removed=removed) if stored or removed else NO_KV_EVENTS
+
     def _output(self, tokens: list[TokenOut], num_tokens: int, elapsed_ns: int) -> StepOutput:
         out = StepOutput(
             iteration=self.iteration,
@@ -216,6 +234,9 @@ class Engine:
             kv_blocks_used=self.allocator.num_used,
             kv_blocks_total=self.allocator.num_blocks,
             pending_prefill_tokens=sum(s.num_uncomputed for s in self.running.values() if not s.is_decoding),
+            kv_events=self._kv_events(),
+            prefix_cache_queries=self.prefix_cache.queries,
+            prefix_cache_hits=self.prefix_cache.hits,
         )
         self._finished, self._preempted, self._rejected = [], [], []
         self._reported_seq = self.plan_seq

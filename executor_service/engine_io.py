@@ -56,6 +56,34 @@ class FinishOut:
 
 
 @dataclass(frozen=True)
+class KvCacheEvents:
+    """What changed in the prefix cache's names (``common/block_hashing.py``) between two reports:
+    the scheduler keeps an index of them per executor, to send a prompt where its prefix is."""
+
+    # Forget every name reported before: ``stored`` lists every name held now.
+    cleared: bool = False
+    stored: tuple[int, ...] = ()
+    removed: tuple[int, ...] = ()  # disjoint from ``stored``
+
+    def __bool__(self) -> bool:
+        return self.cleared or bool(self.stored) or bool(self.removed)
+
+    def then(self, later: KvCacheEvents) -> KvCacheEvents:
+        """These events followed by ``later``, as one set (for a report that stands for both)."""
+        if later.cleared or not self:
+            return later
+        if not later:
+            return self
+        later_stored, later_removed = set(later.stored), set(later.removed)
+        stored = tuple(n for n in self.stored if n not in later_removed and n not in later_stored) + later.stored
+        removed = tuple(n for n in self.removed if n not in later_stored and n not in later_removed)
+        return KvCacheEvents(self.cleared, stored, removed + later.removed)
+
+
+NO_KV_EVENTS = KvCacheEvents()
+
+
+@dataclass(frozen=True)
 class StepOutput:
     """What one iteration (or a plan applied while idle) produced."""
 
@@ -73,3 +101,9 @@ class StepOutput:
     kv_blocks_used: int
     kv_blocks_total: int
     pending_prefill_tokens: int
+    # Prefix-cache names stored and evicted since the previous output.
+    kv_events: KvCacheEvents = NO_KV_EVENTS
+    # Since the engine started, in tokens: every admitted request's prompt and output so far
+    # (queries), and those of them found cached, whose prefill was skipped (hits).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0

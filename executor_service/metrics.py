@@ -20,6 +20,14 @@ class ExecutorMetrics:
         )
         self.tokens = Counter("baton:executor_tokens", "Tokens computed (prefill + decode)", registry=r)
         self.preemptions = Counter("baton:executor_preemptions", "Sequences preempted for KV space", registry=r)
+        self.prefix_queries = Counter(
+            "baton:prefix_cache_queries", "Prompt and output tokens looked up in the prefix cache", registry=r
+        )
+        self.prefix_hits = Counter(
+            "baton:prefix_cache_hits", "Tokens found in the prefix cache (prefill skipped)", registry=r
+        )
+        # The step outputs carry running totals; the counters advance by the difference.
+        self._prefix_seen = (0, 0)
         self.gpu_util = Gauge("baton:gpu_utilization_perc", "GPU (or process CPU) utilisation", registry=r)
         self.gpu_memory = Gauge("baton:gpu_memory_used_bytes", "GPU (or process) memory used", registry=r)
         self.gpu_power = Gauge("baton:gpu_power_watts", "GPU power draw", registry=r)
@@ -33,6 +41,11 @@ class ExecutorMetrics:
             self.step_time.observe(out.step_time_ns / 1e9)
             self.tokens.inc(out.num_tokens)
         self.preemptions.inc(len(out.preempted))
+        queries, hits = self._prefix_seen
+        if out.prefix_cache_queries != queries or out.prefix_cache_hits != hits:
+            self.prefix_queries.inc(max(0, out.prefix_cache_queries - queries))
+            self.prefix_hits.inc(max(0, out.prefix_cache_hits - hits))
+            self._prefix_seen = (out.prefix_cache_queries, out.prefix_cache_hits)
 
     def observe_device(self, device: DeviceLoad) -> None:
         """With each step report, off the engine thread: a sample may read NVML or /proc."""

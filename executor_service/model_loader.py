@@ -88,7 +88,7 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         pack_linears(model)
     geometry = kv_geometry(model, dtype)
     num_blocks = geometry.num_blocks_for(config.kv_cache_memory_mb * 1024 * 1024, config.block_size)
-    allocator = BlockAllocator(num_blocks, config.block_size)
+    allocator = BlockAllocator(num_blocks, config.block_size, config.prefix_caching)
     pool = KVPool(geometry, num_blocks, config.block_size, device)
     limits = EngineLimits(
         max_model_len=int(getattr(model.config, "max_position_embeddings", 2048)),

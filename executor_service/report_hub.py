@@ -10,14 +10,20 @@ Each step is observed (metrics) and offered to the attached stream's ``TokenBatc
 engine thread itself, so a step whose report is held never wakes the event loop's thread. On a
 CPU host that thread shares the cores with the steps: a wake-up per step was a context switch per
 step, taken out of the step.
+
+A new stream's first report carries the whole prefix cache (``KvCacheEvents.cleared`` and every
+name held): its scheduler may have missed any number of events while no stream, or another one,
+was attached, so it rebuilds its index of this executor from that. The names are read on the
+engine thread right after the step, so they agree with every event that follows.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
-from executor_service.engine_io import StepOutput
+from executor_service.engine_io import KvCacheEvents, StepOutput
 from executor_service.token_batching import TokenBatcher
 
 ReportQueue = asyncio.Queue[StepOutput | None]
@@ -27,13 +33,26 @@ def _ignore(out: StepOutput) -> None:
     pass
 
 
+@dataclass(eq=False)
+class _Stream:
+    queue: ReportQueue
+    batcher: TokenBatcher | None
+    synced: bool = False  # has had its first output, with the whole prefix cache (engine thread only)
+
+
 class ReportHub:
-    def __init__(self, loop: asyncio.AbstractEventLoop, observe: Callable[[StepOutput], None] = _ignore) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        observe: Callable[[StepOutput], None] = _ignore,
+        cached_names: Callable[[], tuple[int, ...]] | None = None,
+    ) -> None:
         self._loop = loop
         self._observe = observe  # called on the engine thread with every step (thread-safe metrics)
+        self._cached_names = cached_names  # the prefix cache's names now; None: prefix caching is off
         # The attached stream's queue and token batcher, as one attribute: the engine thread reads
         # both in one load, so it never pairs one stream's batcher with another's queue.
-        self._stream: tuple[ReportQueue, TokenBatcher | None] | None = None
+        self._stream: _Stream | None = None
         self.latest: StepOutput | None = None
 
     def publish_threadsafe(self, out: StepOutput) -> None:
@@ -43,13 +62,17 @@ class ReportHub:
         stream = self._stream
         if stream is None:
             return  # nobody drives this executor: dropped (see the module's docstring)
-        queue, batcher = stream
+        if not stream.synced:
+            stream.synced = True
+            if self._cached_names is not None:
+                out = replace(out, kv_events=KvCacheEvents(cleared=True, stored=self._cached_names()))
+        batcher = stream.batcher
         report = out if batcher is None else batcher.offer(out)
         if report is not None:
-            self._loop.call_soon_threadsafe(self._publish, queue, report)
+            self._loop.call_soon_threadsafe(self._publish, stream.queue, report)
 
     def _publish(self, queue: ReportQueue, report: StepOutput) -> None:
-        if self._stream is not None and self._stream[0] is queue:  # not a superseded stream's
+        if self._stream is not None and self._stream.queue is queue:  # not a superseded stream's
             queue.put_nowait(report)
 
     @property
@@ -59,13 +82,13 @@ class ReportHub:
     def attach(self, batcher: TokenBatcher | None = None) -> ReportQueue:
         """A new stream's queue of reports; ``batcher``: its token batcher (None: every step is a report)."""
         if self._stream is not None:
-            self._stream[0].put_nowait(None)  # supersede the old stream
+            self._stream.queue.put_nowait(None)  # supersede the old stream
         queue: ReportQueue = asyncio.Queue()
-        self._stream = (queue, batcher)
+        self._stream = _Stream(queue, batcher)
         return queue
 
     def detach(self, queue: ReportQueue) -> bool:
         """Detach ``queue``; True when no stream is attached any more."""
-        if self._stream is not None and self._stream[0] is queue:
+        if self._stream is not None and self._stream.queue is queue:
             self._stream = None
         return self._stream is None

@@ -26,6 +26,10 @@ class Sequence:
     # Tokens whose K/V are in the cache. The newest sampled token is not computed until the
     # next step feeds it back, so a decoding sequence has exactly one uncomputed token.
     num_computed: int = 0
+    # Prefix-cache names (common/block_hashing.py) of its first full blocks, as far as hashed,
+    # and how many of its blocks carry their name in the allocator (or were taken by it).
+    block_names: list[int] = field(default_factory=list)
+    num_named: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -56,3 +60,4 @@ class Sequence:
     def reset_cache(self) -> None:
         """Forget computed K/V (after its blocks were released), so a resume recomputes everything."""
         self.num_computed = 0
+        self.num_named = 0

@@ -74,6 +74,7 @@ def _info(executor_id: str, loaded: LoadedModel, config: BatonConfig) -> pb.Info
         token_budget=engine.limits.token_budget,
         eos_token_ids=sorted(engine.limits.eos_token_ids),
         vocab_size=loaded.vocab_size,
+        prefix_caching=engine.allocator.prefix_caching,
     )
 
 
@@ -84,6 +85,7 @@ def warm_up(engine: Engine) -> None:
     while engine.has_work:
         engine.step()
     engine.drain()
+    engine.prefix_cache.queries = engine.prefix_cache.hits = 0  # counters count requests only
 
 
 async def start_executor(config: BatonConfig, before_serving: Callable[[], object] | None = None) -> RunningExecutor:
@@ -112,7 +114,10 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     loaded = await asyncio.to_thread(load_engine, cfg)
     await asyncio.to_thread(warm_up, loaded.engine)
     load = LoadSampler(str(loaded.device))
-    hub = ReportHub(asyncio.get_running_loop(), metrics.observe_step)
+    allocator = loaded.engine.allocator
+    hub = ReportHub(
+        asyncio.get_running_loop(), metrics.observe_step, allocator.cached_names if allocator.prefix_caching else None
+    )
     worker = EngineWorker(loaded.engine, hub.publish_threadsafe)
     info = _info(executor_id, loaded, config)
     servicer.bind(worker, hub, load, info)

@@ -16,6 +16,8 @@ Per request, in a stream's step outputs:
 - then its tokens wait until N have gathered, or until the oldest has waited ``ms`` (when set);
 - a finish, a preemption or a rejection sends everything it holds with that event, so the tokens
   it resumes from (after a hand-back) include them;
+- prefix-cache events (names stored and evicted) of held steps are merged into the next report,
+  so the scheduler's index of this executor's cache misses none;
 - ``executor.report_every_steps`` E > 1 holds even a token-by-token request's tokens up to E steps
   or ``executor.report_max_wait_ms``, to save reports where clients take every token at once.
 
@@ -40,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from executor_service.engine_io import StepOutput, TokenOut
+from executor_service.engine_io import NO_KV_EVENTS, KvCacheEvents, StepOutput, TokenOut
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class TokenBatcher:
         self._intervals: dict[str, StreamInterval] = {}  # requests whose client takes chunks
         self._held: dict[str, _Held] = {}
         self._held_num_tokens = 0  # tokens computed in steps not yet reported (a load figure)
+        self._held_events: KvCacheEvents = NO_KV_EVENTS  # prefix-cache events of those steps
         self._steps_held = 0  # steps since the last report (or the last window that sent nothing)
         self._window_start = 0.0
         self._acked_seq = -1
@@ -102,7 +105,7 @@ class TokenBatcher:
 
     def offer(self, out: StepOutput) -> StepOutput | None:
         """The report to send now for this step (the ready chunks), or None while everything waits."""
-        if self._every == 1 and not self._intervals and not self._held:
+        if self._every == 1 and not self._intervals and not self._held and not self._held_events:
             # The default: a report per step, with no bookkeeping on the step's path. What this
             # stream carried is forgotten, so if holding resumes (a chunked request is admitted)
             # every request's next tokens count as first ones: at worst one report more.
@@ -114,6 +117,8 @@ class TokenBatcher:
             self._window_start = now
         self._steps_held += 1
         self._held_num_tokens += out.num_tokens
+        if out.kv_events:
+            self._held_events = self._held_events.then(out.kv_events)
         for t in out.tokens:
             held = self._held.get(t.request_id)
             if held is None:
@@ -132,8 +137,9 @@ class TokenBatcher:
         if not ready and not urgent:
             return None
         tokens = tuple(self._held.pop(rid).tokens for rid in ready)
-        report = replace(out, tokens=tokens, num_tokens=self._held_num_tokens)
+        report = replace(out, tokens=tokens, num_tokens=self._held_num_tokens, kv_events=self._held_events)
         self._held_num_tokens = 0
+        self._held_events = NO_KV_EVENTS
         self._acked_seq = out.plan_seq
         self._reported.update(ready)
         for request_id in ended:

@@ -1,0 +1,57 @@
+"""Automatic prefix caching: a sequence starts from the longest run of its blocks already cached,
+and names its own blocks as they fill, so later sequences can start from them.
+
+The engine calls ``match`` when a sequence joins the batch (new, re-admitted, resumed after a
+preemption, or migrated with its output so far) and ``name_computed`` after every step. The
+blocks themselves, their reference counts and the eviction order are ``block_allocator``'s.
+"""
+
+from __future__ import annotations
+
+from common.block_hashing import ROOT, block_hashes
+from executor_service.block_allocator import BlockAllocator
+from executor_service.sequence import Sequence
+
+
+class PrefixCache:
+    def __init__(self, allocator: BlockAllocator) -> None:
+        self.allocator = allocator
+        self.enabled = allocator.prefix_caching
+        # In tokens, since the engine started: what admissions looked up, and what they found.
+        self.queries = 0
+        self.hits = 0
+
+    def match(self, seq: Sequence) -> None:
+        """Give a sequence with no blocks the cached blocks of its longest cached prefix, as computed.
+
+        Never the whole sequence: its last token is always computed, since its logits give the
+        next token. So at most ``(num_tokens - 1) // block_size`` blocks are taken.
+        """
+        if not self.enabled:
+            return
+        if seq.block_table or seq.num_computed:
+            raise ValueError(f"{seq.request_id} already has blocks; only a fresh sequence matches the cache")
+        block_size = self.allocator.block_size
+        seq.block_names = block_hashes(seq.token_slice(0, seq.num_tokens), block_size)
+        blocks = self.allocator.cached_prefix(seq.block_names[: (seq.num_tokens - 1) // block_size])
+        seq.block_table.extend(blocks)
+        seq.num_named = len(blocks)
+        seq.num_computed = len(blocks) * block_size
+        self.queries += seq.num_tokens
+        self.hits += seq.num_computed
+
+    def name_computed(self, seq: Sequence) -> None:
+        """Name the sequence's blocks that are full and computed and not named yet."""
+        if not self.enabled:
+            return
+        block_size = self.allocator.block_size
+        full = seq.num_computed // block_size
+        if full <= seq.num_named:
+            return
+        names = seq.block_names
+        if len(names) < full:
+            parent = names[-1] if names else ROOT
+            names += block_hashes(seq.token_slice(len(names) * block_size, full * block_size), block_size, 0, parent)
+        for index in range(seq.num_named, full):
+            self.allocator.name(seq.block_table[index], names[index])
+        seq.num_named = full
