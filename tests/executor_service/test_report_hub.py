@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from executor_service.engine_io import StepOutput
+from executor_service.engine_io import KvCacheEvents, StepOutput
 from executor_service.report_hub import ReportHub
 from executor_service.token_batching import StreamInterval, TokenBatcher
 from tests.executor_service.test_token_batching import step, tok
@@ -65,3 +65,31 @@ async def test_a_superseded_streams_report_never_reaches_the_new_stream() -> Non
     new = hub.attach()  # before the loop ran that hand-over
     assert await drained(new) == []
     assert await drained(old) == [None]  # the old stream is only told to end
+
+
+async def test_each_new_streams_first_report_restates_the_whole_prefix_cache() -> None:
+    names = [(1, 2)]
+    hub = ReportHub(asyncio.get_running_loop(), cached_names=lambda: names[0])
+    first = hub.attach(TokenBatcher(1, 0.0))
+    from_engine_thread(hub, [step(1, tok("a", 0), kv_events=KvCacheEvents(stored=(2,)))])
+    from_engine_thread(hub, [step(2, tok("a", 1), kv_events=KvCacheEvents(stored=(3,)))])
+    reports = [r for r in await drained(first) if r is not None]
+    assert [r.kv_events for r in reports] == [KvCacheEvents(cleared=True, stored=(1, 2)), KvCacheEvents(stored=(3,))]
+    names[0] = (1, 2, 3)
+    held = TokenBatcher(3, 1000.0)
+    held.admitted("a", StreamInterval(3))
+    second = hub.attach(held)
+    removal = KvCacheEvents(removed=(1,))
+    from_engine_thread(
+        hub, [step(3 + i, tok("a", 2 + i), kv_events=removal if i == 1 else KvCacheEvents()) for i in range(4)]
+    )
+    reports = [r for r in await drained(second) if r is not None]
+    assert [r.iteration for r in reports] == [3, 6]  # the first tokens, then three steps held and merged
+    assert [r.kv_events for r in reports] == [KvCacheEvents(cleared=True, stored=(1, 2, 3)), removal]
+
+
+async def test_without_prefix_caching_a_new_stream_gets_no_clear() -> None:
+    hub = ReportHub(asyncio.get_running_loop())
+    queue = hub.attach()
+    from_engine_thread(hub, [step(1, tok("a", 0))])
+    assert [r.kv_events for r in await drained(queue) if r is not None] == [KvCacheEvents()]

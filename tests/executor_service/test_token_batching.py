@@ -13,7 +13,7 @@ import pytest
 
 from common.lifecycle import FinishReason
 from common.pb import generate_pb2 as pb
-from executor_service.engine_io import FinishOut, StepOutput, TokenOut
+from executor_service.engine_io import FinishOut, KvCacheEvents, StepOutput, TokenOut
 from executor_service.token_batching import StreamInterval, TokenBatcher
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.stack import Stack, joined_tokens, stack_config, start_stack
@@ -249,6 +249,28 @@ def test_random_steps_reassemble_exactly() -> None:
                 assert chunk.index == len(flat), f"trial {trial}, {rid}: a chunk must start where the last ended"
                 flat.extend(chunk.token_ids)
             assert flat == made[rid], f"trial {trial}, {rid}"
+
+
+def test_prefix_cache_events_of_held_steps_go_with_the_next_report() -> None:
+    held = started(every=3)
+    assert held.offer(step(2, tok("a", 1), kv_events=KvCacheEvents(stored=(1, 2)))) is None
+    assert held.offer(step(3, tok("a", 2), kv_events=KvCacheEvents(stored=(3,), removed=(1,)))) is None
+    report = held.offer(step(4, tok("a", 3), kv_events=KvCacheEvents(removed=(9,)), prefix_cache_hits=7))
+    assert report is not None and report.prefix_cache_hits == 7
+    assert report.kv_events == KvCacheEvents(stored=(2, 3), removed=(1, 9))
+    assert held.offer(step(5, tok("a", 4))) is None
+    assert held.offer(step(6, tok("a", 5))) is None
+    report = held.offer(step(7, tok("a", 6)))
+    assert report is not None and not report.kv_events  # nothing carried twice
+
+
+def test_merged_prefix_cache_events_keep_the_latest_change_and_a_clear() -> None:
+    first = KvCacheEvents(cleared=True, stored=(1, 2, 3))
+    later = KvCacheEvents(stored=(4, 1), removed=(2,))
+    assert first.then(later) == KvCacheEvents(cleared=True, stored=(3, 4, 1), removed=(2,))
+    assert later.then(KvCacheEvents(stored=(2,), removed=(4,))) == KvCacheEvents(stored=(1, 2), removed=(4,))
+    assert later.then(first) == first  # a clear restates everything
+    assert not KvCacheEvents() and KvCacheEvents().then(later) == later and later.then(KvCacheEvents()) == later
 
 
 def test_rejects_bad_settings() -> None:
