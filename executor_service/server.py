@@ -52,6 +52,7 @@ class RunningExecutor:
     registration: Registration
     health: health.aio.HealthServicer
     loaded: LoadedModel
+    metrics: ExecutorMetrics
 
     async def stop(self, grace: float = 2.0) -> None:
         await set_serving(self.health, [SERVICE_NAME], serving=False)
@@ -160,7 +161,9 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     await registration.start()
     await set_serving(health_servicer, [SERVICE_NAME], serving=True)
     log.info("executor %s serving at %s", executor_id, address)
-    return RunningExecutor(executor_id, address, port, server, worker, registration, health_servicer, loaded)
+    return RunningExecutor(
+        executor_id, address, port, server, worker, registration, health_servicer, loaded, metrics
+    )
 
 
 async def serve(config: BatonConfig) -> None:

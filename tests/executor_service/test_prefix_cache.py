@@ -1,0 +1,228 @@
+"""Automatic prefix caching on the generated tiny model: a request that starts from cached blocks
+generates exactly what ``model.generate`` gives on its prompt alone, whatever part of it was cached."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from common.pb import generate_pb2 as gen_pb
+from common.sampling_params import SamplingParams
+from executor_service.convert import report_to_pb
+from executor_service.engine import Engine
+from executor_service.engine_io import AdmitSpec, KvCacheEvents, PlanUpdate
+from executor_service.load_metrics import DeviceLoad
+from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
+from tests.executor_service.test_engine import admit, make_engine, run_to_end
+from tests.stack import Stack, joined_tokens, stack_config, start_stack
+
+BLOCK = 16
+
+
+def random_tokens(count: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(5, 8000) for _ in range(count)]
+
+
+class Checker:
+    """Runs requests one plan at a time and checks each against ``model.generate``."""
+
+    def __init__(self, engine: Engine, model_dir: Path) -> None:
+        self.engine = engine
+        self.model = load_reference_model(model_dir)
+        self.count = 0
+        self.events = KvCacheEvents()  # since the last take_events
+
+    def run(self, prompts: list[list[int]], max_tokens: int = 10) -> dict[str, list[int]]:
+        specs = []
+        for prompt in prompts:
+            self.count += 1
+            specs.append(admit(f"q{self.count}", prompt, max_tokens))
+        self.engine.apply(PlanUpdate(seq=self.count, admit=tuple(specs)))
+        outputs: dict[str, list[int]] = {spec.request_id: [] for spec in specs}
+        while self.engine.has_work:
+            out = self.engine.step()
+            self.events = self.events.then(out.kv_events)
+            for delta in out.tokens:
+                outputs[delta.request_id] += delta.token_ids
+        for spec, prompt in zip(specs, prompts, strict=True):
+            ref = reference_greedy(self.model, prompt, max_tokens)
+            assert_matches_reference(outputs[spec.request_id], ref, f"{spec.request_id} ({len(prompt)} tokens)")
+        return outputs
+
+    def take_events(self) -> KvCacheEvents:
+        events, self.events = self.events.then(self.engine.drain().kv_events), KvCacheEvents()
+        return events
+
+    def hits_of(self, prompts: list[list[int]], max_tokens: int = 10) -> int:
+        before = self.engine.prefix_cache.hits
+        self.run(prompts, max_tokens)
+        return self.engine.prefix_cache.hits - before
+
+
+def test_shared_prefixes_of_every_kind_match_generate(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, block_size=BLOCK)
+    check = Checker(engine, tiny_model_dir)
+    base = [1, *random_tokens(149, seed=1)]  # 150 tokens: 9 full blocks and a partial one
+    assert check.hits_of([base]) == 0
+    assert engine.allocator.num_cached >= 9
+    # A prefix ending mid-block: only the full blocks before it are reused.
+    for shared in (5, 16, 23, 40, 100, 149):
+        prompt = base[:shared] + random_tokens(30, seed=shared)
+        assert check.hits_of([prompt]) == (shared // BLOCK) * BLOCK, shared
+    # The same prompt again (not block-aligned): everything cached but its partial block.
+    assert check.hits_of([base]) == 9 * BLOCK
+    # A block-aligned prompt seen before: every block but the last, whose last token gives the logits.
+    aligned = [1, *random_tokens(63, seed=2)]
+    check.run([aligned])
+    assert check.hits_of([aligned]) == 3 * BLOCK
+    # The conversation goes on: the prompt and the first answer become the next prompt, whose
+    # blocks holding generated tokens were named as they filled.
+    answer = check.run([base], max_tokens=40)
+    follow_up = base + next(iter(answer.values())) + random_tokens(7, seed=3)
+    assert check.hits_of([follow_up]) == ((150 + 40 - 1) // BLOCK) * BLOCK
+    out = engine.drain()
+    assert out.prefix_cache_hits == engine.prefix_cache.hits > 0
+    assert out.prefix_cache_queries == engine.prefix_cache.queries
+    assert engine.allocator.num_free == engine.allocator.num_blocks  # no block leaked
+
+
+def test_a_prefix_evicted_under_memory_pressure_is_recomputed_exactly(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, kv_cache_memory_mb=1, block_size=BLOCK, token_budget=512)
+    allocator = engine.allocator
+    check = Checker(engine, tiny_model_dir)
+    first = [1, *random_tokens(99, seed=4)]
+    check.run([first])
+    first_names = set(allocator.cached_names())
+    check.take_events()  # those so far
+    removed: set[int] = set()
+    seed = 5
+    while not first_names <= removed:  # other prompts, until every block of the first is evicted
+        seed += 1
+        check.run([[1, *random_tokens(allocator.num_blocks * BLOCK // 3, seed=seed)]], max_tokens=4)
+        removed |= set(check.take_events().removed)
+        assert seed < 40, "the first prompt's blocks were never evicted"
+    assert check.hits_of([first]) == 0  # recomputed from scratch
+    assert check.hits_of([[*first, 7, 8, 9]]) == 6 * BLOCK  # and cached again
+    assert allocator.num_free == allocator.num_blocks
+
+
+def test_requests_on_the_same_new_prefix_in_one_step_match_generate(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, block_size=BLOCK, token_budget=512)
+    check = Checker(engine, tiny_model_dir)
+    prefix = [1, *random_tokens(79, seed=6)]
+    together = [prefix + random_tokens(5 + 7 * i, seed=10 + i) for i in range(3)] + [list(prefix)]
+    assert check.hits_of(together) == 0  # all admitted before any of them computed the prefix
+    stored = check.take_events().stored
+    assert len(stored) == len(set(stored)) == len(engine.allocator.cached_names())  # the first copy wins
+    assert check.hits_of([[*prefix, 3, 4]]) == 5 * BLOCK
+    assert engine.allocator.num_free == engine.allocator.num_blocks
+
+
+def test_a_preempted_request_resumes_from_its_cached_blocks(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, block_size=BLOCK)
+    model = load_reference_model(tiny_model_dir)
+    prompt = [1, *random_tokens(70, seed=7)]
+    ref = reference_greedy(model, prompt, 30)
+    engine.apply(PlanUpdate(seq=1, admit=(admit("p", prompt, 30),)))
+    got: list[int] = []
+    while len(got) < 12:
+        got += [t for d in engine.step().tokens for t in d.token_ids]
+    engine.apply(PlanUpdate(seq=2, preempt=("p",)))
+    assert engine.drain().preempted == ("p",) and engine.allocator.num_used == 0
+    hits = engine.prefix_cache.hits
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    rest = run_to_end(engine, {0: [AdmitSpec("p", tuple(prompt), tuple(got), params, 0.0)]})["p"]
+    assert engine.prefix_cache.hits - hits == ((len(prompt) + len(got) - 1) // BLOCK) * BLOCK
+    assert_matches_reference(got + rest, ref, "resumed")
+
+
+def test_a_request_preempted_for_blocks_resumes_exactly(tiny_model_dir: Path) -> None:
+    """Out of blocks, the engine hands back the least important request; re-admitted, it starts
+    from whatever of its blocks survived."""
+    engine = make_engine(tiny_model_dir, kv_cache_memory_mb=1, block_size=BLOCK, token_budget=512)
+    model = load_reference_model(tiny_model_dir)
+    prompt_len = (engine.allocator.num_blocks // 2) * BLOCK - 4
+    prompts = {"important": [1, *random_tokens(prompt_len - 1, 8)], "victim": [1, *random_tokens(prompt_len - 1, 9)]}
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    engine.apply(
+        PlanUpdate(
+            seq=1, admit=tuple(AdmitSpec(r, tuple(p), (), params, i) for i, (r, p) in enumerate(prompts.items()))
+        )
+    )
+    outputs: dict[str, list[int]] = {"important": [], "victim": []}
+    done: set[str] = set()
+    resumed = False
+    seq = 1
+    for _ in range(2000):
+        if done == set(prompts):
+            break
+        out = engine.step() if engine.has_work else engine.drain()
+        for delta in out.tokens:
+            outputs[delta.request_id] += delta.token_ids
+        done |= {f.request_id for f in out.finished}
+        for request_id in out.preempted:
+            seq += 1
+            resumed = True
+            again = AdmitSpec(request_id, tuple(prompts[request_id]), tuple(outputs[request_id]), params, 1)
+            engine.apply(PlanUpdate(seq=seq, admit=(again,)))
+    assert resumed
+    for request_id, prompt in prompts.items():
+        assert_matches_reference(outputs[request_id], reference_greedy(model, prompt, 48), request_id)
+    assert engine.allocator.num_free == engine.allocator.num_blocks
+
+
+def test_prefix_caching_off_reuses_nothing(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, block_size=BLOCK, prefix_caching=False)
+    check = Checker(engine, tiny_model_dir)
+    prompt = [1, *random_tokens(60, seed=11)]
+    check.run([prompt])
+    assert check.hits_of([prompt]) == 0
+    assert not check.take_events() and engine.allocator.num_cached == 0 and engine.allocator.cached_names() == ()
+
+
+def test_reports_carry_the_events_and_counters(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, block_size=BLOCK)
+    prompt = [1, *random_tokens(40, seed=12)]
+    run_to_end(engine, {0: [admit("a", prompt, 2)]})
+    names = engine.allocator.cached_names()
+    engine.apply(PlanUpdate(seq=2, admit=(admit("b", prompt, 2),)))
+    report = report_to_pb(engine.step(), DeviceLoad("cpu", 0.0, 0, 0, 0.0))
+    assert report.load.prefix_cache_queries == 2 * len(prompt)
+    assert report.load.prefix_cache_hits == 2 * BLOCK
+    assert not report.HasField("kv_events")  # nothing new was named
+    empty = report_to_pb(engine.drain(), DeviceLoad("cpu", 0.0, 0, 0, 0.0))
+    assert not empty.HasField("kv_events")
+    assert len(names) == 2
+
+
+@pytest.fixture
+async def cached_stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
+    running = await start_stack(stack_config(redis_url, tiny_model_dir, executor={"block_size": BLOCK}))
+    yield running
+    await running.stop()
+
+
+async def test_repeated_prompts_through_a_stack_hit_the_cache_and_match_generate(
+    cached_stack: Stack, tiny_model_dir: Path
+) -> None:
+    shared = [1, *random_tokens(60, seed=13)]
+    prompts = [shared + random_tokens(3 + i, seed=20 + i) for i in range(3)] + [shared, shared]
+    metrics = cached_stack.executors[0].metrics.registry
+    assert metrics.get_sample_value("baton:prefix_cache_hits_total") == 0
+    results = []
+    for prompt in prompts:  # one after another, so each finds what the ones before left
+        params = gen_pb.SamplingParams(max_tokens=8, ignore_eos=True)
+        results.append(await cached_stack.generate(gen_pb.GenerateRequest(prompt_token_ids=prompt, params=params)))
+    model = load_reference_model(tiny_model_dir)
+    for i, (prompt, chunks) in enumerate(zip(prompts, results, strict=True)):
+        assert_matches_reference(joined_tokens(chunks), reference_greedy(model, prompt, 8), f"prompt {i}")
+    await asyncio.sleep(0.2)  # the last step's metrics
+    hits = metrics.get_sample_value("baton:prefix_cache_hits_total")
+    queries = metrics.get_sample_value("baton:prefix_cache_queries_total")
+    assert hits is not None and queries is not None
+    assert hits >= 3 * BLOCK * (len(prompts) - 1) and queries >= sum(len(p) for p in prompts)
