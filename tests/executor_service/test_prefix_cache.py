@@ -8,8 +8,10 @@ import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 
+from common.pb import executor_pb2, executor_pb2_grpc
 from common.pb import generate_pb2 as gen_pb
 from common.sampling_params import SamplingParams
 from executor_service.convert import report_to_pb
@@ -64,8 +66,10 @@ class Checker:
         return self.engine.prefix_cache.hits - before
 
 
-def test_shared_prefixes_of_every_kind_match_generate(tiny_model_dir: Path) -> None:
-    engine = make_engine(tiny_model_dir, block_size=BLOCK)
+@pytest.mark.parametrize("fast_paths", [True, False])
+def test_shared_prefixes_of_every_kind_match_generate(tiny_model_dir: Path, fast_paths: bool) -> None:
+    """``fast_paths`` False: transformers' forward and plain torch attention read the shared blocks."""
+    engine = make_engine(tiny_model_dir, block_size=BLOCK, fast_paths=fast_paths)
     check = Checker(engine, tiny_model_dir)
     base = [1, *random_tokens(149, seed=1)]  # 150 tokens: 9 full blocks and a partial one
     assert check.hits_of([base]) == 0
@@ -80,6 +84,10 @@ def test_shared_prefixes_of_every_kind_match_generate(tiny_model_dir: Path) -> N
     aligned = [1, *random_tokens(63, seed=2)]
     check.run([aligned])
     assert check.hits_of([aligned]) == 3 * BLOCK
+    # One token past a block boundary: only the last token is computed, as a decode would be.
+    one_past = [1, *random_tokens(32, seed=4)]
+    check.run([one_past])
+    assert check.hits_of([one_past]) == 2 * BLOCK
     # The conversation goes on: the prompt and the first answer become the next prompt, whose
     # blocks holding generated tokens were named as they filled.
     answer = check.run([base], max_tokens=40)
@@ -226,3 +234,6 @@ async def test_repeated_prompts_through_a_stack_hit_the_cache_and_match_generate
     queries = metrics.get_sample_value("baton:prefix_cache_queries_total")
     assert hits is not None and queries is not None
     assert hits >= 3 * BLOCK * (len(prompts) - 1) and queries >= sum(len(p) for p in prompts)
+    async with grpc.aio.insecure_channel(cached_stack.executors[0].address) as channel:
+        info = await executor_pb2_grpc.ExecutorStub(channel).Info(executor_pb2.InfoRequest(), timeout=10)
+    assert info.prefix_caching
