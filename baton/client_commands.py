@@ -89,7 +89,7 @@ def collect_inspection(
     """A snapshot of Baton's Redis state as plain data: queue (head, depth by priority and tenant over
     the first ``queue_sample`` ids, oldest waiting), executors with load, requests by state, and the
     ``tokens_total``/``finished_total`` counts (over at most ``scan_limit`` keys) that rates derive from."""
-    from baton.inspect_view import kv_percent, sample_queue, scan_requests, scheduling_state
+    from baton.inspect_view import kv_percent, prefix_hit_percent, sample_queue, scan_requests, scheduling_state
     from common.keys import KeySchema
     from common.redis_client import connect_sync
 
@@ -115,6 +115,10 @@ def collect_inspection(
                     "load": load,
                     "max_batch_size": int(record.get("max_batch_size") or 0),
                     "kv_used_pct": kv_percent(load, record),
+                    # The executor's own prefix-cache hit rate, and how many of its blocks the
+                    # fleet's index (what placement goes by) holds.
+                    "prefix_hit_pct": prefix_hit_percent(load),
+                    "prefix_index_blocks": client.scard(keys.cached_blocks(executor_id)),
                 }
             )
         return {
@@ -156,17 +160,18 @@ def inspect(args: argparse.Namespace) -> int:
         print(f"  oldest waiting: {oldest['id']} for {format_age(oldest['age_ms'])}")
     print(f"executors: {len(snapshot['executors'])}")
     print(
-        f"  {'id':<20} {'address':<24} {'running':>7} {'kv used/total':>14} {'kv %':>6} {'step ms':>8} {'beat ms':>8}"
-        "  lease"
+        f"  {'id':<20} {'address':<24} {'running':>7} {'kv used/total':>14} {'kv %':>6} {'hit %':>6} {'indexed':>8}"
+        f" {'step ms':>8} {'beat ms':>8}  lease"
     )
     for ex in snapshot["executors"]:
         load = ex["load"]
         kv = f"{load.get('kv_blocks_used', 0)}/{load.get('kv_blocks_total', 0)}"
         pct = "-" if ex["kv_used_pct"] is None else f"{ex['kv_used_pct']:.1f}"
+        hit = "-" if ex["prefix_hit_pct"] is None else f"{ex['prefix_hit_pct']:.1f}"
         step = f"{load.get('step_time_ms', 0.0):.1f}"
         print(
-            f"  {ex['id']:<20} {ex['address']:<24} {ex['running']:>7} {kv:>14} {pct:>6} {step:>8} "
-            f"{ex['heartbeat_age_ms']:>8}  {ex['lease']}"
+            f"  {ex['id']:<20} {ex['address']:<24} {ex['running']:>7} {kv:>14} {pct:>6} {hit:>6}"
+            f" {ex['prefix_index_blocks']:>8} {step:>8} {ex['heartbeat_age_ms']:>8}  {ex['lease']}"
         )
     states = ", ".join(f"{k} {v}" for k, v in sorted(snapshot["requests_by_state"].items())) or "none"
     print(f"requests by state: {states}")

@@ -129,6 +129,14 @@ def kv_percent(load: Mapping[str, Any], record: Mapping[Any, Any]) -> float | No
     return round(100.0 * float(load.get("kv_blocks_used", 0)) / total, 1) if total > 0 else None
 
 
+def prefix_hit_percent(load: Mapping[str, Any]) -> float | None:
+    """Prompt tokens found in the executor's prefix cache, as a percentage of those looked up
+    since it started (its ``load`` record's ``prefix_cache_hits``/``prefix_cache_queries``);
+    None when it has looked up none or does not report them."""
+    queries = float(load.get("prefix_cache_queries") or 0)
+    return round(100.0 * float(load.get("prefix_cache_hits") or 0) / queries, 1) if queries > 0 else None
+
+
 def rates(previous: Mapping[str, Any] | None, current: Mapping[str, Any]) -> dict[str, float] | None:
     """Tokens and finished requests per second between two snapshots (negative deltas, from expiry, count 0)."""
     if previous is None:
@@ -170,8 +178,8 @@ def _counts_table(title: str, column: str, counts: Mapping[str, int], label: Cal
 
 def _executors_table(executors: Iterable[Mapping[str, Any]]) -> Table:
     table = Table(title="executors", title_justify="left")
-    for name in ("id", "address", "load", "kv used", "step ms", "running", "heartbeat", "lease"):
-        table.add_column(name, justify="left" if name in ("id", "address", "lease") else "right")
+    for name in ("id", "address", "load", "kv used", "cache", "step ms", "running", "heartbeat", "lease"):
+        table.add_column(name, justify="left" if name in ("id", "address", "lease") else "right", no_wrap=name == "id")
     for ex in executors:
         load = ex.get("load", {})
         batch = ex.get("max_batch_size") or 0
@@ -180,11 +188,15 @@ def _executors_table(executors: Iterable[Mapping[str, Any]]) -> Table:
         kv_text = (
             f"{kv:.1f}% ({load.get('kv_blocks_used', 0)}/{load.get('kv_blocks_total', 0)})" if kv is not None else "-"
         )
+        # The prefix cache's hit rate, and the blocks the fleet's index holds for it in brackets.
+        hit = ex.get("prefix_hit_pct")
+        cache = f"{'-' if hit is None else f'{hit:.1f}%'} ({ex.get('prefix_index_blocks', 0)})"
         table.add_row(
             ex["id"],
             ex.get("address", ""),
             busy,
             kv_text,
+            cache,
             f"{float(load.get('step_time_ms', 0.0)):.1f}",
             str(ex.get("running", 0)),
             format_age(ex.get("heartbeat_age_ms", 0)),

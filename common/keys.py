@@ -53,7 +53,7 @@ class KeySchema:
         fixed = "queue:pending|tenants:waiting|tenants:counter|tenants:vclock|tenants:running|estimator|executors"
         tagged = (
             rf"{tag}:(?:{fixed}|queue:tenant:{name}|req:{name}(?::tokens)?"
-            rf"|executor:{name}(?::running)?|lease:executor:{name})"
+            rf"|executor:{name}(?::running)?|lease:executor:{name}|prefix:executor:{name})"
         )
         return re.compile(rf"{tagged}|{re.escape(self.prefix)}:req:{name}:out")
 
@@ -128,6 +128,10 @@ class KeySchema:
     def lease(self, executor_id: str) -> str:
         """String with PX: the scheduler replica that drives the executor."""
         return f"{self._tagged}:lease:executor:{executor_id}"
+
+    def cached_blocks(self, executor_id: str) -> str:
+        """Set of the names (hex) of the KV blocks an executor's prefix cache holds, from its reports."""
+        return f"{self._tagged}:prefix:executor:{executor_id}"
 
     @property
     def control_channel(self) -> str:

@@ -3,8 +3,9 @@
 The steps, each a pure function elsewhere:
 1. ``fair_share.fair_order``: the waiting tenants' queue heads, interleaved by virtual token counters.
 2. ``batching``: hold a first batch at low load (``batch_timeout_ms``); length-aware reordering.
-3. ``placement.place``: each request to the executor with the least expected work, capacities
-   shrunk under load (``load_aware.min_admission_fraction``).
+3. ``placement.place``: each request to the executor with the least expected work, less the
+   prefill its prefix cache saves (from the fleet's prefix-cache index), capacities shrunk under
+   load (``load_aware.min_admission_fraction``).
 4. ``preemption.choose_victims``: when the head fits nowhere, evict running work it outranks.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from redis.exceptions import RedisError
 
@@ -22,7 +24,7 @@ from scheduler_service.batching import merge_order, should_hold
 from scheduler_service.executor_link import ExecutorLink
 from scheduler_service.fair_share import QueuedRequest, fair_order
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.placement import Candidate, blocks_for, place, unplaceable
+from scheduler_service.placement import Candidate, ExecutorCapacity, Placement, blocks_for, place, unplaceable
 from scheduler_service.preemption import choose_victims
 from scheduler_service.requests import TokenEvent
 from scheduler_service.scoring import RequestScorer
@@ -56,6 +58,7 @@ class Admission:
         # closed while they were in flight, or sent in a round whose reply Redis never gave.
         self._unsettled: list[tuple[str, ExecutorLink]] = []
         self._found_empty_at: float | None = None  # when the last read found no waiting tenant
+        self._rotation = 0  # where placement's ties start: moved on by every placement
 
     @property
     def queue_known_empty(self) -> bool:
@@ -107,7 +110,11 @@ class Admission:
             await self._fail_unplaceable(request_id)
         candidates = [c for c in candidates if c.request_id not in too_large]
         by_id = {link.executor_id: link for link in links}
-        placements = place(candidates, capacities) if room else []
+        placements: list[Placement] = []
+        if room:
+            candidates = await self._with_cached_prefixes(candidates[:room], links, capacities) + candidates[room:]
+            placements = place(candidates, capacities, self._rotation)
+            self._rotation += len(placements)
         admitted = 0
         claims = [(p.request_id, p.executor_id, by_id[p.executor_id].owner) for p in placements]
         try:
@@ -122,7 +129,7 @@ class Admission:
             if link.closed:
                 self._unsettled.append((claimed.request_id, link))
                 continue
-            link.admit(claimed)
+            link.admit(claimed, placement.cached_tokens)
             admitted += 1
         if self._unsettled:
             await self._settle()
@@ -136,6 +143,34 @@ class Admission:
         for link in links:
             link.flush(budget)
         return admitted
+
+    async def _with_cached_prefixes(
+        self, candidates: list[Candidate], links: Sequence[ExecutorLink], capacities: Sequence[ExecutorCapacity]
+    ) -> list[Candidate]:
+        """``candidates`` with how much of each one's prompt each executor with room caches.
+
+        Only as many candidates as there are free slots are asked about (placement cannot place
+        more), and only executors that cache prefixes and have room: one round trip, none when
+        no executor caches. An executor whose block size differs from the one the prompt's
+        names were computed with names other blocks, so it holds none of them.
+        """
+        caching = {
+            link.executor_id: cap.block_size
+            for link, cap in zip(links, capacities, strict=True)
+            if cap.free_slots > 0 and cap.free_blocks > 0 and link.info is not None and link.info.prefix_caching
+        }
+        if not caching or not candidates:
+            return candidates
+        runs = await self.store.prefixes.leading_runs([c.request_id for c in candidates], list(caching))
+        out = []
+        for cand, run in zip(candidates, runs, strict=True):
+            cached = {
+                eid: blocks * run.block_size
+                for eid, blocks in run.blocks.items()
+                if blocks and caching[eid] == run.block_size
+            }
+            out.append(replace(cand, cached_tokens=cached) if cached else cand)
+        return out
 
     async def _settle(self) -> None:
         """Hand back each unsettled claim that no open link runs.

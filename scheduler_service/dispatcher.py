@@ -171,6 +171,7 @@ class Dispatcher:
             for request_id in await self.store.requests.running_ids(executor_id):
                 await self.store.requests.hand_back(request_id, executor_id, "migrate", owner="")
                 self.metrics.migrations.inc()
+            await self.store.prefixes.drop(executor_id, self.replica_id)  # its cache died with it
             await fleet.forget(executor_id)
             await fleet.release_lease(executor_id, self.replica_id)
             log.warning("executor %s is gone; its requests were re-queued", executor_id)
@@ -189,6 +190,7 @@ class Dispatcher:
             self.config.security,
             self.metrics,
             (self.config.distributed.stream_interval_tokens, self.config.distributed.stream_interval_ms),
+            self.replica_id,
         )
         self.links[executor_id] = link
         self._link_tasks[executor_id] = asyncio.create_task(self._drive(link), name=f"link-{executor_id}")
@@ -223,6 +225,9 @@ class Dispatcher:
                 for request_id in orphans:
                     await link.hand_back(request_id, "migrate")
                     self.metrics.migrations.inc()
+                # Its events stop here: forget its index (unless another replica drives it now),
+                # so nothing is placed on blocks it may evict; the next link rebuilds it.
+                await self.store.prefixes.drop(executor_id, self.replica_id)
                 await self.store.fleet.release_lease(executor_id, self.replica_id)
             self._wake_for(requeued=bool(orphans))
 

@@ -30,6 +30,7 @@ from scheduler_service.preemption import RunningRequest
 from scheduler_service.report_writes import ReportWrites, coalesce
 from scheduler_service.requests import ClaimedRequest
 from scheduler_service.store import Store
+from scheduler_service.store.prefix_index import CacheEvents
 from scheduler_service.store.step_publisher import StepWrite
 
 log = logging.getLogger(__name__)
@@ -57,9 +58,13 @@ class ExecutorLink:
         security: SecurityConfig | None = None,
         metrics: SchedulerMetrics | None = None,
         stream_interval: tuple[int, int] = (1, 0),
+        holder: str = "",
     ) -> None:
+        """``holder``: the replica that holds the executor's lease, which fences this link's
+        writes to the executor's prefix-cache index."""
         self.executor_id = executor_id
         self.address = address
+        self.holder = holder
         self._store = store
         self._config = config
         self._on_change = on_change
@@ -183,8 +188,10 @@ class ExecutorLink:
         self.preempting.update(fresh)
         self._pending.preempt.extend(fresh)
 
-    def admit(self, claimed: ClaimedRequest) -> None:
-        self.requests[claimed.request_id] = linked_request_of(claimed)
+    def admit(self, claimed: ClaimedRequest, cached_tokens: int = 0) -> None:
+        """Send ``claimed`` with the next plan; ``cached_tokens``: its prefix the executor is
+        expected to find in its cache, which it will not compute."""
+        self.requests[claimed.request_id] = linked_request_of(claimed, cached_tokens)
         tokens, ms = self._stream_interval
         # A request may ask for a coarser interval than the server's, never a finer one.
         self._pending.admit.append(admit_pb(claimed, max(tokens, claimed.params.stream_interval_tokens), ms))
@@ -210,7 +217,8 @@ class ExecutorLink:
         budget = max(max_batch + 1, int(self._config.token_level.token_budget * budget_fraction))
         plan.token_budget = budget
         budget -= sum(1 for r in self.requests.values() if r.first_token_ms is not None)
-        plan.prefill.extend(prefill_grants(plan.admit, budget, self._config.token_level.max_prefill_chunk))
+        cached = {a.request_id: r.cached_tokens for a in plan.admit if (r := self.requests.get(a.request_id))}
+        plan.prefill.extend(prefill_grants(plan.admit, budget, self._config.token_level.max_prefill_chunk, cached))
         plan.seq = self._next_seq()
         plan.iteration = self.iteration + 1
         self._outbox.put_nowait(plan)
@@ -239,6 +247,7 @@ class ExecutorLink:
                 f"recording a step of {self.executor_id}",
             )
             requeued = await self._recover_refused(writes, accepted)
+        await self._index_cache(reports)
         for report in reports:
             for request_id in [*report.preempted, *(r.request_id for r in report.rejected)]:
                 self.preempting.discard(request_id)
@@ -255,6 +264,21 @@ class ExecutorLink:
         # ``requeued`` says the queue moved: room alone is no reason to re-read an empty queue.
         if requeued or (len(self.requests), self.ready) != before:
             self._on_change(requeued)
+
+    async def _index_cache(self, reports: list[pb.StepReport]) -> None:
+        """Apply the reports' prefix-cache events to the fleet's index, in report order, after the
+        tokens went out (clients wait on those; placement can wait a step). A failure the retry
+        does not ride out ends the link, and the next stream's first report rebuilds the set."""
+        events = [
+            CacheEvents(r.kv_events.cleared, tuple(r.kv_events.stored), tuple(r.kv_events.removed)) for r in reports
+        ]
+        if all(ev.empty for ev in events):
+            return
+        await with_redis_retry(
+            lambda: self._store.prefixes.apply(self.executor_id, events, self.holder),
+            self._redis_retry_s,
+            f"indexing the prefix cache of {self.executor_id}",
+        )
 
     async def _recover_refused(self, writes: list[StepWrite], accepted: list[bool]) -> bool:
         """Redis refused tokens of a request this link still drives.

@@ -24,6 +24,7 @@ from common.tracing import current_traceparent, tag_current_span
 from scheduler_service.dispatcher import Dispatcher
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.priority import shed_limit
+from scheduler_service.prompt_prefix import prefix_fields
 from scheduler_service.requests import NewRequest, TokenEvent
 from scheduler_service.scoring import RequestScorer
 from scheduler_service.store import Store
@@ -95,8 +96,10 @@ class Frontend:
         scored = self.scorer.score(req)
         tag_current_span(req.request_id)
         limit = shed_limit(req.priority, request_level)
+        # The prompt's block names, for placement where an executor caches its start.
+        fields = {**scored.fields, **prefix_fields(req.prompt_ids, limits.block_size)}
         try:
-            await self.store.requests.enqueue(req, scored.score, limit, current_traceparent(), scored.fields)
+            await self.store.requests.enqueue(req, scored.score, limit, current_traceparent(), fields)
         except Overloaded as exc:
             self.metrics.shed.labels(str(req.priority)).inc()
             raise Overloaded(

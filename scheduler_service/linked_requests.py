@@ -27,6 +27,7 @@ class LinkedRequest:
     preemptions: int = 0
     deadline_ms: int = 0
     expected_output: int = 0  # the estimator's guess at enqueue (else max_tokens)
+    cached_tokens: int = 0  # the prefix its executor was expected to find cached at admission
 
     @property
     def num_tokens(self) -> int:
@@ -40,8 +41,9 @@ class LinkedRequest:
     @property
     def outstanding_tokens(self) -> int:
         """Tokens its executor still expects to process for it: the output still expected, and the
-        prompt while no token has come (its prefill may be under way)."""
-        return self.remaining + (self.prompt_len if self.generated == 0 else 0)
+        prompt while no token has come (its prefill may be under way), less the prefix expected
+        in its prefix cache (at least one prompt token is always computed)."""
+        return self.remaining + (max(1, self.prompt_len - self.cached_tokens) if self.generated == 0 else 0)
 
 
 def capacity_of(
@@ -73,7 +75,7 @@ def preemptible(
     ]
 
 
-def linked_request_of(claimed: ClaimedRequest) -> LinkedRequest:
+def linked_request_of(claimed: ClaimedRequest, cached_tokens: int = 0) -> LinkedRequest:
     return LinkedRequest(
         request_id=claimed.request_id,
         prompt_len=len(claimed.prompt_ids),
@@ -85,4 +87,5 @@ def linked_request_of(claimed: ClaimedRequest) -> LinkedRequest:
         preemptions=claimed.preemptions,
         deadline_ms=claimed.deadline_ms,
         expected_output=claimed.expected_output or claimed.params.max_tokens,
+        cached_tokens=cached_tokens,
     )

@@ -12,12 +12,29 @@ executors it put 2,604 expected output tokens on one and 2,139 on the other; the
 end of the batch while the other sat idle. Balancing the expected tokens splits the same workload
 2,365 against 2,378 (docs/performance.md, tenth round). Dividing by the executor's KV size gives a
 larger executor proportionally more; equal executors compare work alone.
+
+Where an executor's prefix cache already holds the start of a prompt (``Candidate.cached_tokens``,
+from the fleet's prefix-cache index), those tokens need no prefill there: they come off that
+executor's work for this choice. So the cache decides where, never which request goes next, and
+never against load alone: a hot prefix stays on its holder while the holder's work, less the
+saving, is still the least, then spreads to another executor, which caches it too. An executor
+with no free slot or KV room is never chosen, and as its free KV falls below
+``FULL_CREDIT_FREE_KV`` the saving counts for less and less (none when full): there it is about to
+evict cached blocks and preempt running work, and a much lighter executor wins.
+
+Ties (equal work, free KV and slots: executors idle, say, or a prompt no one holds) go round the
+executors from a ``rotation`` the caller moves on each round, and each placement moves it one
+further: a deterministic order would send every miss to one executor (sglang#32983).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+# Below this fraction of its KV blocks free, an executor's cached prefix earns less than its full
+# saving, falling linearly to nothing when it is full.
+FULL_CREDIT_FREE_KV = 0.2
 
 
 @dataclass(frozen=True)
@@ -35,6 +52,13 @@ class Candidate:
     request_id: str
     num_tokens: int  # prompt + tokens generated so far (a resumed request re-prefills both)
     expected_tokens: int = 0  # what it will add to its executor's work: num_tokens + expected output
+    # executor id -> leading tokens of it that executor's prefix cache holds (absent: none)
+    cached_tokens: Mapping[str, int] = field(default_factory=dict)
+
+    def hit_on(self, executor_id: str) -> int:
+        """Tokens its prefill may skip on ``executor_id``: never all of them, as the last token
+        must be computed for the first output's logits."""
+        return max(0, min(self.cached_tokens.get(executor_id, 0), self.num_tokens - 1))
 
 
 @dataclass(frozen=True)
@@ -42,31 +66,41 @@ class Placement:
     request_id: str
     executor_id: str
     blocks: int
+    cached_tokens: int = 0  # the expected prefix-cache hit there: tokens it will not prefill
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-def place(candidates: Sequence[Candidate], capacities: Sequence[ExecutorCapacity]) -> list[Placement]:
+def place(
+    candidates: Sequence[Candidate], capacities: Sequence[ExecutorCapacity], rotation: int = 0
+) -> list[Placement]:
+    """Candidates in order, each to the executor where it is cheapest (see the module's text);
+    ``rotation`` picks which executor a tie goes to first."""
     slots = {c.executor_id: c.free_slots for c in capacities}
     blocks = {c.executor_id: c.free_blocks for c in capacities}
     work = {c.executor_id: c.outstanding_tokens for c in capacities}
     placements: list[Placement] = []
+    n = len(capacities)
     for cand in candidates:
         fits = []
-        for cap in capacities:
+        for i, cap in enumerate(capacities):
             need = blocks_for(cand.num_tokens + 1, cap.block_size)
             eid, size = cap.executor_id, max(1, cap.total_blocks)
             if slots[eid] > 0 and blocks[eid] >= need:
-                fits.append((-work[eid] / size, blocks[eid] / size, slots[eid], eid, need))
+                credit = cand.hit_on(eid) * min(1.0, blocks[eid] / size / FULL_CREDIT_FREE_KV)
+                turn = -((i - rotation) % n)  # the tie-break: the next executor in the rotation
+                fits.append((-(work[eid] - credit) / size, blocks[eid] / size, slots[eid], turn, eid, need))
         if not fits:
             break
         *_, executor_id, need = max(fits)
+        hit = cand.hit_on(executor_id)
         slots[executor_id] -= 1
         blocks[executor_id] -= need
-        work[executor_id] += cand.expected_tokens
-        placements.append(Placement(cand.request_id, executor_id, need))
+        work[executor_id] += max(0, cand.expected_tokens - hit)  # at least 1 whenever it is known
+        placements.append(Placement(cand.request_id, executor_id, need, hit))
+        rotation += 1
     return placements
 
 

@@ -3,7 +3,7 @@ tokens each may compute in the plan's first step."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from common.pb import executor_pb2 as pb
 from scheduler_service.requests import ClaimedRequest
@@ -23,13 +23,21 @@ def admit_pb(claimed: ClaimedRequest, stream_interval_tokens: int, stream_interv
     )
 
 
-def prefill_grants(admits: Iterable[pb.AdmitRequest], budget: int, max_chunk: int) -> list[pb.PrefillGrant]:
-    """Prefill tokens for the newly admitted, in plan order, from what the step budget leaves."""
+def prefill_grants(
+    admits: Iterable[pb.AdmitRequest], budget: int, max_chunk: int, cached: Mapping[str, int] | None = None
+) -> list[pb.PrefillGrant]:
+    """Prefill tokens for the newly admitted, in plan order, from what the step budget leaves.
+
+    ``cached``: request id -> the prefix its executor is expected to find in its prefix cache.
+    Only the rest is computed, so only the rest is granted and spends the budget (at least one
+    token: the last is always computed, for the first output's logits)."""
+    cached = cached or {}
     grants: list[pb.PrefillGrant] = []
     for admit in admits:
         if budget <= 0:
             break
-        grant = min(budget, len(admit.prompt_token_ids) + len(admit.output_token_ids), max_chunk)
+        total = len(admit.prompt_token_ids) + len(admit.output_token_ids)
+        grant = min(budget, max(1, total - cached.get(admit.request_id, 0)), max_chunk)
         grants.append(pb.PrefillGrant(request_id=admit.request_id, num_tokens=grant))
         budget -= grant
     return grants

@@ -20,6 +20,9 @@ class ModelLimits:
     model: str
     max_model_len: int
     vocab_size: int
+    # Tokens per KV block, as the executors registered it: submit names a prompt's blocks with it
+    # for placement by cached prefix (prompt_prefix.py). 0: unknown, the prompt goes unnamed.
+    block_size: int = 0
 
 
 class TokenizerSource:
@@ -54,7 +57,8 @@ class TokenizerSource:
             raise NotReady("no executor has registered yet; the model's tokenizer and limits are unknown")
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model)
         vocab = int(record.get("vocab_size", 0)) or len(tokenizer)
-        self.limits = ModelLimits(record.get("model", model), int(record["max_model_len"]), vocab)
+        block_size = int(record.get("block_size") or 0)
+        self.limits = ModelLimits(record.get("model", model), int(record["max_model_len"]), vocab, block_size)
         self.tokenizer = tokenizer
         log.info("tokenizer loaded from %s (max_model_len %d)", model, self.limits.max_model_len)
         if self._after_load is not None:

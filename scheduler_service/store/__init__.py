@@ -5,6 +5,7 @@
 - ``queue`` (``PendingQueue``): reads of the pending queues;
 - ``streams`` (``TokenStreams``): the clients' token streams and their shared read;
 - ``fleet`` (``FleetRegistry``): the executors' registry and the replicas' leases on them;
+- ``prefixes`` (``PrefixIndex``): which KV blocks each executor's prefix cache holds;
 - ``control`` (``ControlChannel``): the replicas' pub/sub channel.
 
 The rest of the scheduler goes through these parts and never calls Redis itself.
@@ -17,6 +18,7 @@ import redis.asyncio as aioredis
 from common.keys import KeySchema
 from scheduler_service.store.control_channel import ControlChannel
 from scheduler_service.store.fleet import FleetRegistry
+from scheduler_service.store.prefix_index import PrefixIndex
 from scheduler_service.store.queue import PendingQueue
 from scheduler_service.store.request_records import RequestRecords
 from scheduler_service.store.step_publisher import StepPublisher
@@ -41,6 +43,7 @@ class Store:
         self.steps = StepPublisher(redis, keys, self.requests, self.streams, request_ttl_s, estimator_alpha)
         self.queue = PendingQueue(redis, keys)
         self.fleet = FleetRegistry(redis, keys)
+        self.prefixes = PrefixIndex(redis, keys)
         # Sharded pub/sub on a Redis Cluster, classic elsewhere.
         self.control = ControlChannel(redis, keys.control_channel)
 

@@ -165,3 +165,23 @@ def test_cli_plain_and_json(redis_url: str, capsys: pytest.CaptureFixture[str]) 
     assert "25.0" in out
     assert cli.main(["inspect", "--json", "--redis-url", redis_url]) == 0
     assert json.loads(capsys.readouterr().out)["tokens_total"] == 12
+
+
+def test_prefix_cache_hit_rate_and_index_size(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _populate(redis_url)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    load = {"num_running": 2, "kv_blocks_used": 10, "kv_blocks_total": 100, "step_time_ms": 3.0}
+    load |= {"prefix_cache_queries": 4_000, "prefix_cache_hits": 3_000}
+    client.zadd(f"{P}:executors", {"exec-b": int(time.time() * 1000)})
+    client.hset(f"{P}:executor:exec-b", mapping={"address": "10.0.0.2:7000", "load": json.dumps(load)})
+    client.sadd(f"{P}:prefix:executor:exec-b", "a1", "b2", "c3")
+    client.close()
+    snap = collect_inspection(redis_url, "baton")
+    by_id = {ex["id"]: ex for ex in snap["executors"]}
+    assert (by_id["exec-b"]["prefix_hit_pct"], by_id["exec-b"]["prefix_index_blocks"]) == (75.0, 3)
+    assert (by_id["exec-a"]["prefix_hit_pct"], by_id["exec-a"]["prefix_index_blocks"]) == (None, 0)  # no lookups
+    text = _text(render(snap))
+    assert "75.0% (3)" in text
+    assert cli.main(["inspect", "--redis-url", redis_url]) == 0
+    out = capsys.readouterr().out
+    assert "hit %" in out and "75.0" in out

@@ -55,6 +55,9 @@ def _script_key_groups(keys: KeySchema, rid: str, eid: str) -> dict[str, list[st
         "REQUEUE": [keys.request(rid), keys.running(eid), keys.pending],
         "CANCEL": [keys.request(rid), keys.pending, keys.tokens(rid)],
         "LEASE": [keys.lease(eid)],
+        "APPLY_EVENTS": [keys.cached_blocks(eid), keys.lease(eid)],
+        "DROP": [keys.cached_blocks(eid), keys.lease(eid)],
+        "LEADING_RUNS": [keys.request(rid), keys.cached_blocks(eid), keys.cached_blocks(eid + "-2")],
     }
 
 
@@ -77,6 +80,7 @@ def test_every_tagged_key_starts_with_the_braced_prefix() -> None:
         keys.executor("e"),
         keys.running("e"),
         keys.lease("e"),
+        keys.cached_blocks("e"),
     ]
     for key in tagged:
         assert key.startswith("{baton}:"), key
@@ -124,6 +128,27 @@ def test_documented_key_layout_for_the_default_prefix() -> None:
     assert keys.executor("E") == "{baton}:executor:E"
     assert keys.running("E") == "{baton}:executor:E:running"
     assert keys.lease("E") == "{baton}:lease:executor:E"
+    assert keys.cached_blocks("E") == "{baton}:prefix:executor:E"
+
+
+def test_the_schema_owns_every_key_it_builds_and_nothing_else() -> None:
+    keys = KeySchema()
+    built = [
+        keys.pending,
+        keys.tenant_queue("t"),
+        keys.tenants_waiting,
+        keys.request("R"),
+        keys.tokens("R"),
+        keys.output("R"),
+        keys.executors,
+        keys.executor("E"),
+        keys.running("E"),
+        keys.lease("E"),
+        keys.cached_blocks("E"),
+    ]
+    assert all(keys.owns(key) for key in built), [key for key in built if not keys.owns(key)]
+    for stray in ("{baton}:prefix:executor:", "{baton}:prefix:E", "{other}:prefix:executor:E", "{baton}:prefix:x:E"):
+        assert not keys.owns(stray), stray
 
 
 def test_custom_prefix_is_used_in_every_key() -> None:

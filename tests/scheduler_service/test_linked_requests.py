@@ -17,6 +17,13 @@ def test_outstanding_tokens_count_the_prompt_until_the_first_token() -> None:
     assert linked(generated=60).outstanding_tokens == 40
 
 
+def test_outstanding_tokens_leave_out_the_prefix_expected_in_the_cache() -> None:
+    cached = LinkedRequest("r", 40, 0, 0, 0, None, expected_output=100, cached_tokens=32)
+    assert cached.outstanding_tokens == 100 + 8
+    whole = LinkedRequest("r", 40, 0, 0, 0, None, expected_output=100, cached_tokens=40)
+    assert whole.outstanding_tokens == 100 + 1  # the last prompt token is always computed
+
+
 def test_a_request_past_its_expected_output_still_weighs_a_token() -> None:
     # The estimator guessed short; the request is still running, so it is not free work.
     assert linked(generated=150).outstanding_tokens == 1

@@ -201,3 +201,83 @@ def test_unplaceable_names_requests_larger_than_every_executor() -> None:
     candidates = [Candidate("fits-big", 300), Candidate("too-big", 400), Candidate("tiny", 3)]
     assert unplaceable(candidates, caps) == ["too-big"]
     assert unplaceable(candidates, []) == []
+
+
+# ---- placement by cached prefix and load ---------------------------------------------------
+
+
+def loaded(executor_id: str, work: int, free_blocks: int = 80, free_slots: int = 8) -> ExecutorCapacity:
+    return ExecutorCapacity(executor_id, free_slots, free_blocks, 100, block_size=16, outstanding_tokens=work)
+
+
+def test_a_cached_prefix_draws_the_request_to_its_holder() -> None:
+    cand = Candidate("r1", 1_000, 1_100, cached_tokens={"b": 960})
+    assert place([cand], [loaded("a", 0), loaded("b", 0)]) == [Placement("r1", "b", blocks_for(1_001, 16), 960)]
+
+
+def test_the_expected_hit_never_covers_the_whole_prompt() -> None:
+    # The last prompt token is always computed: its logits give the first output token.
+    cand = Candidate("r1", 64, 80, cached_tokens={"a": 64})
+    assert cand.hit_on("a") == 63 and cand.hit_on("b") == 0
+    assert place([cand], [loaded("a", 0)])[0].cached_tokens == 63
+
+
+def test_affinity_is_weighed_against_load() -> None:
+    cand = Candidate("r1", 1_000, 1_100, cached_tokens={"holder": 900})
+    # The holder's extra work is less than the prefill it saves: it keeps the request.
+    assert place([cand], [loaded("holder", 800), loaded("light", 0)])[0].executor_id == "holder"
+    # More than the saving: the lighter executor takes it, with no hit expected there.
+    assert place([cand], [loaded("holder", 1_000), loaded("light", 0)]) == [
+        Placement("r1", "light", blocks_for(1_001, 16), 0)
+    ]
+
+
+def test_a_hot_prefix_spreads_once_its_holder_is_saturated() -> None:
+    hot = [Candidate(f"r{i}", 500, 600, cached_tokens={"holder": 496}) for i in range(4)]
+    # Two slots left on the holder: the rest of the hot requests go to the other executor.
+    placements = place(hot, [loaded("holder", 0, free_slots=2), loaded("other", 0)])
+    assert [p.executor_id for p in placements] == ["holder", "holder", "other", "other"]
+    assert [p.cached_tokens for p in placements] == [496, 496, 0, 0]
+    # No KV room on the holder: never chosen, whatever it holds.
+    full = place(hot[:1], [loaded("holder", 0, free_blocks=10), loaded("other", 5_000)])
+    assert full[0].executor_id == "other"
+
+
+def test_a_nearly_full_holder_does_not_beat_a_much_lighter_executor() -> None:
+    cand = Candidate("r1", 1_000, 1_100, cached_tokens={"holder": 992})
+
+    def holder(free_blocks: int) -> ExecutorCapacity:
+        return ExecutorCapacity("holder", 8, free_blocks, 1_400, block_size=16, outstanding_tokens=500)
+
+    light = ExecutorCapacity("light", 8, 1_400, 1_400, block_size=16, outstanding_tokens=0)
+    # With room to spare, 500 tokens of extra work are worth the 992 the cache saves...
+    assert place([cand], [holder(1_000), light])[0].executor_id == "holder"
+    # ...but with 5% of its KV free it is about to evict and preempt: the saving counts a quarter.
+    assert place([cand], [holder(70), light]) == [Placement("r1", "light", blocks_for(1_001, 16), 0)]
+
+
+def test_cached_tokens_do_not_count_as_work_for_the_next_request() -> None:
+    cands = [
+        Candidate("cached", 1_000, 1_100, cached_tokens={"a": 900}),  # adds 200 to a
+        Candidate("miss", 1_000, 1_100),  # b (0) is lighter than a (200)
+        Candidate("small", 10, 60),  # a (200) is lighter than b (1,100)
+    ]
+    placements = place(cands, [loaded("a", 0, free_blocks=100), loaded("b", 0, free_blocks=100)])
+    assert [p.executor_id for p in placements] == ["a", "b", "a"]
+
+
+def test_ties_go_round_the_executors_instead_of_piling_on_one() -> None:
+    idle = [loaded(e, 0) for e in ("a", "b", "c")]
+    # One miss per round on an idle fleet: the rotation the caller moves sends each elsewhere.
+    chosen = [place([Candidate(f"r{i}", 10, 20)], idle, rotation=i)[0].executor_id for i in range(6)]
+    assert chosen == ["a", "b", "c", "a", "b", "c"]
+    # Within a round each placement moves it on too (these add no work, so only the turn differs).
+    free = [ExecutorCapacity(e, 8, 1_000, 1_000, block_size=1_000) for e in ("a", "b", "c")]
+    placements = place([Candidate(f"r{i}", 10) for i in range(3)], free, rotation=1)
+    assert [p.executor_id for p in placements] == ["b", "c", "a"]
+
+
+def test_ties_are_broken_by_load_before_the_rotation() -> None:
+    # Equal work: the one with more free KV wins whatever the rotation says.
+    for rotation in range(3):
+        assert place([Candidate("r", 10, 20)], [loaded("a", 0, 50), loaded("b", 0, 90)], rotation)[0].executor_id == "b"

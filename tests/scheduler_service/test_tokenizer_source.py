@@ -22,11 +22,12 @@ async def test_loads_once_from_the_registered_executor_then_calls_after_load(
     with pytest.raises(NotReady):
         await source.get()
     await redis.zadd(keys.executors, {"exec-1": 1})
-    record = {"model": str(tiny_model_dir), "max_model_len": 512, "vocab_size": 0}
+    record = {"model": str(tiny_model_dir), "max_model_len": 512, "vocab_size": 0, "block_size": 16}
     await redis.hset(keys.executor("exec-1"), mapping=record)
     tokenizer, limits = await source.get()
     assert (limits.model, limits.max_model_len) == (str(tiny_model_dir), 512)
     assert limits.vocab_size == len(tokenizer)  # type: ignore[arg-type]
+    assert limits.block_size == 16  # submit names prompts' blocks with it
     assert await source.get() == (tokenizer, limits)
     assert loads == [1]  # once, after the load that happened
     await redis.aclose()

@@ -1,0 +1,77 @@
+"""Lua scripts of the fleet's prefix-cache index: one set per executor of the block names it holds.
+
+Only ``PrefixIndex`` runs them. Writes are fenced by the executor's lease: a replica that lost
+the lease (its link about to be dropped) must not touch a set that the new holder's link rebuilds
+from its own stream. A lease nobody holds fences nothing: no other link can be writing then.
+"""
+
+from __future__ import annotations
+
+# Apply an executor's cache events, report by report, in order.
+# KEYS: index set, lease. ARGV: holder, then per report: cleared ('1'/'0'), n, n stored names,
+# m, m removed names. Returns 1, or 0 when another replica holds the lease (nothing written).
+# SADD/SREM go in slices of 1,000 names: Lua's unpack() has a stack limit, and a first report
+# after a restart lists every block the executor holds.
+APPLY_EVENTS = """
+local lease = redis.call('GET', KEYS[2])
+if lease and lease ~= ARGV[1] then return 0 end
+local function each(cmd, first, n)
+  local last = first + n - 1
+  while first <= last do
+    local upto = math.min(first + 999, last)
+    redis.call(cmd, KEYS[1], unpack(ARGV, first, upto))
+    first = upto + 1
+  end
+end
+local i = 2
+while i <= #ARGV do
+  if ARGV[i] == '1' then redis.call('DEL', KEYS[1]) end
+  local n = tonumber(ARGV[i + 1])
+  each('SADD', i + 2, n)
+  i = i + 2 + n
+  n = tonumber(ARGV[i])
+  each('SREM', i + 1, n)
+  i = i + 1 + n
+end
+return 1
+"""
+
+# Forget an executor's set (it died, or its link ended). KEYS: index set, lease. ARGV: holder.
+# Returns 1, or 0 when another replica holds the lease: its link owns the set now.
+DROP = """
+local lease = redis.call('GET', KEYS[2])
+if lease and lease ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+# How many of a queued request's block names, from the first on, each executor holds.
+# KEYS: the request's record, then the executors' index sets. Returns {block size the names were
+# computed with (0: none stored), leading run of set 1, leading run of set 2, ...}.
+# The walk stops for an executor at its first miss, and for all once every one has missed: a
+# request no one holds costs one SISMEMBER per executor, and no name leaves Redis.
+LEADING_RUNS = """
+local raw = redis.call('HMGET', KEYS[1], 'prefix', 'prefix_block')
+local out = {tonumber(raw[2]) or 0}
+local live = {}
+for k = 2, #KEYS do
+  out[k] = 0
+  live[k] = true
+end
+if not raw[1] or out[1] == 0 then return out end
+local alive = #KEYS - 1
+for name in string.gmatch(raw[1], '[^,]+') do
+  if alive == 0 then break end
+  for k = 2, #KEYS do
+    if live[k] then
+      if redis.call('SISMEMBER', KEYS[k], name) == 1 then
+        out[k] = out[k] + 1
+      else
+        live[k] = false
+        alive = alive - 1
+      end
+    end
+  end
+end
+return out
+"""
