@@ -102,9 +102,7 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
         config.scheduler.max_message_bytes, tracing=tracing, fleet_secret=fleet_secret(config.security)
     )
     metrics = ExecutorMetrics()
-    servicer = ExecutorServicer(
-        metrics, tracing, lambda: TokenBatcher(cfg.report_every_steps, cfg.report_max_wait_ms)
-    )
+    servicer = ExecutorServicer(metrics, tracing, lambda: TokenBatcher(cfg.report_every_steps, cfg.report_max_wait_ms))
     executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, [SERVICE_NAME])
     await set_serving(health_servicer, [SERVICE_NAME], serving=False)
@@ -134,6 +132,9 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
             "kv_blocks_total": out.kv_blocks_total,
             "step_time_ms": out.step_time_ns / 1e6,
             "iteration": out.iteration,
+            # Since the executor started, in tokens: what baton inspect shows as the hit rate.
+            "prefix_cache_queries": out.prefix_cache_queries,
+            "prefix_cache_hits": out.prefix_cache_hits,
         }
 
     registration = Registration(
@@ -150,6 +151,7 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
             "max_batch_size": info.max_batch_size,
             "device": info.device,
             "dtype": info.dtype,
+            "prefix_caching": int(info.prefix_caching),
             "started_ms": int(time.time() * 1000),
         },
         load_summary,
@@ -161,9 +163,7 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     await registration.start()
     await set_serving(health_servicer, [SERVICE_NAME], serving=True)
     log.info("executor %s serving at %s", executor_id, address)
-    return RunningExecutor(
-        executor_id, address, port, server, worker, registration, health_servicer, loaded, metrics
-    )
+    return RunningExecutor(executor_id, address, port, server, worker, registration, health_servicer, loaded, metrics)
 
 
 async def serve(config: BatonConfig) -> None:
