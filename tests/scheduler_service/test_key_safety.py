@@ -72,6 +72,12 @@ async def test_no_id_or_tenant_can_touch_another_request(
     victim.tenant = "alpha"
     victim.params.ignore_eos = True
     victim_task = asyncio.ensure_future(key_stack.generate(victim))
+    # The victim is accepted first, so a drawn id equal to its own must meet ALREADY_EXISTS.
+    store = key_stack.scheduler.frontend.store
+    for _ in range(2000):
+        if await store.redis.exists(store.keys.request(victim_id)):
+            break
+        await asyncio.sleep(0.005)
     other = greedy([7, 7, 7], 2, request_id=data.draw(names(victim_id), "request_id"))
     other.tenant = data.draw(names("alpha"), "tenant")
 
