@@ -62,6 +62,7 @@ class PairResult:
     vllm_cpu_s: float  # CPU vLLM used during its own run (more than its wall time: more than one core)
     baton_cpu_s: dict[str, float]  # CPU each Baton service used during Baton's run
     load: float
+    vllm_cache_reset: bool | None = None  # the worker emptied vLLM's prefix cache first (None: no such call)
 
     @property
     def ratio(self) -> float:
@@ -142,13 +143,15 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
                         vllm_cpu,
                         baton_cpu,
                         os.getloadavg()[0],
+                        got.get("cache_reset"),
                     )
                     pairs.append(pair)
                     say(
                         f"pair {i + 1}: vLLM {pair.vllm_tok_s:.1f} tok/s, Baton {pair.baton_tok_s:.1f} tok/s, "
                         f"Baton/vLLM {pair.ratio:.3f} (CPU s of the run: vLLM {vllm_cpu:.1f}, Baton "
                         + ", ".join(f"{k} {v:.1f}" for k, v in baton_cpu.items())
-                        + f"; idle CPU s: vLLM {vllm_idle:.1f}, Baton {baton_idle:.1f}; load {pair.load:.1f})"
+                        + f"; idle CPU s: vLLM {vllm_idle:.1f}, Baton {baton_idle:.1f}; load {pair.load:.1f}; "
+                        f"vLLM prefix cache emptied first: {pair.vllm_cache_reset})"
                     )
         finally:
             worker.stop()

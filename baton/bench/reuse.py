@@ -3,8 +3,11 @@
 In a shared-prefix run, each group's first request (in send order) pays for its system prompt's
 prefill and the repeats may find it cached; in a multi-turn run, turn 1 is its conversation's first
 request and every later turn repeats the history. The figure is the ratio of the repeats' mean TTFT
-to the firsts': about 1 (or above, since repeats queue behind firsts) when nothing is reused, well
-below 1 when the target serves the shared prefix from cache.
+to the firsts', and a prefix cache should drive it down. Its value without one is not 1: in a
+shuffled shared-prefix run most firsts are in the opening burst of sends and queue behind each
+other's prefill (0.44 on the tiny model with the defaults and no cache), while later multi-turn
+turns carry longer prompts. So compare the ratio between runs of the same workload (cache off and
+on, one target and another), not with 1.
 """
 
 from __future__ import annotations
