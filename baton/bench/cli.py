@@ -12,11 +12,16 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
-from baton.bench.client import RunPlan, run_workload
+from baton.bench.client import RunPlan, run_conversations, run_workload
+from baton.bench.multi_turn import MultiTurnSpec
+from baton.bench.prefix_scenarios import PREFIX_SCENARIOS
 from baton.bench.report import ScenarioResult, print_scenarios, progress_bar, serve_text
+from baton.bench.reuse import prefix_reuse, ttft_by_turn
+from baton.bench.shared_prefix import ORDERS, SharedPrefixSpec, firsts_of_groups
 from baton.bench.stats import parse_goodput, summarize
 from baton.bench.workload import SCENARIOS, Scenario, WorkloadSpec, arrival_offsets
 
@@ -54,23 +59,76 @@ def _length_flags(p: argparse.ArgumentParser, *, aliases: bool) -> None:
     out.add_argument("--output-len-range", nargs=2, type=int, metavar=("A", "B"), help="output lengths drawn from A..B")
 
 
+class _Span(argparse.Action):
+    """``N`` (every one N tokens) or ``A B`` (drawn from A..B), stored as a (low, high) pair."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[object] | None,
+        option_string: str | None = None,
+    ) -> None:
+        spans = [int(str(v)) for v in values or ()]
+        if not 1 <= len(spans) <= 2:
+            parser.error(f"{option_string} takes N or A B (tokens), got {len(spans)} values")
+        setattr(namespace, self.dest, (spans[0], spans[-1]))
+
+
+def _prefix_flags(p: argparse.ArgumentParser) -> None:
+    gsp = p.add_argument_group(
+        "shared-prefix scenario", "after SGLang's generated-shared-prefix dataset; given alone, they run that scenario"
+    )
+    gsp.add_argument("--gsp-num-groups", "--gsp-groups", dest="gsp_num_groups", type=int, help="system prompts (8)")
+    gsp.add_argument("--gsp-prompts-per-group", type=int, help="requests behind each system prompt (12)")
+    gsp.add_argument("--gsp-system-prompt-len", type=int, help="tokens of each system prompt (384)")
+    gsp.add_argument(
+        "--gsp-question-len",
+        nargs="+",
+        action=_Span,
+        metavar="N",
+        help="tokens after the system prompt: N, or A B for A..B (16 64)",
+    )
+    gsp.add_argument(
+        "--gsp-output-len", nargs="+", action=_Span, metavar="N", help="tokens each request asks for: N, or A B (32 96)"
+    )
+    gsp.add_argument("--gsp-order", choices=ORDERS, help="send order across groups (shuffled)")
+    mt = p.add_argument_group("multi-turn scenario", "given alone, they run that scenario")
+    mt.add_argument("--mt-conversations", type=int, help="conversations (8); --batch-size: how many at once (8)")
+    mt.add_argument("--mt-turns", type=int, help="turns of each conversation (4)")
+    mt.add_argument(
+        "--mt-user-len",
+        nargs="+",
+        action=_Span,
+        metavar="N",
+        help="tokens of each turn's new message: N, or A B (32 64)",
+    )
+    mt.add_argument(
+        "--mt-output-len", nargs="+", action=_Span, metavar="N", help="tokens each turn asks for: N, or A B (16 48)"
+    )
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
-        "Benchmark a Baton scheduler over gRPC with scenario presets (short, long, mixed, high-concurrency) or "
-        "your own sizes. Prompts are random token ids; decoding is greedy with EOS ignored, so each request "
-        "produces exactly the tokens it asks for. Prints a table per scenario: output tok/s, TTFT and TPOT p50/p99."
+        "Benchmark a Baton scheduler over gRPC with scenario presets (short, long, mixed, high-concurrency; "
+        "shared-prefix and multi-turn when named) or your own sizes. Prompts are random token ids; decoding is "
+        "greedy with EOS ignored, so each request produces exactly the tokens it asks for. Prints a table per "
+        "scenario: output tok/s, TTFT and TPOT p50/p99, and for shared prefixes the mean TTFT of each group's "
+        "first request against the repeats' (and, for multi-turn, the mean TTFT of each turn)."
     )
     _target_flags(p)
+    presets = {**SCENARIOS, **PREFIX_SCENARIOS}
     p.add_argument(
         "--scenario",
         nargs="+",
-        choices=[*SCENARIOS, "all"],
-        help="presets to run (default: all, unless sizes are given: then one custom run). "
-        + "; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values()),
+        choices=[*presets, "all"],
+        help="presets to run (default: all, unless sizes are given: then one custom run; all is the first four). "
+        + "; ".join(f"{s.name}: {s.description}" for s in presets.values()),
     )
-    p.add_argument("--num-requests", type=int, help="requests per scenario (overrides the preset)")
-    p.add_argument("--batch-size", type=int, help="most requests in flight at once (overrides the preset)")
+    p.add_argument("--num-requests", type=int, help="requests per scenario (overrides the first four presets)")
+    p.add_argument("--batch-size", type=int, help="most requests (multi-turn: conversations) in flight at once")
     _length_flags(p, aliases=False)
+    _prefix_flags(p)
     p.add_argument("--json", help="also write the results here as JSON")
     p.set_defaults(func=run_scenarios)
     sub = p.add_subparsers(dest="bench_command", metavar="{serve}")
@@ -119,23 +177,49 @@ def _lengths(args: argparse.Namespace, name: str, default: tuple[int, int]) -> t
     return (span[0], span[1]) if span else default
 
 
-def scenarios_from(args: argparse.Namespace) -> list[Scenario]:
-    """The presets named (or all), with any size flags laid over them; or one custom scenario."""
-    sized = any(getattr(args, n) is not None for n in ("num_requests", "batch_size", "input_len", "output_len"))
-    sized = sized or bool(args.input_len_range or args.output_len_range)
-    names = list(SCENARIOS) if not args.scenario or "all" in args.scenario else args.scenario
-    bases = [SCENARIOS[n] for n in names] if args.scenario or not sized else [CUSTOM]
-    out = []
-    for base in bases:
-        wl = base.workload
+def _given(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
+    """The flags named ``prefix``* that were given, by the spec field they set."""
+    return {k.removeprefix(prefix): v for k, v in vars(args).items() if k.startswith(prefix) and v is not None}
+
+
+def _overlay(base: Scenario, args: argparse.Namespace) -> Scenario:
+    """``base`` with the flags given laid over it: the size flags on the random presets, the gsp/mt flags
+    on the prefix ones; ``--seed`` and ``--batch-size`` on all."""
+    wl = base.workload
+    workload: WorkloadSpec | SharedPrefixSpec | MultiTurnSpec
+    if isinstance(wl, SharedPrefixSpec):
+        workload = dataclasses.replace(wl, **_given(args, "gsp_"), seed=args.seed)
+    elif isinstance(wl, MultiTurnSpec):
+        workload = dataclasses.replace(wl, **_given(args, "mt_"), seed=args.seed)
+    else:
         workload = WorkloadSpec(
             num_requests=args.num_requests or wl.num_requests,
             input_len=_lengths(args, "input_len", wl.input_len),
             output_len=_lengths(args, "output_len", wl.output_len),
             seed=args.seed,
         )
-        out.append(dataclasses.replace(base, workload=workload, batch_size=args.batch_size or base.batch_size))
-    return out
+    return dataclasses.replace(base, workload=workload, batch_size=args.batch_size or base.batch_size)
+
+
+def scenarios_from(args: argparse.Namespace) -> list[Scenario]:
+    """The presets named (or all), with any size flags laid over them; or one custom scenario.
+
+    Without --scenario, shared-prefix or multi-turn flags run those scenarios (size flags then add a
+    custom run); with none of them, sizes make one custom run and no sizes every random preset.
+    """
+    lengths = any(getattr(args, n) is not None for n in ("num_requests", "input_len", "output_len"))
+    lengths = lengths or bool(args.input_len_range or args.output_len_range)
+    if args.scenario:
+        names = list(SCENARIOS) if "all" in args.scenario else []
+        names += [n for n in args.scenario if n != "all" and n not in names]
+        bases = [{**SCENARIOS, **PREFIX_SCENARIOS}[n] for n in names]
+    else:
+        flagged = [name for name, prefix in (("shared-prefix", "gsp_"), ("multi-turn", "mt_")) if _given(args, prefix)]
+        bases = [PREFIX_SCENARIOS[n] for n in flagged]
+        if lengths or (args.batch_size is not None and not flagged):
+            bases.append(CUSTOM)
+        bases = bases or list(SCENARIOS.values())
+    return [_overlay(base, args) for base in bases]
 
 
 # ---- running ---------------------------------------------------------------------------------
@@ -160,14 +244,29 @@ def _metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
 
 
 async def _run_one(target: str, scenario: Scenario, args: argparse.Namespace, warm_up: bool) -> ScenarioResult:
-    specs = scenario.workload.build()
-    plan = RunPlan(scenario.batch_size, timeout_s=args.timeout, metadata=_metadata(args))
-    with progress_bar(len(specs), f"{scenario.name}", enabled=not args.no_progress) as bar:
-        timings, seconds = await run_workload(target, specs, plan, bar, warm_up)
     wl = scenario.workload
+    plan = RunPlan(scenario.batch_size, timeout_s=args.timeout, metadata=_metadata(args))
+    turns: tuple[float, ...] = ()
+    with progress_bar(wl.num_requests, f"{scenario.name}", enabled=not args.no_progress) as bar:
+        if isinstance(wl, MultiTurnSpec):
+            by_conversation, seconds = await run_conversations(target, wl.build(), plan, bar, warm_up)
+            timings = [t for conversation in by_conversation for t in conversation]
+            firsts = [turn == 0 for conversation in by_conversation for turn in range(len(conversation))]
+            turns = ttft_by_turn(by_conversation)
+        else:
+            specs = wl.build()
+            timings, seconds = await run_workload(target, specs, plan, bar, warm_up)
+            firsts = firsts_of_groups(specs)
     summary = summarize(timings, seconds)
     return ScenarioResult(
-        scenario.name, scenario.description, scenario.batch_size, wl.input_len, wl.output_len, summary
+        scenario.name,
+        scenario.description,
+        scenario.batch_size,
+        wl.input_len,
+        wl.output_len,
+        summary,
+        prefix_reuse(firsts, timings),
+        turns,
     )
 
 

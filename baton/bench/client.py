@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
 
+from baton.bench.multi_turn import Conversation, turn_prompt
 from baton.bench.stats import RequestTiming
 from baton.bench.workload import RequestSpec
 from common.pb import generate_pb2 as pb
@@ -38,8 +40,11 @@ def request_pb(spec: RequestSpec) -> pb.GenerateRequest:
     return pb.GenerateRequest(prompt_token_ids=spec.prompt_ids, params=params)
 
 
-async def stream_one(stub: GenerationStub, spec: RequestSpec, plan: RunPlan, timing: RequestTiming) -> None:
-    """Send one request and time every token-carrying chunk; errors are recorded, not raised."""
+async def stream_one(
+    stub: GenerationStub, spec: RequestSpec, plan: RunPlan, timing: RequestTiming, tokens: list[int] | None = None
+) -> None:
+    """Send one request and time every token-carrying chunk; errors are recorded, not raised.
+    ``tokens``: when given, the generated ids are appended to it."""
     timing.sent = time.perf_counter()
     try:
         call = stub.Generate(request_pb(spec), timeout=plan.timeout_s, metadata=plan.metadata or None)
@@ -47,6 +52,8 @@ async def stream_one(stub: GenerationStub, spec: RequestSpec, plan: RunPlan, tim
             if chunk.token_ids:
                 timing.chunk_times.append(time.perf_counter())
                 timing.output_len += len(chunk.token_ids)
+                if tokens is not None:
+                    tokens.extend(chunk.token_ids)
             if chunk.finish_reason not in (pb.FINISH_REASON_NONE, pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP):
                 timing.error = pb.FinishReason.Name(chunk.finish_reason)
     except grpc.aio.AioRpcError as exc:
@@ -70,6 +77,24 @@ async def wait_until_serving(stub: GenerationStub, timeout_s: float = 120.0) -> 
             await asyncio.sleep(0.2)
 
 
+@contextlib.asynccontextmanager
+async def open_stubs(target: str, in_flight: int) -> AsyncIterator[list[GenerationStub]]:
+    """Stubs over enough channels for ``in_flight`` concurrent streams, closed on exit."""
+    channels = [
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(max(1, in_flight) // STREAMS_PER_CHANNEL + 1)
+    ]
+    try:
+        yield [GenerationStub(channel) for channel in channels]
+    finally:
+        for channel in channels:
+            await channel.close()
+
+
+def _finished(timings: Sequence[RequestTiming]) -> float:
+    return max((t.chunk_times[-1] for t in timings if t.chunk_times), default=time.perf_counter())
+
+
 async def run_workload(
     target: str,
     specs: Sequence[RequestSpec],
@@ -78,12 +103,7 @@ async def run_workload(
     warm_up: bool = True,
 ) -> tuple[list[RequestTiming], float]:
     """Send ``specs`` per ``plan``; return their timings and the seconds from the first send to the last finish."""
-    channels = [
-        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(max(1, min(plan.max_concurrency, len(specs)) // STREAMS_PER_CHANNEL + 1))
-    ]
-    try:
-        stubs = [GenerationStub(channel) for channel in channels]
+    async with open_stubs(target, min(plan.max_concurrency, len(specs))) as stubs:
         if warm_up:
             await wait_until_serving(stubs[0])
         timings = [RequestTiming(len(s.prompt_ids), s.output_len) for s in specs]
@@ -99,8 +119,42 @@ async def run_workload(
                 on_done(timings[i])
 
         await asyncio.gather(*(one(i) for i in range(len(specs))))
-        finished = max((t.chunk_times[-1] for t in timings if t.chunk_times), default=time.perf_counter())
-        return timings, finished - started
-    finally:
-        for channel in channels:
-            await channel.close()
+        return timings, _finished(timings) - started
+
+
+async def run_conversations(
+    target: str,
+    conversations: Sequence[Conversation],
+    plan: RunPlan,
+    on_done: Callable[[RequestTiming], None] | None = None,
+    warm_up: bool = True,
+) -> tuple[list[list[RequestTiming]], float]:
+    """Hold each conversation turn by turn, each prompt the history so far (``turn_prompt``) with the
+    model's real answers; at most ``plan.max_concurrency`` conversations at once (``plan.offsets``
+    unused). Returns the timings by conversation and turn, and the seconds from the first send to
+    the last finish. A failed turn ends its conversation: its later turns are recorded as failed."""
+    async with open_stubs(target, min(plan.max_concurrency, len(conversations))) as stubs:
+        if warm_up:
+            await wait_until_serving(stubs[0])
+        timings: list[list[RequestTiming]] = [[] for _ in conversations]
+        slots = asyncio.Semaphore(plan.max_concurrency)
+        started = time.perf_counter()
+
+        async def talk(i: int) -> None:
+            conv, outputs = conversations[i], list[list[int]]()
+            async with slots:
+                for turn, output_len in enumerate(conv.output_lens):
+                    if len(outputs) < turn:  # an earlier turn failed: no history to send
+                        timing = RequestTiming(0, output_len, error="an earlier turn failed")
+                    else:
+                        spec = RequestSpec(turn_prompt(conv.messages, outputs), output_len, group=i)
+                        timing, answer = RequestTiming(len(spec.prompt_ids), output_len), list[int]()
+                        await stream_one(stubs[i % len(stubs)], spec, plan, timing, answer)
+                        if timing.ok:
+                            outputs.append(answer)
+                    timings[i].append(timing)
+                    if on_done is not None:
+                        on_done(timing)
+
+        await asyncio.gather(*(talk(i) for i in range(len(conversations))))
+        return timings, _finished([t for conv in timings for t in conv]) - started

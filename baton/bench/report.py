@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from baton.bench.reuse import PrefixReuse
 from baton.bench.stats import Summary
 
 
@@ -23,6 +24,8 @@ class ScenarioResult:
     input_len: tuple[int, int]
     output_len: tuple[int, int]
     summary: Summary
+    reuse: PrefixReuse | None = None  # first-of-group vs repeat TTFT, for workloads that share prefixes
+    ttft_by_turn: tuple[float, ...] = ()  # mean TTFT (ms) of each turn index, for multi-turn runs
 
 
 def _ms(value: float) -> str:
@@ -33,14 +36,25 @@ def _span(lens: tuple[int, int]) -> str:
     return str(lens[0]) if lens[0] == lens[1] else f"{lens[0]}-{lens[1]}"
 
 
+def _reuse_cells(reuse: PrefixReuse | None) -> list[str]:
+    if reuse is None:
+        return ["-"] * 3
+    return [_ms(reuse.first_ttft_ms), _ms(reuse.repeat_ttft_ms), f"{reuse.ratio:.2f}"]
+
+
 def scenario_table(results: Sequence[ScenarioResult]) -> Table:
     table = Table(title="baton bench", title_justify="left")
     for name in ("scenario", "requests", "in flight", "prompt", "output"):
         table.add_column(name)
     for name in ("seconds", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "failed"):
         table.add_column(name, justify="right")
+    reuse = any(r.reuse for r in results)
+    if reuse:
+        for name in ("first TTFT ms", "repeat TTFT ms", "repeat/first"):
+            table.add_column(name, justify="right")
     for r in results:
         s = r.summary
+        extra = _reuse_cells(r.reuse) if reuse else []
         table.add_row(
             r.name,
             str(s.completed + s.failed),
@@ -54,7 +68,25 @@ def scenario_table(results: Sequence[ScenarioResult]) -> Table:
             _ms(s.tpot.p50),
             _ms(s.tpot.p99),
             str(s.failed),
+            *extra,
         )
+    return table
+
+
+def turn_table(results: Sequence[ScenarioResult]) -> Table | None:
+    """Mean TTFT of each turn index, for the results that have turns; None when none has."""
+    with_turns = [r for r in results if r.ttft_by_turn]
+    if not with_turns:
+        return None
+    table = Table(title="TTFT by turn (mean ms)", title_justify="left")
+    table.add_column("scenario")
+    turns = max(len(r.ttft_by_turn) for r in with_turns)
+    for k in range(turns):
+        table.add_column(f"turn {k + 1}", justify="right")
+    table.add_column("later/turn 1", justify="right")
+    for r in with_turns:
+        cells = [_ms(v) for v in r.ttft_by_turn] + ["-"] * (turns - len(r.ttft_by_turn))
+        table.add_row(r.name, *cells, f"{r.reuse.ratio:.2f}" if r.reuse else "-")
     return table
 
 
@@ -63,6 +95,9 @@ def print_scenarios(results: Sequence[ScenarioResult], console: Console | None =
     if not console.is_terminal:
         console.width = 200  # piped to a file: no need to squeeze the table into 80 columns
     console.print(scenario_table(results))
+    turns = turn_table(results)
+    if turns is not None:
+        console.print(turns)
 
 
 def serve_text(summary: Summary, title: str = "Serving Benchmark Result") -> str:

@@ -10,10 +10,22 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from baton.bench.multi_turn import MultiTurnSpec
+    from baton.bench.shared_prefix import SharedPrefixSpec
 
 BOS = 1
 # Token ids drawn for prompts: past the special tokens, inside every generated model's vocabulary.
 TOKEN_LOW, TOKEN_HIGH = 5, 8000
+
+
+def check_range(name: str, span: tuple[int, int]) -> None:
+    """A length range (inclusive) must be non-empty and start at 1 or more."""
+    low, high = span
+    if low < 1 or high < low:
+        raise ValueError(f"{name} range must satisfy 1 <= low <= high, got {low}..{high}")
 
 
 @dataclass(frozen=True)
@@ -22,6 +34,9 @@ class RequestSpec:
 
     prompt_ids: tuple[int, ...]  # starts with BOS
     output_len: int  # tokens the request asks for (max_tokens, EOS ignored)
+    # Requests of one group share a prompt prefix (a system prompt, or a conversation's history);
+    # None when the workload shares none. The report sets each group's first request against the rest.
+    group: int | None = None
 
 
 @dataclass(frozen=True)
@@ -36,9 +51,8 @@ class WorkloadSpec:
     def __post_init__(self) -> None:
         if self.num_requests < 1:
             raise ValueError(f"num_requests must be at least 1, got {self.num_requests}")
-        for name, (low, high) in (("input_len", self.input_len), ("output_len", self.output_len)):
-            if low < 1 or high < low:
-                raise ValueError(f"{name} range must satisfy 1 <= low <= high, got {low}..{high}")
+        check_range("input_len", self.input_len)
+        check_range("output_len", self.output_len)
 
     def build(self) -> list[RequestSpec]:
         rng = random.Random(self.seed)
@@ -56,7 +70,7 @@ class Scenario:
 
     name: str
     description: str
-    workload: WorkloadSpec
+    workload: WorkloadSpec | SharedPrefixSpec | MultiTurnSpec
     batch_size: int  # most requests in flight at once (client-side concurrency)
 
     def __post_init__(self) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from baton.bench.client import RunPlan, run_workload
+from baton.bench.client import RunPlan, run_conversations, run_workload
+from baton.bench.multi_turn import MultiTurnSpec
 from baton.bench.stats import summarize
 from baton.bench.workload import WorkloadSpec, arrival_offsets
 from tests.stack import Stack, stack_config, start_stack
@@ -72,3 +73,33 @@ async def test_bench_serve_saves_vllm_style_results(stack: Stack, tmp_path: Path
     assert data["completed"] == 5 and data["failed"] == 0 and data["total_output_tokens"] == 20
     assert data["request_rate"] == 20 and data["burstiness"] == 0.5 and data["max_concurrency"] == 3
     assert data["request_goodput"] > 0 and data["p99_ttft_ms"] >= data["median_ttft_ms"] > 0
+
+
+async def test_conversations_resend_the_history_with_the_real_answers(stack: Stack) -> None:
+    conversations = MultiTurnSpec(conversations=2, turns=3, user_len=(3, 6), output_len=(2, 4), seed=4).build()
+    by_conversation, seconds = await run_conversations(stack.target, conversations, RunPlan(max_concurrency=2))
+    assert seconds > 0
+    for conv, timings in zip(conversations, by_conversation, strict=True):
+        assert [t.output_len for t in timings] == list(conv.output_lens)
+        assert all(t.ok for t in timings), [t.error for t in timings]
+        expected = 0
+        for turn, timing in enumerate(timings):
+            expected += len(conv.messages[turn])
+            assert timing.prompt_len == expected, "the prompt is every earlier message and answer, then the new one"
+            expected += conv.output_lens[turn]
+
+
+async def test_bench_prefix_scenarios_report_first_and_repeat_ttft(stack: Stack, tmp_path: Path) -> None:
+    result = tmp_path / "bench.json"
+    argv = ["bench", "--target", stack.target, "--scenario", "shared-prefix", "multi-turn", "--batch-size", "2"]
+    argv += ["--gsp-groups", "2", "--gsp-prompts-per-group", "3", "--gsp-system-prompt-len", "32"]
+    argv += ["--gsp-question-len", "4", "8", "--gsp-output-len", "3"]
+    argv += ["--mt-conversations", "2", "--mt-turns", "3", "--mt-user-len", "4", "8", "--mt-output-len", "3"]
+    code, out = await _baton(*argv, "--no-progress", "--json", str(result))
+    assert code == 0, out
+    assert "repeat/first" in out and "TTFT by turn" in out and "turn 3" in out
+    shared, multi = json.loads(result.read_text())["results"]
+    assert shared["name"] == "shared-prefix" and shared["summary"]["completed"] == 6
+    assert shared["reuse"]["firsts"] == 2 and shared["reuse"]["repeats"] == 4 and shared["reuse"]["ratio"] > 0
+    assert multi["name"] == "multi-turn" and multi["summary"]["completed"] == 6
+    assert multi["reuse"]["firsts"] == 2 and len(multi["ttft_by_turn"]) == 3
