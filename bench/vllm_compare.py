@@ -22,11 +22,10 @@ outputs 32-96, sent shuffled), so both sides get identical token ids. Greedy, EO
 first runs the whole workload once, untimed (vLLM compiles its graphs for the shapes it meets).
 tok/s = requested output tokens / wall seconds of the run.
 
-Both sides see the same requests in every run: vLLM's offline API cannot be given fresh ones. So
-that a run does not reuse the previous run's blocks, the vLLM worker empties its prefix cache
-(``LLM.reset_prefix_cache()``) before every run, warm-up included; what it still reuses is what the
-workload itself shares. Baton has no such reset: a Baton with a prefix cache may keep blocks from
-the previous run, which flatters its side on repeated runs.
+Every timed pair draws fresh prompts (workload seed ``--seed`` + pair number), the same token ids on
+both sides, so neither side's prefix cache finds an earlier run's blocks: each reuses only what its
+run's workload itself shares. The vLLM worker also empties its cache (``LLM.reset_prefix_cache()``)
+before every run. The untimed warm-up uses ``--seed``'s workload, and its outputs are compared.
 Not a test and not for CI: it takes minutes per model. Run from the repository root:
 ``python -m bench.vllm_compare --sizes tiny --dtypes float32`` (``--help`` for the flags).
 """
@@ -127,12 +126,20 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
                 )
                 pairs: list[PairResult] = []
                 for i in range(args.pairs):
+                    # Fresh prompts every pair, the same on both sides: neither side's prefix cache
+                    # can reuse an earlier run's blocks, only what this run's workload shares.
+                    run_wl = build_workload(args.workload, args.num_requests, args.seed + 1 + i)
+                    run_path = logs / f"workload-{i + 1}.json"
+                    run_path.write_text(json.dumps({"prompts": run_wl.prompts, "max_tokens": run_wl.max_tokens}))
+                    wanted = sum(run_wl.max_tokens)
                     idle_before, vllm_before = stack.cpu_seconds(), worker.cpu_seconds()
-                    got = worker.run()  # the worker empties vLLM's prefix cache first
+                    got = worker.run(run_path)  # the worker also empties vLLM's prefix cache first
                     baton_idle = sum(stack.cpu_seconds().values()) - sum(idle_before.values())
                     vllm_cpu = worker.cpu_seconds() - vllm_before
                     vllm_before, baton_before = worker.cpu_seconds(), stack.cpu_seconds()
-                    res = asyncio.run(drive_grpc(stack.target, wl, pids, args.rpc, args.request_stream_interval))
+                    res = asyncio.run(
+                        drive_grpc(stack.target, run_wl, pids, args.rpc, args.request_stream_interval)
+                    )
                     vllm_idle = worker.cpu_seconds() - vllm_before
                     baton_cpu = {k: v - baton_before.get(k, 0.0) for k, v in stack.cpu_seconds().items()}
                     pair = PairResult(

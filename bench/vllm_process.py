@@ -131,9 +131,10 @@ class VllmWorker:
     def wait_ready(self, timeout_s: float) -> None:
         self.settings = json.loads(self._line("READY", timeout_s))
 
-    def run(self, timeout_s: float = 3600) -> dict[str, Any]:
+    def run(self, workload: Path | None = None, timeout_s: float = 3600) -> dict[str, Any]:
+        """One run of the worker's own workload, or of the one in ``workload``."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write("run\n")
+        self.proc.stdin.write(f"run {workload}\n" if workload is not None else "run\n")
         self.proc.stdin.flush()
         return dict(json.loads(self._line("RESULT", timeout_s)))
 

@@ -1,12 +1,12 @@
 """vLLM's side of ``bench/vllm_compare.py``; runs inside the separate vLLM venv, never in Baton's.
 
-Loads ``vllm.LLM`` once, runs a warm-up, prints ``READY <settings json>``; then, for every ``run`` line
-on stdin, empties the prefix cache and generates the whole workload with one offline
-``LLM.generate`` call and prints ``RESULT <json>`` (seconds, tokens, outputs). ``quit`` or end of
-input exits. Logs go to stderr.
+Loads ``vllm.LLM`` once, runs a warm-up, prints ``READY <settings json>``; then, for every ``run``
+line on stdin (``run PATH``: the workload in that file instead of ``--workload``'s), empties the
+prefix cache and generates the whole workload with one offline ``LLM.generate`` call and prints
+``RESULT <json>`` (seconds, tokens, outputs). ``quit`` or end of input exits. Logs go to stderr.
 
-The prefix cache is on, as vLLM ships it. Every run sends the same prompts, so without the reset a
-run would find the previous run's blocks; after it, only the prefixes the workload itself shares
+The prefix cache is on, as vLLM ships it. The comparison sends fresh prompts every timed run, and
+the reset also empties the cache before each run, so only the prefixes a run's own workload shares
 are reused. Batch limits are vLLM's own unless given.
 """
 
@@ -52,12 +52,17 @@ def main() -> int:
     import vllm
     from vllm import LLM, SamplingParams
 
-    with open(args.workload) as f:
-        workload = json.load(f)
-    prompts = [{"prompt_token_ids": ids} for ids in workload["prompts"]]
-    params = [
-        SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=True) for n in workload["max_tokens"]
-    ]
+    def load(path: str) -> tuple[list[dict[str, list[int]]], list[SamplingParams]]:
+        with open(path) as f:
+            workload = json.load(f)
+        prompts = [{"prompt_token_ids": ids} for ids in workload["prompts"]]
+        params = [
+            SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=True)
+            for n in workload["max_tokens"]
+        ]
+        return prompts, params
+
+    prompts, params = load(args.workload)
     options: dict[str, object] = {
         "model": args.model,
         "dtype": args.dtype,
@@ -84,15 +89,16 @@ def main() -> int:
     }
     print("READY " + json.dumps(settings), flush=True)
     for line in sys.stdin:
-        command = line.strip()
+        command, _, path = line.strip().partition(" ")
         if command == "quit":
             break
         if command != "run":
             continue
+        run_prompts, run_params = load(path) if path else (prompts, params)
         # reset_prefix_cache is not in every vLLM release; False when blocks are still in use.
         reset = bool(llm.reset_prefix_cache()) if hasattr(llm, "reset_prefix_cache") else None
         started = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        outputs = llm.generate(run_prompts, run_params, use_tqdm=False)
         seconds = time.perf_counter() - started
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
         result = {"seconds": seconds, "tokens": sum(map(len, tokens)), "outputs": tokens, "cache_reset": reset}
