@@ -47,7 +47,7 @@ from typing import Any
 from baton.bench.local_stack import ensure_model, local_stack
 from baton.bench.shared_prefix import SharedPrefixSpec
 from bench.throughput_e2e import RPCS, drive_grpc
-from bench.throughput_setup import MAX_BATCH, Workload, kv_memory_mb, make_workload
+from bench.throughput_setup import Workload, kv_memory_mb, make_workload
 from bench.vllm_process import DEFAULT_VENV, ensure_vllm_venv, kv_space_gib, omp_env, say, start_vllm, vllm_threads
 
 
@@ -101,7 +101,6 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
         "BATON_EXECUTOR__KV_CACHE_MEMORY_MB": str(kv_mb),
         "BATON_EXECUTOR__TORCH_THREADS": str(args.threads),
         **(omp_env(args.threads) if args.threads else {}),  # 0: the executor's own choice, adaptive
-        "BATON_SCHEDULER__BATCH_LEVEL__MAX_BATCH_SIZE": str(MAX_BATCH),
         "BATON_DISTRIBUTED__STREAM_INTERVAL_TOKENS": str(args.stream_interval),
         "BATON_EXECUTOR__REPORT_EVERY_STEPS": str(args.report_every_steps),
     }

@@ -109,7 +109,10 @@ class RequestLevelConfig:
 class BatchLevelConfig:
     """How many requests share one executor batch, and which ones."""
 
-    max_batch_size: int = 64
+    # vLLM's default too. The executor's KV room, checked at every placement, is the real bound:
+    # a 64 cap left a wide workload (200 requests of up to 512 + 200 tokens) queueing behind
+    # free KV, at 0.78x the throughput of 256 (docs/performance.md).
+    max_batch_size: int = 256
     min_batch_size: int = 1
     # At low load an idle executor waits up to this long for min_batch_size requests; 0: never waits.
     batch_timeout_ms: float = 0.0
@@ -128,8 +131,10 @@ class BatchLevelConfig:
 class TokenLevelConfig:
     """Tokens per iteration: decodes plus chunked prefill."""
 
-    token_budget: int = 512
-    max_prefill_chunk: int = 512
+    # Room for a full batch's decodes plus a few prompts' prefill in one step (vLLM-CPU's is 4096):
+    # a 512 budget spread a burst of prompts over many steps, doubling time to first token.
+    token_budget: int = 2048
+    max_prefill_chunk: int = 2048
 
     def __post_init__(self) -> None:
         if self.token_budget < 1 or self.max_prefill_chunk < 1:
@@ -248,7 +253,7 @@ class ExecutorConfig:
     block_size: int = 16
     kv_cache_memory_mb: int = 512
     max_batch_size: int = 256
-    token_budget: int = 512
+    token_budget: int = 2048  # the step budget until the scheduler's first plan sets it
     # Worker threads torch may use. 0: on CPU chosen per step (executor_service/cpu_threads.py):
     # every core that other processes leave for a heavy step; for a light one all but one, left to
     # the rest of the stack, while other processes use it; on CUDA torch's default. A fixed N

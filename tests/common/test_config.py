@@ -28,7 +28,7 @@ def test_defaults_load_without_file_or_env() -> None:
     assert config.scheduler.port == 50051
     assert config.scheduler.request_level.default_priority == 5
     assert config.scheduler.request_level.priority_credit_ms == 1000.0
-    assert config.scheduler.batch_level.max_batch_size == 64
+    assert config.scheduler.batch_level.max_batch_size == 256
     assert config.executor.dtype == "float32"
     assert config.distributed.key_prefix == "baton"
     assert config.monitoring.log_level == "INFO"
@@ -65,7 +65,7 @@ monitoring:
     assert config.distributed.key_prefix == "other"
     assert config.monitoring.log_level == "debug"
     # Untouched keys keep their defaults.
-    assert config.scheduler.token_level.token_budget == 512
+    assert config.scheduler.token_level.token_budget == 2048
     assert config.scheduler.request_level.default_max_tokens == 256
     assert config.executor.block_size == 16
 
