@@ -67,4 +67,6 @@ class Registration:
                 await self._task
         with contextlib.suppress(RedisError):
             await self._redis.zrem(self._keys.executors, self._id)
-            await self._redis.delete(self._keys.executor(self._id))
+            # The fleet's index of this executor's prefix cache goes with the cache: normally its
+            # scheduler's link drops it, but that replica may be gone too.
+            await self._redis.delete(self._keys.executor(self._id), self._keys.cached_blocks(self._id))

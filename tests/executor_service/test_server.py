@@ -26,3 +26,19 @@ async def test_before_serving_runs_before_the_executor_registers(redis_url: str,
     finally:
         await running.stop()
         store.close()
+
+
+async def test_a_clean_stop_leaves_nothing_of_the_executor_in_redis(redis_url: str, tiny_model_dir: Path) -> None:
+    store, keys = redis.Redis.from_url(redis_url, decode_responses=True), KeySchema("baton")
+    config = stack_config(redis_url, tiny_model_dir)
+    running = await start_executor(config)
+    try:
+        # What its scheduler's link would have indexed, had that replica died before the executor.
+        store.sadd(keys.cached_blocks(running.executor_id), "abc")
+    finally:
+        await running.stop()
+    try:
+        assert store.zscore(keys.executors, running.executor_id) is None
+        assert not store.exists(keys.executor(running.executor_id), keys.cached_blocks(running.executor_id))
+    finally:
+        store.close()
