@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +45,8 @@ def stack_config(redis_url: str, model_dir: Path, **sections: dict[str, Any]) ->
 class Stack:
     config: BatonConfig
     scheduler: RunningScheduler
-    executors: list[RunningExecutor] = field(default_factory=list)
-    channel: grpc.aio.Channel | None = None
+    executors: list[RunningExecutor]
+    channel: grpc.aio.Channel
 
     @property
     def target(self) -> str:
@@ -54,7 +54,6 @@ class Stack:
 
     @property
     def stub(self) -> generate_pb2_grpc.GenerationStub:
-        assert self.channel is not None
         return generate_pb2_grpc.GenerationStub(self.channel)
 
     async def wait_for_executors(self, count: int, timeout: float = 90.0) -> None:
@@ -70,8 +69,7 @@ class Stack:
         return [chunk async for chunk in self.stub.Generate(request)]
 
     async def stop(self) -> None:
-        if self.channel is not None:
-            await _bounded(self.channel.close(), "channel close")
+        await _bounded(self.channel.close(), "channel close")
         await _bounded(self.scheduler.stop(grace=0.5), "scheduler stop")
         for executor in self.executors:
             await _bounded(executor.stop(grace=0.5), "executor stop")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers import AutoModelForCausalLM, GenerationConfig, GenerationMixin
 
 TIE_EPSILON = 1e-4
 
@@ -18,12 +18,12 @@ class Reference:
     gaps: list[float]
 
 
-def load_reference_model(model_dir: Path) -> torch.nn.Module:
+def load_reference_model(model_dir: Path) -> GenerationMixin:
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 @torch.inference_mode()
-def reference_greedy(model: torch.nn.Module, prompt_ids: list[int], max_new_tokens: int) -> Reference:
+def reference_greedy(model: GenerationMixin, prompt_ids: list[int], max_new_tokens: int) -> Reference:
     config = GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0, bos_token_id=None
     )

@@ -13,7 +13,7 @@ from common.lifecycle import FinishReason
 from common.sampling_params import SamplingParams
 from executor_service.cpu_threads import ThreadGovernor
 from executor_service.engine import Engine
-from executor_service.engine_io import AdmitSpec, PlanUpdate, StepOutput
+from executor_service.engine_io import AdmitSpec, FinishOut, PlanUpdate, StepOutput
 from executor_service.model_loader import load_engine
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 
@@ -185,7 +185,7 @@ def test_stop_token_ids_end_the_request(tiny_model_dir: Path, stop_after: int) -
     stop_id = free[stop_after - 1]
     params = SamplingParams(max_tokens=10, ignore_eos=True, stop_token_ids=(stop_id,))
     engine.apply(PlanUpdate(seq=9, admit=(AdmitSpec("s", tuple(prompt), (), params, 0.0),)))
-    finished = []
+    finished: list[FinishOut] = []
     tokens: list[int] = []
     while engine.has_work:
         out = engine.step()

@@ -28,8 +28,10 @@ def test_fused_linear_returns_each_layers_output(dtype: torch.dtype) -> None:
 
 def test_supports_llama_layouts_only(tiny_model_dir: Path) -> None:
     assert supports(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
-    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
-    assert not supports(LlamaForCausalLM(LlamaConfig(**small, hidden_act="gelu")))
+    small = LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, hidden_act="gelu"
+    )
+    assert not supports(LlamaForCausalLM(small))
     gpt2 = nn.Module()
     gpt2.config = type("Config", (), {"model_type": "gpt2", "hidden_act": "gelu_new"})()
     assert not supports(gpt2)

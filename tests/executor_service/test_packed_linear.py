@@ -28,9 +28,10 @@ NATIVE_BF16 = can_pack(torch.device("cpu"), torch.bfloat16)
 
 
 def test_pack_linears_swaps_float32_layers_and_bfloat16_ones_only_with_native_bf16() -> None:
-    model = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 8, bias=False)), nn.Linear(8, 8).bfloat16())
+    inner = nn.Sequential(nn.Linear(8, 8, bias=False))
+    model = nn.Sequential(nn.Linear(8, 8), inner, nn.Linear(8, 8).bfloat16())
     assert pack_linears(model) == 2 + NATIVE_BF16
-    assert isinstance(model[0], PackedLinear) and isinstance(model[1][0], PackedLinear)
+    assert isinstance(model[0], PackedLinear) and isinstance(inner[0], PackedLinear)
     if NATIVE_BF16:
         assert isinstance(model[2], PackedLinear)
     else:

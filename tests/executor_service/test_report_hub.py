@@ -13,7 +13,11 @@ from tests.executor_service.test_token_batching import step, tok
 
 
 def from_engine_thread(hub: ReportHub, outputs: list[StepOutput]) -> None:
-    thread = threading.Thread(target=lambda: [hub.publish_threadsafe(out) for out in outputs])
+    def publish_all() -> None:
+        for out in outputs:
+            hub.publish_threadsafe(out)
+
+    thread = threading.Thread(target=publish_all)
     thread.start()
     thread.join()
 
@@ -68,7 +72,7 @@ async def test_a_superseded_streams_report_never_reaches_the_new_stream() -> Non
 
 
 async def test_each_new_streams_first_report_restates_the_whole_prefix_cache() -> None:
-    names = [(1, 2)]
+    names: list[tuple[int, ...]] = [(1, 2)]
     hub = ReportHub(asyncio.get_running_loop(), cached_names=lambda: names[0])
     first = hub.attach(TokenBatcher(1, 0.0))
     from_engine_thread(hub, [step(1, tok("a", 0), kv_events=KvCacheEvents(stored=(2,)))])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import redis.asyncio as aioredis
@@ -94,10 +94,10 @@ async def test_bounded_wait_under_a_flood_of_priority_ten(redis_url: str, tiny_m
             await asyncio.sleep(0.01)
         await asyncio.gather(low, *flood)
         fields = ("arrival_ms", "assigned_ms")
-        low_arrival, low_assigned = map(int, await client.hmget(KEYS.request("low"), *fields))
+        low_arrival, low_assigned = map(int, cast(list[str], await client.hmget(KEYS.request("low"), *fields)))
         later = []
         for i in range(90):
-            arrival, assigned = map(int, await client.hmget(KEYS.request(f"hi{i}"), *fields))
+            arrival, assigned = map(int, cast(list[str], await client.hmget(KEYS.request(f"hi{i}"), *fields)))
             if arrival > low_arrival + 10 * credit_ms:
                 later.append(assigned)
         assert later, "the flood must outlast the aging bound, or the test proves nothing"
@@ -145,7 +145,9 @@ async def test_equal_tenants_get_equal_tokens_whatever_their_request_rates(
         await first_token_order(stack, heavy + light, gap_s=0.002)
         times = {}
         for msg in heavy + light:
-            arrival, assigned = await client.hmget(KEYS.request(msg.request_id), "arrival_ms", "assigned_ms")
+            arrival, assigned = cast(
+                list[str], await client.hmget(KEYS.request(msg.request_id), "arrival_ms", "assigned_ms")
+            )
             times[msg.request_id] = (int(arrival), int(assigned))
         # Saturation window: from B's first arrival (A already had a backlog) to B's last start.
         window_start = min(times[m.request_id][0] for m in light)

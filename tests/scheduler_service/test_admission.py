@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import cast
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -136,7 +137,7 @@ async def test_a_new_link_admits_nothing_until_its_stale_aborts_are_confirmed(st
     assert not link.ready and await admission.run([link]) == 0, "connected, but not fenced yet"
     link.fence({"r1"})
     assert not link.ready and await admission.run([link]) == 0, "fenced, the aborts not confirmed yet"
-    fence = link._outbox.get_nowait()
+    fence = cast(pb.Plan, link._outbox.get_nowait())  # None is only queued when the link closes
     assert list(fence.abort) == ["r1"] and not fence.admit, "the abort goes out first"
     await link._on_reports([pb.StepReport(plan_seq=fence.seq)])  # the executor applied it
     assert link.ready and await admission.run([link]) == 1

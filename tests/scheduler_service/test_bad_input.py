@@ -104,7 +104,7 @@ async def test_unknown_request_id_is_not_found(stack: Stack, rpc: str) -> None:
 
 
 async def _raw_call(stack: Stack, method: str, payload: bytes) -> grpc.StatusCode:
-    call = stack.channel.unary_unary(f"/baton.v1.Generation/{method}")  # type: ignore[union-attr]
+    call = stack.channel.unary_unary(f"/baton.v1.Generation/{method}")
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call(payload)
     return info.value.code()

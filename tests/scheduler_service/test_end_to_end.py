@@ -6,6 +6,7 @@ import asyncio
 import random
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import cast
 
 import grpc
 import pytest
@@ -252,4 +253,4 @@ async def test_a_token_write_lost_by_redis_is_recovered_exactly(stack: Stack, ti
     got = joined_tokens(first + rest)
     assert_matches_reference(got, reference_greedy(load_reference_model(tiny_model_dir), prompt, 90), "recovered")
     assert [c.index for c in first + rest] == sorted({c.index for c in first + rest})
-    assert int(await redis.hget(KeySchema().request("loses-a-write"), "migrations")) >= 1
+    assert int(cast(str, await redis.hget(KeySchema().request("loses-a-write"), "migrations"))) >= 1

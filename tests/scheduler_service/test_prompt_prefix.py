@@ -4,16 +4,18 @@ name the blocks they cache, stored on its record (capped), or none when the bloc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from common.block_hashing import block_hashes
 from common.config import BatonConfig
 from common.pb import generate_pb2 as pb
+from scheduler_service.dispatcher import Dispatcher
 from scheduler_service.frontend import Frontend
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.prompt_prefix import MAX_PREFIX_BLOCKS, name_text, prefix_fields
 from scheduler_service.scoring import RequestScorer
 from scheduler_service.store import Store
-from scheduler_service.tokenizer_source import ModelLimits
+from scheduler_service.tokenizer_source import ModelLimits, TokenizerSource
 from tests.scheduler_service.store_helpers import KEYS
 
 
@@ -52,13 +54,14 @@ class _Dispatcher:
 def frontend(store: Store, block_size: int) -> Frontend:
     config = BatonConfig()
     limits = ModelLimits("m", 4096, 1000, block_size)
+    # The fakes stand in for the only parts of the two that submit calls.
     return Frontend(
         store,
-        _Dispatcher(),
-        _Tokenizers(limits),
+        cast(Dispatcher, _Dispatcher()),
+        cast(TokenizerSource, _Tokenizers(limits)),
         config,
         RequestScorer(config),
-        SchedulerMetrics(),  # type: ignore[arg-type]
+        SchedulerMetrics(),
     )
 
 

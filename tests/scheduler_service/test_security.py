@@ -84,7 +84,7 @@ async def secure_stack(
         "auth_tokens_file": str(tokens),
     }
     stack = await start_stack(stack_config(redis_url, tiny_model_dir, security=security))
-    await stack.channel.close()  # type: ignore[union-attr]
+    await stack.channel.close()
     credentials = grpc.ssl_channel_credentials(
         root_certificates=pki["ca"].read_bytes(),
         private_key=pki["client_key"].read_bytes(),

@@ -95,7 +95,7 @@ async def test_batched_streams_match_the_unbatched_and_greedy_reference(
 
 
 def test_coalesce_merges_each_requests_contiguous_events_in_order() -> None:
-    usage = {"completion_tokens": 3}
+    usage: dict[str, float] = {"completion_tokens": 3}
     writes = [
         StepWrite("a", TokenEvent(0, (1,), "x")),
         StepWrite("b", TokenEvent(4, (7,), "p")),

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from common.errors import NotReady
 from common.keys import KeySchema
@@ -22,7 +23,12 @@ async def test_loads_once_from_the_registered_executor_then_calls_after_load(
     with pytest.raises(NotReady):
         await source.get()
     await redis.zadd(keys.executors, {"exec-1": 1})
-    record = {"model": str(tiny_model_dir), "max_model_len": 512, "vocab_size": 0, "block_size": 16}
+    record: dict[FieldT, EncodableT] = {
+        "model": str(tiny_model_dir),
+        "max_model_len": 512,
+        "vocab_size": 0,
+        "block_size": 16,
+    }
     await redis.hset(keys.executor("exec-1"), mapping=record)
     tokenizer, limits = await source.get()
     assert (limits.model, limits.max_model_len) == (str(tiny_model_dir), 512)

@@ -3,6 +3,8 @@ applied in order, sets dropped, lease fencing, and leading runs of queued prompt
 
 from __future__ import annotations
 
+from typing import cast
+
 from common.block_hashing import block_hashes
 from scheduler_service.prompt_prefix import MAX_PREFIX_BLOCKS, name_text, prefix_fields
 from scheduler_service.store import Store
@@ -13,7 +15,7 @@ BLOCK = 4
 
 
 async def held(store: Store, executor_id: str) -> set[str]:
-    return set(await store.redis.smembers(KEYS.cached_blocks(executor_id)))
+    return set(cast(set[str], await store.redis.smembers(KEYS.cached_blocks(executor_id))))
 
 
 def texts(*names: int) -> set[str]:
@@ -120,7 +122,7 @@ async def test_names_past_the_cap_are_not_stored(store: Store) -> None:
     prompt = tuple(i % 50_000 for i in range((MAX_PREFIX_BLOCKS + 10) * BLOCK))
     names = await enqueue(store, "long", prompt)
     assert names == [name_text(n) for n in block_hashes(prompt, BLOCK)][:MAX_PREFIX_BLOCKS]
-    stored = await store.redis.hget(KEYS.request("long"), "prefix")
+    stored = cast(str, await store.redis.hget(KEYS.request("long"), "prefix"))
     assert stored.split(",") == names and len(names) == MAX_PREFIX_BLOCKS
     await store.redis.sadd(KEYS.cached_blocks("e1"), *names)
     (runs,) = await store.prefixes.leading_runs(["long"], ["e1"])

@@ -5,10 +5,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import cast
+
+import redis.asyncio as aioredis
 
 from common.redis_client import connect
 from scheduler_service.store.stream_mux import StreamMux
 from tests.stack import eventually
+
+
+async def append(redis: aioredis.Redis, key: str, n: str) -> str:
+    """XADD one entry; the client decodes replies, so its id comes back as a str."""
+    return cast(str, await redis.xadd(key, {"n": n}))
 
 
 def waiting_on(mux: StreamMux, key: str) -> Callable[[], Awaitable[bool]]:
@@ -21,7 +29,7 @@ def waiting_on(mux: StreamMux, key: str) -> Callable[[], Awaitable[bool]]:
 async def test_each_follower_gets_the_entries_after_its_position(redis_url: str) -> None:
     redis = connect(redis_url)
     mux = StreamMux(redis, block_ms=5000)
-    first = await redis.xadd("s:a", {"n": "1"})
+    first = await append(redis, "s:a", "1")
     await redis.xadd("s:a", {"n": "2"})
     await redis.xadd("s:b", {"n": "3"})
     got_a, got_a_late, got_b = await asyncio.gather(
@@ -67,7 +75,7 @@ async def test_nothing_new_returns_empty_after_the_wait(redis_url: str) -> None:
 async def test_a_stream_published_here_reaches_its_reader_without_a_read(redis_url: str) -> None:
     redis = connect(redis_url)
     mux = StreamMux(redis, block_ms=5000)
-    first = await redis.xadd("s:local", {"n": "1"})
+    first = await append(redis, "s:local", "1")
     mux.published("s:local", first, {"n": "1"}, final=False)
     waiting = asyncio.create_task(mux.read("s:local", first, 8000))
     await eventually(waiting_on(mux, "s:local"), "the reader to wait")
@@ -82,7 +90,7 @@ async def test_a_late_reader_of_a_local_stream_gets_what_it_missed(redis_url: st
     redis = connect(redis_url)
     mux = StreamMux(redis, block_ms=5000)
     for n in ("1", "2"):
-        mux.published("s:late", await redis.xadd("s:late", {"n": n}), {"n": n}, final=False)
+        mux.published("s:late", await append(redis, "s:late", n), {"n": n}, final=False)
     assert [f["n"] for _, f in await mux.read("s:late", "0", 2000)] == ["1", "2"]
     await mux.close()
     await redis.aclose()
@@ -108,7 +116,7 @@ async def test_a_reader_older_than_the_kept_entries_reads_redis(redis_url: str, 
     mux = StreamMux(redis, block_ms=5000)
     ids = []
     for n in ("1", "2", "3", "4"):
-        ids.append(await redis.xadd("s:old", {"n": n}))
+        ids.append(await append(redis, "s:old", n))
         mux.published("s:old", ids[-1], {"n": n}, final=False)
     assert [f["n"] for _, f in await mux.read("s:old", ids[0], 2000)] == ["2", "3", "4"]
     assert [f["n"] for _, f in await mux.read("s:old", ids[2], 2000)] == ["4"]
@@ -119,7 +127,7 @@ async def test_a_reader_older_than_the_kept_entries_reads_redis(redis_url: str, 
 async def test_a_released_or_silent_local_stream_is_read_from_redis_again(redis_url: str, monkeypatch) -> None:
     redis = connect(redis_url)
     mux = StreamMux(redis, block_ms=300)
-    released = await redis.xadd("s:gone", {"n": "1"})
+    released = await append(redis, "s:gone", "1")
     mux.published("s:gone", released, {"n": "1"}, final=False)
     mux.released("s:gone")  # handed back: another replica's link may write it now
     waiting = asyncio.create_task(mux.read("s:gone", released, 8000))
@@ -128,7 +136,7 @@ async def test_a_released_or_silent_local_stream_is_read_from_redis_again(redis_
     assert [f["n"] for _, f in await asyncio.wait_for(waiting, 2.0)] == ["2"]
 
     monkeypatch.setattr("scheduler_service.store.stream_mux.LOCAL_GRACE_S", 0.2)
-    silent = await redis.xadd("s:silent", {"n": "1"})
+    silent = await append(redis, "s:silent", "1")
     mux.published("s:silent", silent, {"n": "1"}, final=False)  # its link then dies without a word
     await redis.xadd("s:silent", {"n": "2"})
 
