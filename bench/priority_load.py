@@ -66,7 +66,8 @@ class Outcome:
 
 def make_jobs(rate: float, seconds: float, seed: int, deadline_s: float) -> list[Job]:
     rng = random.Random(seed)
-    jobs, t = [], 0.0
+    jobs: list[Job] = []
+    t = 0.0
     while True:
         t += rng.expovariate(rate)
         if t > seconds:

@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TypedDict
 
 import grpc
 
@@ -216,18 +217,45 @@ async def start_sim(executor_id: str, redis_url: str, config: SimConfig, prefix:
     return RunningSim(servicer, server, registration, port)
 
 
-def snapshot(sims: list[RunningSim]) -> dict[str, object]:
+class Snapshot(TypedDict):
+    """One stats line: ``SimStats`` summed over the sims, as JSON prints it."""
+
+    time: float
+    count: int
+    steps: int
+    tokens: int
+    reports: int
+    plans: int
+    admitted: int
+    rejected: int
+    finished: int
+    busy_s: float
+    plan_latency_s: list[float]
+    running: int
+
+
+def snapshot(sims: list[RunningSim]) -> Snapshot:
     """Totals over all sims, and the plan latencies recorded since the last snapshot (then cleared)."""
-    totals: dict[str, object] = {"time": time.time(), "count": len(sims)}
-    for name in ("steps", "tokens", "reports", "plans", "admitted", "rejected", "finished", "busy_s"):
-        totals[name] = sum(getattr(s.servicer.stats, name) for s in sims)
+    now = time.time()
+    stats = [s.servicer.stats for s in sims]
     latencies: list[float] = []
     for s in sims:
         latencies += s.servicer.stats.plan_latency_s
         s.servicer.stats.plan_latency_s = []
-    totals["plan_latency_s"] = [round(x, 6) for x in latencies]
-    totals["running"] = sum(len(s.servicer.engine.running) for s in sims)
-    return totals
+    return Snapshot(
+        time=now,
+        count=len(sims),
+        steps=sum(st.steps for st in stats),
+        tokens=sum(st.tokens for st in stats),
+        reports=sum(st.reports for st in stats),
+        plans=sum(st.plans for st in stats),
+        admitted=sum(st.admitted for st in stats),
+        rejected=sum(st.rejected for st in stats),
+        finished=sum(st.finished for st in stats),
+        busy_s=sum(st.busy_s for st in stats),
+        plan_latency_s=[round(x, 6) for x in latencies],
+        running=sum(len(s.servicer.engine.running) for s in sims),
+    )
 
 
 async def serve(args: argparse.Namespace) -> None:

@@ -77,7 +77,7 @@ def print_report(size: str, results: dict[str, Result], wl: Workload, threads: i
 def median_ratios(repeats: list[dict[str, float | None]]) -> dict[str, float]:
     """Each ratio's median over the repeats that measured it."""
     names = {name for ratios_of_one in repeats for name in ratios_of_one}
-    found = {name: [r[name] for r in repeats if r.get(name) is not None] for name in sorted(names)}
+    found = {name: [v for r in repeats if (v := r.get(name)) is not None] for name in sorted(names)}
     return {name: statistics.median(values) for name, values in found.items() if values}
 
 

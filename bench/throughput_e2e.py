@@ -65,8 +65,8 @@ async def stream_one(
 ) -> list[int]:
     params = params_pb(max_tokens, chunk)
     tokens: list[int] = []
-    async for chunk in stub.Generate(pb.GenerateRequest(prompt_token_ids=prompt, params=params)):
-        tokens.extend(chunk.token_ids)
+    async for response in stub.Generate(pb.GenerateRequest(prompt_token_ids=prompt, params=params)):
+        tokens.extend(response.token_ids)
     if bar is not None:
         bar.update()
     return tokens

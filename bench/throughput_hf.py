@@ -27,7 +27,8 @@ from bench.throughput_setup import (
 # ---- (c) and (d): transformers -------------------------------------------------------------
 def load_hf(model_dir: Path, setup: Setup) -> Any:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[setup.dtype])  # sdpa attention
-    return model.to(setup.torch_device).eval()
+    # transformers decorates .to with functools.wraps(nn.Module.to), whose stub keeps the unbound self.
+    return model.to(setup.torch_device).eval()  # type: ignore[arg-type]
 
 
 def hf_static_batch(model: Any, prompts: list[list[int]], new: int, pad: int) -> list[list[int]]:

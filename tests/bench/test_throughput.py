@@ -59,7 +59,11 @@ def test_repeats_report_each_ratio_and_its_median(capsys: pytest.CaptureFixture[
     assert tp.parse_args([]).repeats == 1
     assert (tp.parse_args([]).short_warmup, tp.parse_args(["--short-warmup"]).short_warmup) == (False, True)
     assert tp.Setup().warm_workload  # every phase runs the workload once, untimed, by default
-    repeats = [{"a/b": 0.9, "a/c": 3.5}, {"a/b": 0.7, "a/c": None}, {"a/b": 1.0, "a/c": 4.5}]
+    repeats: list[dict[str, float | None]] = [
+        {"a/b": 0.9, "a/c": 3.5},
+        {"a/b": 0.7, "a/c": None},
+        {"a/b": 1.0, "a/c": 4.5},
+    ]
     assert tp.median_ratios(repeats) == {"a/b": 0.9, "a/c": 4.0}  # a repeat without a figure is left out
     tp.print_repeats("tiny", repeats)
     out = capsys.readouterr().out
@@ -87,6 +91,7 @@ async def test_the_client_gets_the_same_greedy_outputs_over_either_rpc(redis_url
         batched = await e2e.drive_grpc(stack.target, wl, pids, "batch")
         chunked = await e2e.drive_grpc(stack.target, wl, pids, "batch", 4)
         assert chunked.outputs == per_request.outputs
+        assert batched.outputs is not None
         assert [len(o) for o in batched.outputs] == wl.max_tokens
         assert batched.outputs == per_request.outputs
         assert "GenerateBatch" in batched.label and batched.tok_s and batched.tok_s > 0
@@ -103,6 +108,7 @@ def test_device_watch_summarises_its_samples() -> None:
         while len(w._samples) < 2 and time.monotonic() < deadline:  # two samples taken, however slow the machine
             time.sleep(0.005)
     summary = w.summary()
+    assert summary is not None
     assert summary["samples"] >= 2
     assert summary["util_pct_mean"] == 50.0 and summary["memory_gib_max"] == 1.0 and summary["power_w_max"] == 100.0
 
@@ -113,6 +119,7 @@ def test_engine_phase_runs_the_workload(tiny_model_dir: Path) -> None:
     result = tp.run_engine(tiny_model_dir, wl, 64, tp.Setup(max_batch=2, token_budget=128))
     assert torch.get_num_threads() == threads  # restored for the HF phases
     assert result.useful_tokens == sum(wl.max_tokens) and result.tok_s and result.tok_s > 0
+    assert result.outputs is not None
     assert [len(o) for o in result.outputs] == wl.max_tokens
     assert "torch threads" in result.note and "CPU seconds" in result.note
 
@@ -141,4 +148,3 @@ def test_metrics_reader_reads_the_executor_gauges() -> None:
     metrics.gpu_power.set(412.0)
     port = serve_metrics(metrics.registry, free_port(), host="127.0.0.1")
     assert watch.metrics_reader(port)() == {"util_pct": 87.5, "memory_bytes": 3 * 2**30, "power_w": 412.0}
-
