@@ -16,6 +16,7 @@ from executor_service.engine import Engine, EngineLimits
 from executor_service.host_allocator import keep_freed_memory
 from executor_service.kv_cache import KVGeometry, KVPool
 from executor_service.model_runner import ModelRunner
+from executor_service.model_support import check_model_support
 from executor_service.packed_linear import pack_linears
 from executor_service.paged_attention import register
 
@@ -90,8 +91,10 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
     num_blocks = geometry.num_blocks_for(config.kv_cache_memory_mb * 1024 * 1024, config.block_size)
     allocator = BlockAllocator(num_blocks, config.block_size, config.prefix_caching)
     pool = KVPool(geometry, num_blocks, config.block_size, device)
+    # Refuses a model whose attention Baton would compute wrongly; caps a sliding-window model's context.
+    support = check_model_support(model.config, int(getattr(model.config, "max_position_embeddings", 2048)))
     limits = EngineLimits(
-        max_model_len=int(getattr(model.config, "max_position_embeddings", 2048)),
+        max_model_len=support.max_model_len,
         max_batch_size=config.max_batch_size,
         token_budget=config.token_budget,
         eos_token_ids=eos_ids(model, tokenizer),

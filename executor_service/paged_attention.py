@@ -36,6 +36,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from executor_service.kernels.decode_attention import PagedDecodes, decode_attention
 from executor_service.kv_cache import KVPool
+from executor_service.model_support import UnsupportedModel
 
 ATTENTION_NAME = "baton_paged"
 
@@ -96,6 +97,11 @@ def paged_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """query [1, H, N, d], key/value [1, Hkv, N, d] -> output [1, N, H, d]."""
+    # Plain causal softmax attention only: a model that asks for more must never get less, silently
+    # (``model_support`` refuses such models at load; this catches any that slip past it).
+    for feature in ("softcap", "s_aux", "sinks"):
+        if kwargs.get(feature) is not None:
+            raise UnsupportedModel(f"the model's attention asks for {feature!r}, which Baton does not compute")
     batch: AttentionBatch = kwargs["baton_batch"]
     layer = int(getattr(module, "layer_idx", 0))
     keys, values = batch.pool.keys[layer], batch.pool.values[layer]
