@@ -147,7 +147,7 @@ def _run_executor(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description="Baton: LLM serving with a Redis-backed scheduler")
     sub = parser.add_subparsers(dest="command", required=True)
-    mm = sub.add_parser("make-model", help="generate a random-initialised Llama model and tokenizer, offline")
+    mm = sub.add_parser("make-model", help="generate a random model (Llama, or --arch) and tokenizer, offline")
     make_model.add_arguments(mm)
     mm.set_defaults(func=make_model.run)
     _add_scheduler(sub)

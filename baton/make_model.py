@@ -1,4 +1,5 @@
-"""Build a small random-weight Llama model and a real fast tokenizer, entirely offline.
+"""Build a small random-weight causal LM (Llama, or another architecture with ``--arch``) and a real fast
+tokenizer, entirely offline.
 
 Why: tests, benchmarks and local runs need a genuine Hugging Face checkpoint (config, safetensors weights,
 ``tokenizer.json``, generation config) that loads with the Auto classes, yet nothing may be downloaded. The
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,20 @@ SIZES: dict[str, ModelSize] = {
     ),
 }
 DTYPES = ("float32", "bfloat16", "float16")
+
+# Architectures ``--arch`` builds at every size: a transformers model type, and what its config
+# needs beyond the shared shape. Each exercises a feature the executor must serve exactly, or
+# refuse: Qwen2's q/k/v biases, Qwen3's QK-norm and a head_dim other than hidden / heads, Mistral's
+# sliding window (served with the context capped to it), Phi-3's fused projections, and Gemma 2's
+# soft-capped attention (refused at load).
+ARCHS: dict[str, tuple[str, dict[str, object]]] = {
+    "llama": ("llama", {}),
+    "qwen2": ("qwen2", {}),
+    "qwen3": ("qwen3", {"head_dim": 32}),
+    "mistral": ("mistral", {"sliding_window": 512}),
+    "phi3": ("phi3", {}),
+    "gemma2": ("gemma2", {"head_dim": 32}),
+}
 
 _PARAGRAPHS = """\
 The river ran quietly past the old mill, where the wheel had not turned for many years. In the morning the fog
@@ -169,12 +184,17 @@ def _build_tokenizer(vocab_size: int, max_length: int) -> PreTrainedTokenizerFas
     )
 
 
-def _build_model(spec: ModelSize, seed: int, bos_id: int, eos_id: int, pad_id: int, dtype: str) -> LlamaForCausalLM:
+def _build_model(
+    spec: ModelSize, seed: int, bos_id: int, eos_id: int, pad_id: int, dtype: str, arch: str = "llama"
+) -> PreTrainedModel:
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    config = LlamaConfig(
+    model_type, extra = ARCHS[arch]
+    config = AutoConfig.for_model(
+        model_type,
         **dataclasses.asdict(spec),
+        **extra,
         initializer_range=0.02,
         tie_word_embeddings=False,
         bos_token_id=bos_id,
@@ -184,7 +204,7 @@ def _build_model(spec: ModelSize, seed: int, bos_id: int, eos_id: int, pad_id: i
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
         model.float()
         with torch.no_grad():
             # Large logit gaps: greedy comparisons against model.generate then almost never meet a near-tie.
@@ -212,9 +232,17 @@ def _quiet_progress_bars() -> Iterator[None]:
 
 
 def make_model(
-    out: Path | str, size: str = "tiny", seed: int = 0, progress: bool = False, dtype: str = "float32"
+    out: Path | str,
+    size: str = "tiny",
+    seed: int = 0,
+    progress: bool = False,
+    dtype: str = "float32",
+    arch: str = "llama",
 ) -> Path:
-    """Write a deterministic random-weight Llama causal LM and its byte-level BPE tokenizer into ``out``."""
+    """Write a deterministic random-weight causal LM (``arch``, Llama by default) and its byte-level
+    BPE tokenizer into ``out``."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHS)}")
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; choose one of {', '.join(SIZES)}")
     if dtype not in DTYPES:
@@ -234,8 +262,8 @@ def make_model(
     tokenizer = _build_tokenizer(spec.vocab_size, spec.max_position_embeddings)
     vocab = tokenizer.get_vocab()
     bos, eos, pad = (vocab[t] for t in ("<s>", "</s>", "<pad>"))
-    step(f"initialising {size} model (seed {seed}, {dtype})…")
-    model = _build_model(spec, seed, bos, eos, pad, dtype)
+    step(f"initialising {size} {arch} model (seed {seed}, {dtype})…")
+    model = _build_model(spec, seed, bos, eos, pad, dtype, arch)
     step(f"saving to {out}…")
     out.mkdir(parents=True, exist_ok=True)
     with _quiet_progress_bars():
@@ -255,12 +283,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", default="tiny", choices=sorted(SIZES), help="model size (default: tiny)")
     parser.add_argument("--seed", default=0, type=int, help="seed for the random weights (default: 0)")
     parser.add_argument(
+        "--arch", default="llama", choices=list(ARCHS), help="model architecture (default: llama); see ARCHS"
+    )
+    parser.add_argument(
         "--dtype", default="float32", choices=DTYPES, help="dtype of the saved weights (default: float32)"
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    path = make_model(args.out, size=args.size, seed=args.seed, progress=True, dtype=args.dtype)
+    path = make_model(args.out, size=args.size, seed=args.seed, progress=True, dtype=args.dtype, arch=args.arch)
     print(path)
     return 0
 

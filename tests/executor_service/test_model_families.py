@@ -1,0 +1,40 @@
+"""Every architecture ``baton make-model --arch`` builds is served exactly (greedy output equals
+``model.generate`` on the prompt alone, token for token, in float32, with staggered joins) or
+refused at load with the reason."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from baton.make_model import make_model
+from executor_service.engine_io import AdmitSpec
+from executor_service.model_support import UnsupportedModel
+from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
+from tests.executor_service.test_engine import admit, make_engine, run_to_end
+
+SERVED = ["llama", "qwen2", "qwen3", "mistral", "phi3"]
+
+
+@pytest.mark.parametrize("arch", SERVED)
+def test_staggered_greedy_matches_generate_alone(arch: str, tmp_path: Path) -> None:
+    model_dir = make_model(tmp_path / arch, arch=arch)
+    engine = make_engine(model_dir, token_budget=64)  # several prefill chunks for the longer prompts
+    rng = random.Random(5)
+    prompts = {f"{arch}-{i}": [1] + [rng.randrange(5, 8000) for _ in range(rng.randrange(3, 120))] for i in range(5)}
+    lengths = {rid: rng.randrange(4, 24) for rid in prompts}
+    arrivals: dict[int, list[AdmitSpec]] = {}
+    for step, rid in zip([0, 0, 1, 3, 6], prompts, strict=True):
+        arrivals.setdefault(step, []).append(admit(rid, prompts[rid], lengths[rid]))
+    got = run_to_end(engine, arrivals)
+    reference = load_reference_model(model_dir)
+    for rid, prompt in prompts.items():
+        assert_matches_reference(got[rid], reference_greedy(reference, prompt, lengths[rid]), rid)
+
+
+def test_an_architecture_the_executor_cannot_serve_exactly_is_refused(tmp_path: Path) -> None:
+    model_dir = make_model(tmp_path / "gemma2", arch="gemma2")
+    with pytest.raises(UnsupportedModel, match="soft-caps its attention logits"):
+        make_engine(model_dir)
