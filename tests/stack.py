@@ -95,10 +95,13 @@ async def start_stack(config: BatonConfig, executors: int = 1) -> Stack:
     return stack
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 15.0) -> None:
-    """Wait until ``check`` holds, polling, or fail naming ``what`` after ``timeout`` seconds."""
+async def eventually(check: Callable[[], bool | Awaitable[bool]], what: str, timeout: float = 15.0) -> None:
+    """Wait until ``check`` (plain or async) holds, polling, or fail naming ``what`` after ``timeout`` seconds."""
     deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
+    while True:
+        held = check()
+        if held if isinstance(held, bool) else await held:
+            return
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)

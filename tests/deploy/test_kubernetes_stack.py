@@ -9,7 +9,6 @@ loopback ports for the pods' fixed ones, the tiny model on CPU in float32.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from executor_service.server import start_executor
 from scheduler_service.server import start_scheduler
 from tests.deploy.test_kubernetes import _all, _container
 from tests.gateway.serving import serve_gateway
+from tests.stack import eventually
 
 
 class Pod:
@@ -75,12 +75,6 @@ class Pod:
         env = {e["name"]: e["value"] for e in self.container.get("env", []) if e["name"].startswith("BATON_")}
         env["BATON_DISTRIBUTED__REDIS_URL"] = redis_url  # the cluster's Sentinel -> the fixture's Redis
         return load_config(self.local(self.args().config), environ=env)
-
-
-async def _wait_ready(scheduler: Any, executor_id: str, timeout: float = 60.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not ((link := scheduler.dispatcher.links.get(executor_id)) and link.ready):
-            await asyncio.sleep(0.05)
 
 
 async def test_the_manifests_serve_a_request_end_to_end_with_auth_on(
@@ -131,7 +125,11 @@ async def test_the_manifests_serve_a_request_end_to_end_with_auth_on(
     executor = await start_executor(executor_config)
     scheduler = await start_scheduler(scheduler_config)
     try:
-        await _wait_ready(scheduler, "exec-k8s")
+        await eventually(
+            lambda: bool((link := scheduler.dispatcher.links.get("exec-k8s")) and link.ready),
+            "the scheduler to drive exec-k8s",
+            60.0,
+        )
         async with serve_gateway(f"127.0.0.1:{scheduler.port}", tokens) as base_url:
             async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0) as client:
                 out = await client.completions.create(

@@ -3,7 +3,6 @@ generates exactly what ``model.generate`` gives on its prompt alone, whatever pa
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from executor_service.engine_io import AdmitSpec, KvCacheEvents, PlanUpdate
 from executor_service.load_metrics import DeviceLoad
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.executor_service.test_engine import admit, make_engine, run_to_end
-from tests.stack import Stack, joined_tokens, stack_config, start_stack
+from tests.stack import Stack, eventually, joined_tokens, stack_config, start_stack
 
 BLOCK = 16
 
@@ -229,7 +228,13 @@ async def test_repeated_prompts_through_a_stack_hit_the_cache_and_match_generate
     model = load_reference_model(tiny_model_dir)
     for i, (prompt, chunks) in enumerate(zip(prompts, results, strict=True)):
         assert_matches_reference(joined_tokens(chunks), reference_greedy(model, prompt, 8), f"prompt {i}")
-    await asyncio.sleep(0.2)  # the last step's metrics
+    want_hits, want_queries = 3 * BLOCK * (len(prompts) - 1), sum(len(p) for p in prompts)
+
+    def counted() -> bool:  # the last step's metrics are observed on the engine thread
+        hits, queries = (metrics.get_sample_value(f"baton:prefix_cache_{n}_total") for n in ("hits", "queries"))
+        return (hits or 0) >= want_hits and (queries or 0) >= want_queries
+
+    await eventually(counted, "the prefix-cache counters")
     hits = metrics.get_sample_value("baton:prefix_cache_hits_total")
     queries = metrics.get_sample_value("baton:prefix_cache_queries_total")
     assert hits is not None and queries is not None

@@ -13,7 +13,7 @@ import asyncio
 import gc
 import inspect
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, cast
+from typing import cast
 
 import grpc
 import pytest
@@ -26,6 +26,7 @@ from executor_service.report_hub import ReportHub
 from executor_service.servicer import ExecutorServicer
 from executor_service.worker import EngineWorker
 from tests.executor_service.test_token_batching import step
+from tests.stack import eventually
 
 
 class _Worker:
@@ -50,14 +51,6 @@ class _Executor:
 
     def readers(self) -> int:
         return len(self.servicer._readers)  # the invariant under test
-
-
-async def _until(condition: Any, what: str, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 class _Client:
@@ -104,7 +97,7 @@ def test_run_is_a_plain_coroutine() -> None:
 
 async def _attached(executor: _Executor, client: _Client, seq: int) -> None:
     client.outbox.put_nowait(pb.Plan(seq=seq))
-    await _until(lambda: any(p.seq == seq for p in executor.worker.plans), f"plan {seq} to reach the engine")
+    await eventually(lambda: any(p.seq == seq for p in executor.worker.plans), f"plan {seq} to reach the engine")
 
 
 def _abort_is_last(executor: _Executor) -> None:
@@ -118,8 +111,8 @@ async def test_client_cancel_ends_the_reader_with_the_handler(executor: _Executo
     await _attached(executor, client, 1)
     assert executor.readers() == 1
     client.call.cancel()
-    await _until(lambda: not executor.hub.attached, "the handler to end")
-    await _until(lambda: executor.readers() == 0, "the plan reader to unwind", timeout=1.0)
+    await eventually(lambda: not executor.hub.attached, "the handler to end")
+    await eventually(lambda: executor.readers() == 0, "the plan reader to unwind", timeout=1.0)
     _abort_is_last(executor)
 
 
@@ -129,10 +122,14 @@ async def test_a_cancel_while_reports_stream_ends_cleanly(executor: _Executor, c
     big = step(1, TokenOut("a", (1,), "x" * 60_000, 0))
     for _ in range(200):  # the client reads none: the handler's writes back up against flow control
         executor.hub.publish_threadsafe(big)
-    await asyncio.sleep(0.1)
+    queued = asyncio.Event()
+    asyncio.get_running_loop().call_soon(queued.set)  # after the 200 reports reached the stream's queue
+    await queued.wait()
+    reports = executor.hub._stream.queue  # type: ignore[union-attr]
+    await eventually(lambda: reports.qsize() < 200, "the handler to be writing reports")
     client.call.cancel()
-    await _until(lambda: not executor.hub.attached, "the handler to end")
-    await _until(lambda: executor.readers() == 0, "the plan reader to unwind", timeout=1.0)
+    await eventually(lambda: not executor.hub.attached, "the handler to end")
+    await eventually(lambda: executor.readers() == 0, "the plan reader to unwind", timeout=1.0)
     _abort_is_last(executor)
 
 
@@ -144,13 +141,13 @@ async def test_a_newer_stream_supersedes_the_old_one_and_its_reader(
     new = _Client(channel)
     await _attached(executor, new, 2)
     # The old client's side is still open: only the handler's own stop ends its reader.
-    await _until(lambda: executor.readers() == 1, "the old stream's reader to stop")
+    await eventually(lambda: executor.readers() == 1, "the old stream's reader to stop")
     assert await old.call.code() == grpc.StatusCode.OK
     assert executor.hub.attached
     assert not any(p.abort_all for p in executor.worker.plans), "the new stream's requests keep running"
     new.call.cancel()
-    await _until(lambda: not executor.hub.attached, "the new handler to end")
-    await _until(lambda: executor.readers() == 0, "the plan reader to unwind", timeout=1.0)
+    await eventually(lambda: not executor.hub.attached, "the new handler to end")
+    await eventually(lambda: executor.readers() == 0, "the plan reader to unwind", timeout=1.0)
 
 
 async def test_client_closing_its_side_ends_the_stream(executor: _Executor, channel: grpc.aio.Channel) -> None:
@@ -158,6 +155,6 @@ async def test_client_closing_its_side_ends_the_stream(executor: _Executor, chan
     await _attached(executor, client, 1)
     client.outbox.put_nowait(None)
     assert await client.call.code() == grpc.StatusCode.OK
-    await _until(lambda: not executor.hub.attached, "the handler to end")
-    await _until(lambda: executor.readers() == 0, "the plan reader to unwind", timeout=1.0)
+    await eventually(lambda: not executor.hub.attached, "the handler to end")
+    await eventually(lambda: executor.readers() == 0, "the plan reader to unwind", timeout=1.0)
     _abort_is_last(executor)

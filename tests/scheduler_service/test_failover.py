@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -24,6 +24,7 @@ from common.pb import generate_pb2_grpc
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.process_stack import ProcessStack
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts
+from tests.stack import eventually
 
 MAX_TOKENS = 40
 LEASE = "{baton}:lease:executor:%s"
@@ -42,13 +43,6 @@ def processes(tmp_path: Path, tiny_model_dir: Path) -> Iterator[ProcessStack]:
     stack.start_redis()
     yield stack
     stack.stop_all()
-
-
-async def eventually(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 class Clients:
@@ -137,7 +131,7 @@ async def test_scheduler_sigkill_then_resume_on_another_replica(processes: Proce
     lease = LEASE % "exec-a"
     # The second replica starts only once the first holds the executor, so the kill hits the
     # replica doing the work, not an idle one whose death would test nothing.
-    await eventually(lambda: client.get(lease) == victim, "the first replica to lease the executor")
+    await eventually(lambda: client.get(lease) == victim, "the first replica to lease the executor", 20.0)
     second = processes.start_scheduler("sched-2")
     survivor = processes.replica_id("sched-2")
     assert survivor != victim
@@ -166,7 +160,7 @@ async def test_scheduler_sigkill_then_resume_on_another_replica(processes: Proce
         recorded = {rid: int(client.llen(TOKENS % rid)) for rid in clients.ids}
         mid_stream = [rid for rid in clients.ids if recorded[rid] < clients.max_tokens]
         assert len(mid_stream) >= len(clients.ids) // 2, f"too few requests were mid-stream at the kill: {recorded}"
-        await eventually(lambda: client.get(lease) == survivor, "the survivor to lease the executor")
+        await eventually(lambda: client.get(lease) == survivor, "the survivor to lease the executor", 20.0)
         await asyncio.wait_for(asyncio.gather(*tasks), 120)
         # A request submitted after the takeover is served by the survivor's link to the executor.
         late = Clients(random_prompts(1, seed=122), "sk-late", max_tokens=16)

@@ -24,7 +24,7 @@ from common.pb import generate_pb2 as pb
 from common.redis_client import connect
 from tests.executor_service.reference import Reference, load_reference_model, reference_greedy
 from tests.scheduler_service.test_end_to_end import greedy
-from tests.stack import Stack, joined_tokens, stack_config, start_stack
+from tests.stack import Stack, eventually, joined_tokens, stack_config, start_stack
 
 VICTIM_PROMPT = [5, 17, 99, 3, 250, 41, 8]
 VICTIM_TOKENS = 12
@@ -74,10 +74,11 @@ async def test_no_id_or_tenant_can_touch_another_request(
     victim_task = asyncio.ensure_future(key_stack.generate(victim))
     # The victim is accepted first, so a drawn id equal to its own must meet ALREADY_EXISTS.
     store = key_stack.scheduler.frontend.store
-    for _ in range(2000):
-        if await store.redis.exists(store.keys.request(victim_id)):
-            break
-        await asyncio.sleep(0.005)
+
+    async def accepted() -> bool:
+        return bool(await store.redis.exists(store.keys.request(victim_id)))
+
+    await eventually(accepted, f"{victim_id} to be accepted")
     other = greedy([7, 7, 7], 2, request_id=data.draw(names(victim_id), "request_id"))
     other.tenant = data.draw(names("alpha"), "tenant")
 
