@@ -140,8 +140,26 @@ class TokenTable:
         return None
 
 
-class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
-    """``authorization: Bearer TOKEN`` on every call but health and reflection; covers streams too."""
+class _CallGate(grpc.aio.ServerInterceptor):
+    """Checks every call but health and reflection before any servicer code runs; covers streams too."""
+
+    def _admit(self, handler: grpc.RpcMethodHandler, metadata: Any) -> grpc.RpcMethodHandler:
+        """``handler`` to run the call, or a handler that refuses it."""
+        raise NotImplementedError
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(OPEN_SERVICES):
+            return handler
+        return self._admit(handler, details.invocation_metadata)
+
+
+class BearerAuthInterceptor(_CallGate):
+    """``authorization: Bearer TOKEN`` on every call but health and reflection."""
 
     def __init__(self, tokens: Mapping[str, str]) -> None:
         self._tokens = TokenTable(tokens)
@@ -152,21 +170,14 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
                 return self._tokens.principal(value[len("Bearer ") :].strip())
         return None
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or details.method.startswith(OPEN_SERVICES):
-            return handler
-        principal = self._principal(details.invocation_metadata)
+    def _admit(self, handler: grpc.RpcMethodHandler, metadata: Any) -> grpc.RpcMethodHandler:
+        principal = self._principal(metadata)
         if principal is None:
             return _denied(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required", handler)
         return _with_principal(handler, principal)
 
 
-class FleetSecretInterceptor(grpc.aio.ServerInterceptor):
+class FleetSecretInterceptor(_CallGate):
     """The fleet secret (``x-baton-fleet-secret``) on every call but health and reflection.
 
     A refused call never reaches the servicer: a Run stream without the secret attaches nothing,
@@ -178,19 +189,9 @@ class FleetSecretInterceptor(grpc.aio.ServerInterceptor):
             raise ValueError("FleetSecretInterceptor needs a non-empty secret")
         self._secret = secret.encode()
 
-    def _presented(self, metadata: Any) -> bool:
-        for key, value in metadata or ():
-            if key == FLEET_SECRET_KEY and isinstance(value, str):
-                return hmac.compare_digest(self._secret, value.encode())
-        return False
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or details.method.startswith(OPEN_SERVICES) or self._presented(details.invocation_metadata):
+    def _admit(self, handler: grpc.RpcMethodHandler, metadata: Any) -> grpc.RpcMethodHandler:
+        presented = next((v for k, v in metadata or () if k == FLEET_SECRET_KEY and isinstance(v, str)), None)
+        if presented is not None and hmac.compare_digest(self._secret, presented.encode()):
             return handler
         return _denied(grpc.StatusCode.UNAUTHENTICATED, "the fleet secret is missing or wrong", handler)
 
