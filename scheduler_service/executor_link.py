@@ -269,6 +269,8 @@ class ExecutorLink:
         """Apply the reports' prefix-cache events to the fleet's index, in report order, after the
         tokens went out (clients wait on those; placement can wait a step). A failure the retry
         does not ride out ends the link, and the next stream's first report rebuilds the set."""
+        if not any(r.HasField("kv_events") for r in reports):
+            return  # the common case: executors send the field only when their cache changed
         events = [
             CacheEvents(r.kv_events.cleared, tuple(r.kv_events.stored), tuple(r.kv_events.removed)) for r in reports
         ]
