@@ -25,7 +25,7 @@ from scheduler_service.dispatcher import Dispatcher
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.priority import shed_limit
 from scheduler_service.prompt_prefix import prefix_fields
-from scheduler_service.requests import NewRequest, TokenEvent
+from scheduler_service.requests import NewRequest, TokenEvent, join_runs
 from scheduler_service.scoring import RequestScorer
 from scheduler_service.store import Store
 from scheduler_service.tokenizer_source import ModelLimits, TokenizerSource
@@ -136,13 +136,14 @@ class Frontend:
                 continue  # the stream now holds the request's final event
             if not batch and await self._retrying(functools.partial(self.store.requests.get, request_id), what) is None:
                 raise NotFound(f"request {request_id} does not exist or has expired")
+            ready: list[TokenEvent] = []
             for entry_id, event in batch:
                 last_id = entry_id
                 if event.index > next_index:
                     repair = await self._repair_gap(request_id, next_index, event.index)
                     if repair is not None:
                         next_index = event.index
-                        yield repair
+                        ready.append(repair)
                 end = event.index + len(event.token_ids)
                 if end > next_index or event.finish_reason is not FinishReason.NONE:
                     if event.index < next_index:  # a replayed prefix: keep the new tail
@@ -155,7 +156,14 @@ class Frontend:
                             event.usage,
                         )
                     next_index = max(next_index, end)
-                    yield event
+                    ready.append(event)
+                if event.finish_reason is not FinishReason.NONE:
+                    break
+            # Several entries arrive at once when this client fell behind (its previous message was
+            # still being written): they go out as one message, the same tokens no later, one
+            # message's cost instead of several on a busy replica.
+            for event in join_runs(ready):
+                yield event
                 if event.finish_reason is not FinishReason.NONE:
                     return
 

@@ -110,10 +110,8 @@ def coalesce(writes: list[StepWrite]) -> list[StepWrite]:
     for write in writes:
         at = last.get(write.request_id)
         if at is not None:
-            prev, event = out[at].event, write.event
-            if prev.finish_reason is FinishReason.NONE and prev.index + len(prev.token_ids) == event.index:
-                tokens, text = (*prev.token_ids, *event.token_ids), prev.text + event.text
-                merged = TokenEvent(prev.index, tokens, text, event.finish_reason, event.usage)
+            merged = out[at].event.joined(write.event)
+            if merged is not None:
                 out[at] = StepWrite(write.request_id, merged, write.error)
                 continue
         last[write.request_id] = len(out)

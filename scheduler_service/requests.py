@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from common.lifecycle import FinishReason
@@ -53,6 +54,15 @@ class TokenEvent:
     finish_reason: FinishReason = FinishReason.NONE
     usage: dict[str, float] = field(default_factory=dict)
 
+    def joined(self, later: TokenEvent) -> TokenEvent | None:
+        """This event and ``later`` as one, when ``later`` starts where this one ends and this one
+        is not final; else None."""
+        if self.finish_reason is not FinishReason.NONE or self.index + len(self.token_ids) != later.index:
+            return None
+        return TokenEvent(
+            self.index, self.token_ids + later.token_ids, self.text + later.text, later.finish_reason, later.usage
+        )
+
     def to_fields(self) -> dict[str, str]:
         fields = {"i": str(self.index), "t": ",".join(map(str, self.token_ids)), "x": self.text}
         if self.finish_reason is not FinishReason.NONE:
@@ -70,6 +80,18 @@ class TokenEvent:
             finish_reason=FinishReason(int(fields.get("f", "0"))),
             usage=json.loads(fields["u"]) if "u" in fields else {},
         )
+
+
+def join_runs(events: Sequence[TokenEvent]) -> list[TokenEvent]:
+    """``events`` with each run of contiguous ones joined into one (order kept)."""
+    out: list[TokenEvent] = []
+    for event in events:
+        merged = out[-1].joined(event) if out else None
+        if merged is None:
+            out.append(event)
+        else:
+            out[-1] = merged
+    return out
 
 
 def parse_ids(raw: str | None) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ from common.pb import executor_pb2 as pb
 from scheduler_service.linked_requests import LinkedRequest
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.report_writes import ReportWrites
+from scheduler_service.requests import TokenEvent, join_runs
 
 
 def linked(request_id: str, generated: int = 0) -> LinkedRequest:
@@ -71,3 +72,20 @@ def test_inter_token_latency_is_observed_from_a_requests_second_step_on() -> Non
     assert sample_count(metrics, "baton:inter_token_latency_seconds_count") == 0
     writes.of(pb.StepReport(tokens=[delta("a", 1, 2)]))
     assert sample_count(metrics, "baton:inter_token_latency_seconds_count") == 1
+
+
+def test_join_runs_merges_contiguous_events_up_to_a_final_one() -> None:
+    usage = {"completion_tokens": 4.0}
+    events = [
+        TokenEvent(0, (1,), "a"),
+        TokenEvent(1, (2, 3), "bc"),
+        TokenEvent(5, (6,), "f"),  # a gap: stays apart
+        TokenEvent(6, (), "", FinishReason.STOP, usage),
+        TokenEvent(6, (9,), "z"),  # after a final event: never merged into it
+    ]
+    assert join_runs(events) == [
+        TokenEvent(0, (1, 2, 3), "abc"),
+        TokenEvent(5, (6,), "f", FinishReason.STOP, usage),
+        TokenEvent(6, (9,), "z"),
+    ]
+    assert join_runs([]) == []
