@@ -28,6 +28,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
+# A Zephyr-style chat template over the tokenizer's own special tokens: ``<s>``, then each message as
+# ``<|role|>`` (plain text to this tokenizer), a newline, its content and ``</s>``, so a reply ends
+# on EOS. Reusing the tokens keeps the vocabulary, and so every existing id, unchanged.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
 _MASK64 = (1 << 64) - 1
 _CORPUS_SEED = 20240607  # the tokenizer is the same whatever the model seed
 _CORPUS_SENTENCES = 6000
@@ -238,9 +248,11 @@ def make_model(
     progress: bool = False,
     dtype: str = "float32",
     arch: str = "llama",
+    chat_template: bool = True,
 ) -> Path:
     """Write a deterministic random-weight causal LM (``arch``, Llama by default) and its byte-level
-    BPE tokenizer into ``out``."""
+    BPE tokenizer into ``out``; the tokenizer carries ``CHAT_TEMPLATE`` unless ``chat_template`` is
+    off (a model that cannot take conversations)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHS)}")
     if size not in SIZES:
@@ -260,6 +272,8 @@ def make_model(
 
     step("training tokenizer…")
     tokenizer = _build_tokenizer(spec.vocab_size, spec.max_position_embeddings)
+    if chat_template:
+        tokenizer.chat_template = CHAT_TEMPLATE
     vocab = tokenizer.get_vocab()
     bos, eos, pad = (vocab[t] for t in ("<s>", "</s>", "<pad>"))
     step(f"initialising {size} {arch} model (seed {seed}, {dtype})…")
@@ -288,10 +302,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", default="float32", choices=DTYPES, help="dtype of the saved weights (default: float32)"
     )
+    parser.add_argument(
+        "--no-chat-template",
+        dest="chat_template",
+        action="store_false",
+        help="give the tokenizer no chat template (default: a Zephyr-style one), for a model that takes no chats",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    path = make_model(args.out, size=args.size, seed=args.seed, progress=True, dtype=args.dtype, arch=args.arch)
+    path = make_model(
+        args.out,
+        size=args.size,
+        seed=args.seed,
+        progress=True,
+        dtype=args.dtype,
+        arch=args.arch,
+        chat_template=args.chat_template,
+    )
     print(path)
     return 0
 

@@ -57,7 +57,11 @@ class RequestLevelConfig:
     estimator_alpha: float = 0.2
     max_stop_strings: int = 16
     max_stop_string_chars: int = 256
-    max_prompt_chars: int = 1_000_000  # text prompts and Tokenize, checked before tokenising
+    max_prompt_chars: int = 1_000_000  # text prompts, conversations and Tokenize, checked before tokenising
+    # Whether a conversation may bring its own Jinja chat template (used when the model has none).
+    # Off by default: even sandboxed, a template can build gigabytes or loop for minutes in the
+    # scheduler, so only clients the operator trusts should send one.
+    allow_request_chat_template: bool = False
     # One GenerateBatch stream: requests beyond this many unfinished ones get RESOURCE_EXHAUSTED
     # events of their own (nothing is queued for them); and once this many events wait for a slow
     # reader, the stream's requests stop reading their token streams until it catches up (the

@@ -31,6 +31,11 @@ class NotReady(BatonError):
     """A dependency (Redis, executors) is unavailable right now: UNAVAILABLE."""
 
 
+class FailedPrecondition(BatonError):
+    """The request is well formed but the served model cannot honour it (a conversation for a model
+    without a chat template): FAILED_PRECONDITION."""
+
+
 class DeadlineExceeded(BatonError):
     """The request's deadline passed: DEADLINE_EXCEEDED."""
 

@@ -25,6 +25,7 @@ STATUS_FOR: dict[type[BaseException], grpc.StatusCode] = {
     errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     errors.Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.NotReady: grpc.StatusCode.UNAVAILABLE,
+    errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.DataLoss: grpc.StatusCode.DATA_LOSS,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -25,7 +25,7 @@ from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from common.tracing import client_interceptors
 from gateway.auth import Caller, ClientAuth
-from gateway.errors import BadRequest, GatewayError, from_rpc_error
+from gateway.errors import BadRequest, GatewayError, ModelNotFound, from_rpc_error
 from gateway.openai_types import (
     REQUEST_ID_HEADER,
     TENANT_HEADER,
@@ -35,6 +35,7 @@ from gateway.openai_types import (
     parse_chat,
     parse_completion,
 )
+from gateway.served_model import ServedModels
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class Gateway:
         tracing: bool = False,
         auth: ClientAuth | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        model_aliases: Sequence[str] = (),
     ) -> None:
         if max_body_bytes < 1:
             raise ValueError("max_body_bytes must be >= 1")
@@ -112,6 +114,7 @@ class Gateway:
         self.tracing = tracing
         self.auth = auth or ClientAuth()
         self.max_body_bytes = max_body_bytes
+        self.served = ServedModels(self._model_info, model_aliases)
         self._channel: grpc.aio.Channel | None = None
 
     @property
@@ -147,7 +150,8 @@ class Gateway:
         parsed = parse_chat(body) if chat else parse_completion(body)
         apply_headers(parsed.request, request.headers)
         self.auth.scope(parsed.request, caller, request.headers.get(TENANT_HEADER, ""))
-        reply = Reply.for_request(chat, parsed)
+        model = await self.served.resolve(parsed.model, caller.metadata)
+        reply = Reply.for_request(chat, parsed, model)
         headers = {REQUEST_ID_HEADER: reply.request_id}
         log.debug("request %s: %s, stream=%s", reply.request_id, request.url.path, parsed.stream)
         if parsed.stream:
@@ -253,31 +257,20 @@ class Gateway:
             return fallback
         return f"{fallback}: {status.error}" if status.error else fallback
 
-    async def _model_card(self, request: Request) -> dict[str, Any]:
-        # Behind auth as in OpenAI's API, where listing models needs a key too.
-        caller = self.auth.caller(request.headers)
-        try:
-            info = await self.stub.ModelInfo(pb.ModelInfoRequest(), timeout=_INFO_TIMEOUT_S, metadata=caller.metadata)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from None
-        return {
-            "id": info.model,
-            "object": "model",
-            "created": 0,
-            "owned_by": "baton",
-            "max_model_len": info.max_model_len,
-        }
+    async def _model_info(self, metadata: tuple[tuple[str, str], ...]) -> pb.ModelInfoResponse:
+        return await self.stub.ModelInfo(pb.ModelInfoRequest(), timeout=_INFO_TIMEOUT_S, metadata=metadata)
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [await self._model_card(request)]})
+        # Behind auth as in OpenAI's API, where listing models needs a key too.
+        served = await self.served.current(self.auth.caller(request.headers).metadata)
+        return JSONResponse({"object": "list", "data": [served.card(name) for name in served.names]})
 
     async def model(self, request: Request) -> Response:
-        card = await self._model_card(request)
-        if request.path_params["model"] != card["id"]:
-            raise GatewayError(
-                404, f"model {request.path_params['model']!r} is not served here", code="model_not_found"
-            )
-        return JSONResponse(card)
+        served = await self.served.current(self.auth.caller(request.headers).metadata)
+        name = request.path_params["model"]
+        if name not in served.names:
+            raise ModelNotFound(name)
+        return JSONResponse(served.card(name))
 
     async def health(self, request: Request) -> Response:
         """Open to all, as probes carry no key; the scheduler's health service is open too."""
@@ -311,15 +304,17 @@ def create_app(
     tracing: bool = False,
     auth_tokens: Mapping[str, str] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    model_aliases: Sequence[str] = (),
 ) -> Starlette:
     """The gateway's ASGI app, forwarding to the Baton scheduler at ``target`` (``HOST:PORT``).
 
     With ``tracing``, each call to the scheduler carries the trace context (OpenTelemetry). With
     ``auth_tokens`` (bearer token -> tenant, as the scheduler's ``auth_tokens_file``), every route
     but ``/health`` needs one of those tokens (see ``gateway.auth``). A body over ``max_body_bytes``
-    is answered 413.
+    is answered 413. A request's ``model`` must name the served model, as the executors registered
+    it or as one of ``model_aliases``.
     """
-    gateway = Gateway(target, tracing, ClientAuth(auth_tokens), max_body_bytes)
+    gateway = Gateway(target, tracing, ClientAuth(auth_tokens), max_body_bytes, model_aliases)
     routes = [
         Route("/v1/completions", gateway.completions, methods=["POST"]),
         Route("/v1/chat/completions", gateway.chat_completions, methods=["POST"]),

@@ -12,6 +12,9 @@ HTTP_STATUS_FOR: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.UNAUTHENTICATED: 401,
     grpc.StatusCode.PERMISSION_DENIED: 403,
     grpc.StatusCode.OUT_OF_RANGE: 400,
+    # The served model cannot do what was asked (a chat for a model without a chat template): the
+    # request is wrong for this server, as vLLM answers it too.
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.ALREADY_EXISTS: 409,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
@@ -44,19 +47,22 @@ class GatewayError(Exception):
         code: str | None = None,
         param: str | None = None,
         headers: dict[str, str] | None = None,
+        error_type: str | None = None,
     ) -> None:
+        """``error_type``: the body's ``type``, when not the one usual for ``status``."""
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
         self.headers = headers or {}
+        self.error_type = error_type or _ERROR_TYPE.get(status, "server_error")
 
     def body(self) -> dict[str, Any]:
         return {
             "error": {
                 "message": self.message,
-                "type": _ERROR_TYPE.get(self.status, "server_error"),
+                "type": self.error_type,
                 "param": self.param,
                 "code": self.code,
             }
@@ -71,6 +77,19 @@ class BadRequest(GatewayError):
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(400, message, code="invalid_request", param=param)
+
+
+class ModelNotFound(GatewayError):
+    """The request names a model not served here: OpenAI's 404, with its type and code."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            404,
+            f"the model {model!r} does not exist or is not served here",
+            code="model_not_found",
+            param="model",
+            error_type="invalid_request_error",
+        )
 
 
 class Unauthenticated(GatewayError):

@@ -13,9 +13,12 @@ auth on, the API key sets the tenant instead, see ``gateway.auth``) and
 ``x-baton-request-id`` (Baton's request id, an idempotency key: a repeat gets 409). A response's
 ``id`` is ``cmpl-`` or ``chatcmpl-`` plus Baton's request id, for GetRequest and Cancel.
 
-Chat prompts: the gateway has no tokenizer, so it cannot apply a model's chat template.
-Messages become one prompt, ``"<role>: <content>\\n"`` per message followed by ``"assistant:"``.
-No stop string is added for the next turn; pass ``stop=["\\nuser:"]`` to get one.
+Chat: the messages go to Baton as they are (a ``baton.v1.Chat``; text content parts are joined),
+and the scheduler renders them with the model's own chat template, so ``usage.prompt_tokens``
+counts the tokens the template produced. A model without a template answers 400.
+
+``model`` names the served model (its path or hub id, as ``/v1/models`` lists it); another name is
+404 ``model_not_found``. Left out, it means the served model, as in vLLM.
 """
 
 from __future__ import annotations
@@ -58,7 +61,6 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "functions": (None, []),
     "response_format": (None, {"type": "text"}),
 }
-_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -66,9 +68,9 @@ class Parsed:
     """One OpenAI request, as the Baton request to send and how to answer it."""
 
     request: pb.GenerateRequest
-    model: str
+    model: str  # as the body names it; empty: the served model
     stream: bool
-    include_usage: bool
+    include_usage: bool  # stream_options.include_usage: a last chunk with the usage, and no choices
 
 
 def _number(body: Mapping[str, Any], name: str) -> float | None:
@@ -159,12 +161,21 @@ def _parsed(body: Mapping[str, Any], request: pb.GenerateRequest, default_max_to
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise BadRequest("user must be a string", param="user")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise BadRequest("stream_options must be an object", param="stream_options")
+    stream = _bool(body, "stream")
     request.params.CopyFrom(_sampling(body, default_max_tokens))
     request.tenant = user or ""
-    return Parsed(request, model, _bool(body, "stream"), bool(options.get("include_usage")))
+    return Parsed(request, model, stream, _include_usage(body, stream))
+
+
+def _include_usage(body: Mapping[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise BadRequest("stream_options must be an object", param="stream_options")
+    if not stream:  # as OpenAI and vLLM answer
+        raise BadRequest("stream_options is only allowed when stream is true", param="stream_options")
+    return _bool(options, "include_usage")
 
 
 def parse_completion(body: Mapping[str, Any]) -> Parsed:
@@ -184,7 +195,7 @@ def parse_completion(body: Mapping[str, Any]) -> Parsed:
 
 def _content(message: Mapping[str, Any]) -> str:
     content = message.get("content")
-    if content is None:
+    if content is None:  # an assistant turn that only called tools
         return ""
     if isinstance(content, str):
         return content
@@ -198,20 +209,20 @@ def _content(message: Mapping[str, Any]) -> str:
     raise BadRequest("message content must be a string or a list of text parts", param="messages")
 
 
-def chat_prompt(messages: Any) -> str:
-    """The documented template: one ``role: content`` line per message, then ``assistant:``."""
+def chat_input(messages: Any) -> pb.Chat:
+    """The conversation as Baton takes it. Which roles a model accepts is Baton's to judge, with its template."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", param="messages")
-    lines = []
+    chat = pb.Chat()
     for message in messages:
-        if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            raise BadRequest(f"each message needs a role, one of {', '.join(_ROLES)}", param="messages")
-        lines.append(f"{message['role']}: {_content(message)}\n")
-    return "".join(lines) + "assistant:"
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest("each message must be an object with a role", param="messages")
+        chat.messages.add(role=message["role"], content=_content(message))
+    return chat
 
 
 def parse_chat(body: Mapping[str, Any]) -> Parsed:
-    request = pb.GenerateRequest(prompt=chat_prompt(body.get("messages")))
+    request = pb.GenerateRequest(chat=chat_input(body.get("messages")))
     return _parsed(body, request, 0)  # 0: Baton's default, capped by the room left in the context
 
 
@@ -243,10 +254,13 @@ class Reply:
     request_id: str
     model: str
     created: int
+    # With stream_options.include_usage, OpenAI gives every chunk a usage field: null but in the last.
+    include_usage: bool = False
 
     @classmethod
-    def for_request(cls, chat: bool, parsed: Parsed) -> Reply:
-        return cls(chat, parsed.request.request_id, parsed.model, int(time.time()))
+    def for_request(cls, chat: bool, parsed: Parsed, model: str) -> Reply:
+        """``model``: the name to answer with (the request's, or the served model's when it named none)."""
+        return cls(chat, parsed.request.request_id, model, int(time.time()), parsed.include_usage)
 
     @property
     def id(self) -> str:
@@ -275,7 +289,10 @@ class Reply:
             choice["delta"] = delta
         else:
             choice["text"] = text or ""
-        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
+        out = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
+        if self.include_usage:
+            out["usage"] = None
+        return out
 
     def usage_chunk(self, usage: pb.Usage) -> dict[str, Any]:
         """OpenAI's last chunk under ``stream_options.include_usage``: no choices, only usage."""

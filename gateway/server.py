@@ -32,6 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="largest request body accepted; a larger one gets 413 before it is read (default 8 MiB)",
     )
+    parser.add_argument(
+        "--model-alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another name clients may give as `model` for the served model, e.g. a short one for a model "
+        "path; repeatable. /v1/models lists it too (default: only the name the executors registered)",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     parser.add_argument("--tracing", action="store_true", help="emit OpenTelemetry spans and propagate trace context")
     parser.add_argument(
@@ -66,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if max_body < 1:
         log.error("--max-body-bytes must be >= 1")
         return 2
-    app = create_app(args.target, tracing, tokens, max_body)
+    app = create_app(args.target, tracing, tokens, max_body, args.model_alias)
     freeze_startup_heap()
     uvicorn.run(
         app,

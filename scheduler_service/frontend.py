@@ -21,6 +21,7 @@ from common.pb import generate_pb2 as pb
 from common.redis_client import with_redis_retry
 from common.security import current_principal
 from common.tracing import current_traceparent, tag_current_span
+from scheduler_service.chat import Chat, chat_prompt_ids
 from scheduler_service.dispatcher import Dispatcher
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.priority import shed_limit
@@ -79,6 +80,18 @@ class Frontend:
             return list(await asyncio.to_thread(encode, text))
         return list(encode(text))
 
+    async def tokenize_chat(self, chat: Chat) -> list[int]:
+        """The conversation's prompt ids under the model's chat template, within the prompt's limits."""
+        request_level = self.config.scheduler.request_level
+        if chat.chars > request_level.max_prompt_chars:  # before any templating, as for a prompt
+            limit = request_level.max_prompt_chars
+            raise InvalidRequest(f"chat has {chat.chars} characters (roles, contents, template); at most {limit}")
+        tokenizer, _ = await self.tokenizers.get()
+        render = functools.partial(chat_prompt_ids, tokenizer, chat, request_level.allow_request_chat_template)
+        if chat.chars > _LONG_PROMPT_CHARS:
+            return await asyncio.to_thread(render)
+        return render()
+
     async def model_limits(self) -> ModelLimits:
         _, limits = await self.tokenizers.get()
         return limits
@@ -90,9 +103,12 @@ class Frontend:
                 raise PermissionDenied(f"this token may not submit for tenant {msg.tenant!r}")
             msg.tenant = principal.tenant  # with auth on, the token decides the tenant
         limits = await self.model_limits()
-        prompt_ids = await self.tokenize(msg.prompt) if msg.prompt else []
+        if msg.WhichOneof("input") == "chat":
+            prompt_ids = await self.tokenize_chat(Chat.from_pb(msg.chat))
+        else:
+            prompt_ids = await self.tokenize(msg.prompt) if msg.prompt else []
         request_level = self.config.scheduler.request_level
-        req = validate(msg, lambda _text: prompt_ids, limits, request_level)
+        req = validate(msg, lambda _text: prompt_ids, limits, request_level, render_chat=lambda _chat: prompt_ids)
         scored = self.scorer.score(req)
         tag_current_span(req.request_id)
         limit = shed_limit(req.priority, request_level)

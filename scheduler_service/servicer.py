@@ -12,6 +12,7 @@ from common.lifecycle import FinishReason
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from scheduler_service.batch_stream import BatchStream
+from scheduler_service.chat import Chat
 from scheduler_service.frontend import Frontend, RequestStatus
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.requests import TokenEvent
@@ -125,4 +126,6 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         return pb.ModelInfoResponse(model=limits.model, max_model_len=limits.max_model_len, executors=executors)
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
+        if request.WhichOneof("input") == "chat":
+            return pb.TokenizeResponse(token_ids=await self._frontend.tokenize_chat(Chat.from_pb(request.chat)))
         return pb.TokenizeResponse(token_ids=await self._frontend.tokenize(request.text))

@@ -66,7 +66,10 @@ def validate(
     limits: ModelLimits,
     config: RequestLevelConfig,
     now_ms: int | None = None,
+    render_chat: Callable[[pb.Chat], list[int]] | None = None,
 ) -> NewRequest:
+    """``tokenize`` gives a text prompt's ids, ``render_chat`` a conversation's (None: conversations
+    are refused); each is called only once the prompt's own checks have passed."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     request_id = msg.request_id or uuid.uuid4().hex
     # Ids and tenants become parts of Redis keys: their alphabet keeps them from aliasing one.
@@ -79,7 +82,13 @@ def validate(
         raise InvalidRequest(f"tenant must be 1-{MAX_NAME_CHARS} characters of {NAME_ALPHABET}")
     if msg.deadline_ms and msg.deadline_ms <= now:
         raise InvalidRequest(f"deadline_ms {msg.deadline_ms} is in the past (now {now})")
-    if msg.prompt:
+    if msg.WhichOneof("input") == "chat":
+        if msg.prompt_token_ids:
+            raise InvalidRequest("set one input: chat or prompt_token_ids, not both")
+        if render_chat is None:
+            raise InvalidRequest("this call takes no chat input")
+        prompt_ids = render_chat(msg.chat)
+    elif msg.prompt:
         if len(msg.prompt) > config.max_prompt_chars:
             raise InvalidRequest(f"prompt has {len(msg.prompt)} characters; at most {config.max_prompt_chars}")
         prompt_ids = tokenize(msg.prompt)
@@ -87,7 +96,7 @@ def validate(
         prompt_ids = list(msg.prompt_token_ids)
         _check_ids(prompt_ids, limits.vocab_size, "prompt_token_ids")
     if not prompt_ids:
-        raise InvalidRequest("prompt is empty: set prompt or prompt_token_ids")
+        raise InvalidRequest("prompt is empty: set prompt, prompt_token_ids or chat")
     if len(prompt_ids) >= limits.max_model_len:
         raise InvalidRequest(f"prompt has {len(prompt_ids)} tokens; max_model_len is {limits.max_model_len}")
     params = _params(msg.params, len(prompt_ids), limits, config)

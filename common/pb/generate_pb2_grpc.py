@@ -139,7 +139,8 @@ class GenerationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Tokenize(self, request, context):
-        """/ Tokenises text with the served model's tokenizer (up to request_level.max_prompt_chars characters).
+        """/ Tokenises text, or a conversation with the model's chat template, with the served model's
+        / tokenizer (up to request_level.max_prompt_chars characters).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -27,7 +27,14 @@ def tokenizer(tiny_model_dir: Path):
 
 def test_writes_expected_files(tiny_model_dir: Path) -> None:
     names = {p.name for p in tiny_model_dir.iterdir()}
-    expected = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    expected = {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    }
     assert expected <= names
 
 
@@ -85,12 +92,38 @@ def test_bos_is_prepended(tokenizer) -> None:
     assert plain == ids[1:]
 
 
+def test_the_chat_template_frames_each_message_with_the_special_tokens(tokenizer) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text == "<s><|system|>\nBe brief.</s>\n<|user|>\nHello</s>\n<|assistant|>\n"
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    # One BOS, and the end of each turn is the model's EOS, so a greedy reply stops where a turn would.
+    assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
+    assert ids.count(tokenizer.eos_token_id) == 2
+    assert ids == tokenizer(text, add_special_tokens=False).input_ids
+    without = tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=False)
+    assert text == without + "<|assistant|>\n"
+
+
+def test_no_chat_template_changes_nothing_else(tmp_path: Path, tiny_model_dir: Path) -> None:
+    parser = argparse.ArgumentParser()
+    mm.add_arguments(parser)
+    assert parser.parse_args(["--out", "x"]).chat_template is True
+    assert parser.parse_args(["--out", "x", "--no-chat-template"]).chat_template is False
+    assert mm.main(["--out", str(tmp_path / "plain"), "--no-chat-template"]) == 0
+    plain = tmp_path / "plain"
+    assert not (plain / "chat_template.jinja").exists()
+    assert AutoTokenizer.from_pretrained(plain).chat_template is None
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"):
+        assert (plain / name).read_bytes() == (tiny_model_dir / name).read_bytes(), name
+
+
 def test_same_seed_gives_identical_bytes(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     first = mm.make_model(tmp_path / "a", size="tiny", seed=0)
     second = mm.make_model(str(tmp_path / "b"), size="tiny", seed=0)
     other = mm.make_model(tmp_path / "c", size="tiny", seed=1)
     assert first == tmp_path / "a" and second == tmp_path / "b"
-    for name in ("model.safetensors", "tokenizer.json", "config.json", "tokenizer_config.json"):
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "tokenizer_config.json", "chat_template.jinja"):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     assert (first / "model.safetensors").read_bytes() != (other / "model.safetensors").read_bytes()
     assert (first / "tokenizer.json").read_bytes() == (other / "tokenizer.json").read_bytes()

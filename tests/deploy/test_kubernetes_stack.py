@@ -133,7 +133,7 @@ async def test_the_manifests_serve_a_request_end_to_end_with_auth_on(
         async with serve_gateway(f"127.0.0.1:{scheduler.port}", tokens) as base_url:
             async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0) as client:
                 out = await client.completions.create(
-                    model="t", prompt="Hello", max_tokens=3, extra_body={"ignore_eos": True}
+                    model=str(tiny_model_dir), prompt="Hello", max_tokens=3, extra_body={"ignore_eos": True}
                 )
             async with httpx.AsyncClient(base_url=base_url) as http:
                 anonymous = await http.post("/v1/completions", json={"model": "t", "prompt": "Hi"})

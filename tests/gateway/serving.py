@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 
 import uvicorn
 
@@ -20,11 +20,14 @@ class _Server(uvicorn.Server):
 
 @contextlib.asynccontextmanager
 async def serve_gateway(
-    target: str, auth_tokens: Mapping[str, str] | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    target: str,
+    auth_tokens: Mapping[str, str] | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    model_aliases: Sequence[str] = (),
 ) -> AsyncIterator[str]:
     """Yields the gateway's base URL, ``http://127.0.0.1:PORT``; ``auth_tokens`` turns client auth on."""
     port = free_port()
-    app = create_app(target, auth_tokens=auth_tokens, max_body_bytes=max_body_bytes)
+    app = create_app(target, auth_tokens=auth_tokens, max_body_bytes=max_body_bytes, model_aliases=model_aliases)
     server = _Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     try:

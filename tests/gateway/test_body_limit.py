@@ -28,7 +28,9 @@ async def test_an_oversized_body_is_413_and_leaves_nothing(redis_url: str, tiny_
             for reply in (declared, chunked):
                 assert reply.status_code == 413, reply.text
                 assert "larger than 4096 bytes" in reply.json()["error"]["message"]
-            small = await http.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 2})
+            small = await http.post(
+                "/v1/completions", json={"model": str(tiny_model_dir), "prompt": "hi", "max_tokens": 2}
+            )
             assert small.status_code == 200, small.text
         client = aioredis.Redis.from_url(redis_url, decode_responses=True)
         try:

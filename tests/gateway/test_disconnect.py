@@ -63,7 +63,11 @@ async def test_leaving_while_queued_cancels(one_slot: tuple[Stack, str], stream:
     async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0) as client:
         call = asyncio.create_task(
             client.completions.create(
-                model="t", prompt="Hi", max_tokens=4, stream=stream, extra_headers={"x-baton-request-id": request_id}
+                model=stack.config.executor.model,
+                prompt="Hi",
+                max_tokens=4,
+                stream=stream,
+                extra_headers={"x-baton-request-id": request_id},
             )
         )
         await _wait_state(stack, request_id, pb.REQUEST_STATE_QUEUED)

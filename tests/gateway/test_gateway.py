@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import openai
 import pytest
 import redis.asyncio as aioredis
 from openai.types.chat import ChatCompletionMessageParam
+from transformers import AutoTokenizer
 
 from baton.cli import build_parser
 from common.pb import generate_pb2 as pb
@@ -20,6 +23,7 @@ from tests.conftest import RedisServer, free_port
 from tests.gateway.serving import serve_gateway
 from tests.stack import Stack, stack_config, start_stack
 
+ALIAS = "tiny"  # the gateway's other name for the served model, which is registered by its path
 # Greedy and past EOS, so outputs are deterministic and exactly max_tokens long (the tiny model may emit EOS early).
 NO_EOS = {"ignore_eos": True}
 
@@ -42,7 +46,7 @@ async def served(redis_server: RedisServer, tiny_model_dir: Path) -> AsyncIterat
     redis_server.flush()
     stack = await start_stack(stack_config(redis_server.url, tiny_model_dir))
     try:
-        async with serve_gateway(stack.target) as base_url:
+        async with serve_gateway(stack.target, model_aliases=(ALIAS,)) as base_url:
             yield Served(stack, base_url, redis_server.url, tiny_model_dir)
     finally:
         await stack.stop()
@@ -107,36 +111,45 @@ async def test_completion_from_token_ids_matches_text(served: Served, client: op
 
 
 async def test_stop_string_ends_the_text(client: openai.AsyncOpenAI) -> None:
-    free = await client.completions.create(model="t", prompt="abc", max_tokens=30, temperature=0, extra_body=NO_EOS)
+    free = await client.completions.create(model="tiny", prompt="abc", max_tokens=30, temperature=0, extra_body=NO_EOS)
     text = free.choices[0].text
     stop = text[len(text) // 2 :][:3]
     if not stop.strip():
         pytest.skip("the generated text has no usable stop string")
     out = await client.completions.create(
-        model="t", prompt="abc", max_tokens=30, stop=stop, temperature=0, extra_body=NO_EOS
+        model="tiny", prompt="abc", max_tokens=30, stop=stop, temperature=0, extra_body=NO_EOS
     )
     assert out.choices[0].finish_reason == "stop"
     assert out.choices[0].text == text[: text.index(stop)]
 
 
-async def test_chat_whole_uses_documented_template(client: openai.AsyncOpenAI) -> None:
+def _chat_ids(model_dir: Path, messages: list[ChatCompletionMessageParam]) -> list[int]:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    conversation = cast(list[dict[str, str]], messages)
+    return cast(list[int], tokenizer.apply_chat_template(conversation, add_generation_prompt=True, return_dict=False))
+
+
+async def test_chat_whole_uses_the_models_chat_template(served: Served, client: openai.AsyncOpenAI) -> None:
     messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},
     ]
     chat = await client.chat.completions.create(
-        model="tiny", messages=messages, max_tokens=10, temperature=0, extra_body=NO_EOS
+        model=str(served.model_dir), messages=messages, max_tokens=10, temperature=0, extra_body=NO_EOS
     )
     assert chat.id.startswith("chatcmpl-") and chat.object == "chat.completion"
+    assert chat.model == str(served.model_dir)
     assert chat.choices[0].message.role == "assistant"
     assert chat.choices[0].message.content
-    assert chat.usage is not None and chat.usage.completion_tokens == 10
-    prompt = "system: Be brief.\nuser: Hi\nassistant:"
-    same = await client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0, extra_body=NO_EOS)
+    ids = _chat_ids(served.model_dir, messages)
+    assert chat.usage is not None and (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (len(ids), 10)
+    # The same prompt tokens as a completion give the same text: the gateway sent the messages, and
+    # the scheduler rendered them with the model's template.
+    same = await client.completions.create(model=ALIAS, prompt=ids, max_tokens=10, temperature=0, extra_body=NO_EOS)
     assert chat.choices[0].message.content == same.choices[0].text
 
 
-async def test_chat_stream(client: openai.AsyncOpenAI) -> None:
+async def test_chat_stream_with_usage(served: Served, client: openai.AsyncOpenAI) -> None:
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": [{"type": "text", "text": "Tell me"}]}]
     whole = await client.chat.completions.create(
         model="tiny", messages=messages, max_tokens=9, temperature=0, extra_body=NO_EOS
@@ -152,19 +165,94 @@ async def test_chat_stream(client: openai.AsyncOpenAI) -> None:
     )
     chunks = [chunk async for chunk in stream]
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert all(c.object == "chat.completion.chunk" and c.model == "tiny" for c in chunks)
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert content == whole.choices[0].message.content
     assert chunks[-2].choices[0].finish_reason == "length"
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 9
+    assert all(c.usage is None for c in chunks[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 9
+    as_text: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me"}]  # the parts, joined
+    assert chunks[-1].usage.prompt_tokens == len(_chat_ids(served.model_dir, as_text))
+
+
+async def _sse_events(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    async with http.stream("POST", path, json=body) as reply:
+        assert reply.status_code == 200, await reply.aread()
+        lines = [line async for line in reply.aiter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_include_usage_stream_shape(served: Served, path: str) -> None:
+    """OpenAI's shape: every chunk has ``usage: null`` but the last, which has no choices; without
+    include_usage no chunk has a usage field."""
+    body: dict[str, Any] = {"model": ALIAS, "max_tokens": 4, "temperature": 0, "stream": True, **NO_EOS}
+    if path == "/v1/completions":
+        body["prompt"] = "Hello"
+    else:
+        body["messages"] = [{"role": "user", "content": "Hello"}]
+    async with httpx.AsyncClient(base_url=served.base_url) as http:
+        plain = await _sse_events(http, path, body)
+        counted = await _sse_events(http, path, {**body, "stream_options": {"include_usage": True}})
+    assert all("usage" not in event for event in plain)
+    assert all(event["usage"] is None and event["choices"] for event in counted[:-1])
+    last = counted[-1]
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 4
+    assert last["usage"]["total_tokens"] == last["usage"]["prompt_tokens"] + 4
+
+
+async def test_a_wrong_model_is_404_and_no_model_means_the_served_one(
+    served: Served, client: openai.AsyncOpenAI
+) -> None:
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.NotFoundError) as chat_error:
+        await client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        await client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=2, stream=True)
+    with pytest.raises(openai.NotFoundError) as completion_error:
+        await client.completions.create(model="tiny-but-not-quite", prompt="Hi", max_tokens=2)
+    for error in (chat_error.value, completion_error.value):
+        assert isinstance(error.body, dict)
+        assert (error.body["code"], error.body["param"], error.body["type"]) == (
+            "model_not_found",
+            "model",
+            "invalid_request_error",
+        )
+    async with httpx.AsyncClient(base_url=served.base_url) as http:
+        unnamed = await http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
+    assert unnamed.status_code == 200, unnamed.text
+    assert unnamed.json()["model"] == str(served.model_dir)
+
+
+async def test_chat_refusals_are_400(client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="role"):  # Baton's check, passed on
+        await client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "wizard", "content": "x"}],  # type: ignore[list-item, misc]
+            max_tokens=2,
+        )
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        await client.chat.completions.create(model="tiny", messages=[], max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="stream_options"):
+        await client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "x"}],
+            max_tokens=2,
+            stream_options={"include_usage": True},
+        )
 
 
 async def test_models(served: Served, client: openai.AsyncOpenAI) -> None:
     models = await client.models.list()
-    assert [m.id for m in models.data] == [str(served.model_dir)]
+    assert [m.id for m in models.data] == [str(served.model_dir), ALIAS]
+    assert all(m.owned_by == "baton" and m.model_dump()["root"] == str(served.model_dir) for m in models.data)
     assert (await client.models.retrieve(str(served.model_dir))).owned_by == "baton"
-    with pytest.raises(openai.NotFoundError):
+    assert (await client.models.retrieve(ALIAS)).id == ALIAS
+    with pytest.raises(openai.NotFoundError) as missing:
         await client.models.retrieve("something-else")
+    assert isinstance(missing.value.body, dict) and missing.value.body["code"] == "model_not_found"
 
 
 async def test_health(served: Served) -> None:
@@ -176,17 +264,17 @@ async def test_health(served: Served) -> None:
 
 async def test_bad_requests_are_400_with_openai_body(client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
-        await client.completions.create(model="t", prompt="Hello", max_tokens=4, temperature=-1)
+        await client.completions.create(model="tiny", prompt="Hello", max_tokens=4, temperature=-1)
     assert "temperature" in bad.value.message
     assert isinstance(bad.value.body, dict) and bad.value.body["code"] == "invalid_argument"
     with pytest.raises(openai.BadRequestError):  # refused before the stream starts, so still a 400
-        await client.completions.create(model="t", prompt="Hello", max_tokens=4, temperature=-1, stream=True)
+        await client.completions.create(model="tiny", prompt="Hello", max_tokens=4, temperature=-1, stream=True)
     with pytest.raises(openai.BadRequestError, match="n=2"):
-        await client.completions.create(model="t", prompt="Hello", n=2)
+        await client.completions.create(model="tiny", prompt="Hello", n=2)
     with pytest.raises(openai.BadRequestError, match="priority"):
-        await client.completions.create(model="t", prompt="Hello", extra_headers={"x-baton-priority": "high"})
+        await client.completions.create(model="tiny", prompt="Hello", extra_headers={"x-baton-priority": "high"})
     with pytest.raises(openai.BadRequestError, match="priority"):  # Baton's own bound
-        await client.completions.create(model="t", prompt="Hello", extra_headers={"x-baton-priority": "11"})
+        await client.completions.create(model="tiny", prompt="Hello", extra_headers={"x-baton-priority": "11"})
 
 
 async def test_malformed_json_and_unknown_route(served: Served) -> None:
@@ -201,7 +289,9 @@ async def test_malformed_json_and_unknown_route(served: Served) -> None:
 
 async def test_priority_and_tenant_headers_reach_baton(served: Served, client: openai.AsyncOpenAI) -> None:
     headers = {"x-baton-priority": "9", "x-baton-tenant": "acme"}
-    out = await client.completions.create(model="t", prompt="Hi", max_tokens=3, user="ignored", extra_headers=headers)
+    out = await client.completions.create(
+        model="tiny", prompt="Hi", max_tokens=3, user="ignored", extra_headers=headers
+    )
     request_id = out.id.removeprefix("cmpl-")
     status = await served.stack.stub.GetRequest(pb.GetRequestRequest(request_id=request_id))
     assert status.state == pb.REQUEST_STATE_FINISHED
@@ -210,7 +300,7 @@ async def test_priority_and_tenant_headers_reach_baton(served: Served, client: o
     assert record["priority"] == "9"
     assert record["tenant"] == "acme"  # the header wins over the body's `user`
 
-    out = await client.completions.create(model="t", prompt="Hi", max_tokens=3, user="bob")
+    out = await client.completions.create(model="tiny", prompt="Hi", max_tokens=3, user="bob")
     record = await _record(served, out.id.removeprefix("cmpl-"))
     assert record["tenant"] == "bob"
     assert record["priority"] == "5"  # Baton's default
@@ -218,10 +308,10 @@ async def test_priority_and_tenant_headers_reach_baton(served: Served, client: o
 
 async def test_request_id_header_is_idempotency_key(client: openai.AsyncOpenAI) -> None:
     headers = {"x-baton-request-id": "gateway-dup-1"}
-    out = await client.completions.create(model="t", prompt="Hi", max_tokens=2, extra_headers=headers)
+    out = await client.completions.create(model="tiny", prompt="Hi", max_tokens=2, extra_headers=headers)
     assert out.id == "cmpl-gateway-dup-1"
     with pytest.raises(openai.ConflictError):
-        await client.completions.create(model="t", prompt="Hi", max_tokens=2, extra_headers=headers)
+        await client.completions.create(model="tiny", prompt="Hi", max_tokens=2, extra_headers=headers)
 
 
 async def _wait_state(served: Served, request_id: str, state: int, timeout: float = 10.0) -> None:
@@ -235,7 +325,7 @@ async def _wait_state(served: Served, request_id: str, state: int, timeout: floa
 
 async def test_client_disconnect_cancels_the_baton_request(served: Served, client: openai.AsyncOpenAI) -> None:
     stream = await client.completions.create(
-        model="t", prompt="Hello", max_tokens=3000, stream=True, temperature=0, extra_body=NO_EOS
+        model="tiny", prompt="Hello", max_tokens=3000, stream=True, temperature=0, extra_body=NO_EOS
     )
     seen = []
     async for chunk in stream:

@@ -28,6 +28,11 @@ class Gateways:
     checking: str  # base URL of a gateway given the tokens file: it checks keys itself
     forwarding: str  # base URL of a gateway without it: the scheduler alone checks the forwarded key
 
+    @property
+    def model(self) -> str:
+        """The served model's name, as the executors registered it."""
+        return self.stack.config.executor.model
+
     def client(self, base_url: str, key: str, **kwargs: object) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0, **kwargs)  # type: ignore[arg-type]
 
@@ -60,8 +65,8 @@ async def _tenant(gateways: Gateways, completion_id: str) -> str:
 
 
 async def test_no_or_unknown_key_is_401_and_health_stays_open(gateways: Gateways) -> None:
-    body = {"model": "t", "prompt": "Hi", "max_tokens": 2}
-    chat = {"model": "t", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    body = {"model": gateways.model, "prompt": "Hi", "max_tokens": 2}
+    chat = {"model": gateways.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
     for base_url in (gateways.checking, gateways.forwarding):
         async with httpx.AsyncClient(base_url=base_url) as http:
             # A tenant header from a caller without a key is never trusted: still a 401.
@@ -77,14 +82,14 @@ async def test_no_or_unknown_key_is_401_and_health_stays_open(gateways: Gateways
         assert health.status_code == 200 and health.json()["status"] == "SERVING"
     async with gateways.client(gateways.checking, "nope") as client:
         with pytest.raises(openai.AuthenticationError):
-            await client.completions.create(model="t", prompt="Hi", max_tokens=2)
+            await client.completions.create(model=gateways.model, prompt="Hi", max_tokens=2)
 
 
 async def test_a_key_runs_as_its_tenant_whatever_the_body_or_headers_say(gateways: Gateways) -> None:
     for base_url in (gateways.checking, gateways.forwarding):
         async with gateways.client(base_url, "tok-alice") as client:
             out = await client.completions.create(
-                model="t",
+                model=gateways.model,
                 prompt="Hi",
                 max_tokens=3,
                 extra_body={"ignore_eos": True},
@@ -94,15 +99,15 @@ async def test_a_key_runs_as_its_tenant_whatever_the_body_or_headers_say(gateway
             assert await _tenant(gateways, out.id) == "alice"
             with pytest.raises(openai.PermissionDeniedError):
                 await client.completions.create(
-                    model="t", prompt="Hi", max_tokens=2, extra_headers={"x-baton-tenant": "bob"}
+                    model=gateways.model, prompt="Hi", max_tokens=2, extra_headers={"x-baton-tenant": "bob"}
                 )
             assert [m.object for m in (await client.models.list()).data] == ["model"]
     async with gateways.client(gateways.checking, "tok-alice") as client:
         # OpenAI's `user` is an end-user id: with the gateway checking keys it never names the tenant.
-        out = await client.completions.create(model="t", prompt="Hi", max_tokens=2, user="bob")
+        out = await client.completions.create(model=gateways.model, prompt="Hi", max_tokens=2, user="bob")
         assert await _tenant(gateways, out.id) == "alice"
         stream = await client.chat.completions.create(
-            model="t", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, stream=True
+            model=gateways.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, stream=True
         )
         chunks = [chunk async for chunk in stream]
         assert chunks[-1].choices[0].finish_reason is not None
@@ -111,7 +116,7 @@ async def test_a_key_runs_as_its_tenant_whatever_the_body_or_headers_say(gateway
 async def test_an_admin_key_acts_for_the_tenant_the_header_names(gateways: Gateways) -> None:
     async with gateways.client(gateways.checking, "tok-admin") as client:
         out = await client.completions.create(
-            model="t", prompt="Hi", max_tokens=2, extra_headers={"x-baton-tenant": "bob"}
+            model=gateways.model, prompt="Hi", max_tokens=2, extra_headers={"x-baton-tenant": "bob"}
         )
     assert await _tenant(gateways, out.id) == "bob"
 

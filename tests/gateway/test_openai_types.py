@@ -9,7 +9,7 @@ import pytest
 
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest, from_rpc_error
-from gateway.openai_types import Reply, apply_headers, chat_prompt, parse_chat, parse_completion
+from gateway.openai_types import Reply, apply_headers, chat_input, parse_chat, parse_completion
 
 
 def test_completion_defaults_follow_openai() -> None:
@@ -85,16 +85,55 @@ def test_completion_rejects(body: dict[str, Any], param: str) -> None:
     assert err.value.param == param and err.value.status == 400
 
 
-def test_chat_prompt_template() -> None:
+def test_chat_messages_go_to_baton_as_they_are() -> None:
     messages = [
         {"role": "system", "content": "Be terse."},
         {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
-        {"role": "assistant", "content": None},
+        {"role": "assistant", "content": None, "tool_calls": []},
     ]
-    assert chat_prompt(messages) == "system: Be terse.\nuser: Hi there\nassistant: \nassistant:"
-    for bad in ([], [{"role": "wizard", "content": "x"}], [{"role": "user", "content": [{"type": "image_url"}]}]):
-        with pytest.raises(BadRequest):
-            chat_prompt(bad)
+    parsed = parse_chat({"model": "m", "messages": messages})
+    assert parsed.request.WhichOneof("input") == "chat" and not parsed.request.prompt_token_ids
+    chat = parsed.request.chat
+    assert [(m.role, m.content) for m in chat.messages] == [
+        ("system", "Be terse."),
+        ("user", "Hi there"),
+        ("assistant", ""),
+    ]
+    assert not chat.HasField("add_generation_prompt") and not chat.chat_template  # Baton's defaults
+    # Which roles count is the scheduler's call (with the model's template), not the gateway's.
+    assert chat_input([{"role": "wizard", "content": "x"}]).messages[0].role == "wizard"
+    for bad in (
+        [],
+        None,
+        "Hi",
+        [{"content": "x"}],
+        [{"role": 3, "content": "x"}],
+        [{"role": "user", "content": [{"type": "image_url"}]}],
+        [{"role": "user", "content": 5}],
+    ):
+        with pytest.raises(BadRequest) as err:
+            chat_input(bad)
+        assert err.value.param == "messages"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"stream_options": {"include_usage": True}},  # only with stream
+        {"stream": True, "stream_options": "usage"},
+        {"stream": True, "stream_options": {"include_usage": "yes"}},
+    ],
+)
+def test_stream_options_refusals(body: dict[str, Any]) -> None:
+    with pytest.raises(BadRequest):
+        parse_completion({"prompt": "a", **body})
+
+
+def test_include_usage_is_read_from_stream_options() -> None:
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "stream": True}
+    assert not parse_chat({**chat, "stream_options": {}}).include_usage
+    assert not parse_completion({"prompt": "a", "stream": True, "stream_options": None}).include_usage
+    assert parse_completion({"prompt": "a", "stream": True, "stream_options": {"include_usage": True}}).include_usage
 
 
 def test_headers_override_body() -> None:
@@ -129,6 +168,9 @@ def test_reply_shapes() -> None:
     finishing = chat.chunk(None, pb.FINISH_REASON_CANCELLED)["choices"][0]
     assert finishing["delta"] == {} and finishing["finish_reason"] == "stop"
     assert chat.usage_chunk(usage)["choices"] == [] and chat.usage_chunk(usage)["object"] == "chat.completion.chunk"
+    assert "usage" not in chat.chunk("a")
+    counted = Reply(chat=True, request_id="r", model="m", created=1, include_usage=True)
+    assert counted.chunk("a")["usage"] is None and counted.usage_chunk(usage)["usage"]["total_tokens"] == 5
 
 
 @pytest.mark.parametrize(
@@ -140,6 +182,7 @@ def test_reply_shapes() -> None:
         (grpc.StatusCode.DEADLINE_EXCEEDED, 504),
         (grpc.StatusCode.NOT_FOUND, 404),
         (grpc.StatusCode.ALREADY_EXISTS, 409),
+        (grpc.StatusCode.FAILED_PRECONDITION, 400),
         (grpc.StatusCode.INTERNAL, 500),
         (grpc.StatusCode.UNKNOWN, 500),
     ],

@@ -217,3 +217,39 @@ def test_zero_top_p_means_one_and_seed_zero_is_kept() -> None:
     p = run(make(params={"top_p": 0.0, "seed": 0})).params
     assert p.top_p == 1.0
     assert p.seed == 0
+
+
+def chat_request(**fields: Any) -> pb.GenerateRequest:
+    return pb.GenerateRequest(chat=pb.Chat(messages=[pb.ChatMessage(role="user", content="hi")]), **fields)
+
+
+def test_a_chat_takes_its_ids_from_render_chat_and_the_prompts_checks() -> None:
+    rendered: list[pb.Chat] = []
+
+    def render(chat: pb.Chat) -> list[int]:
+        rendered.append(chat)
+        return [1, 7, 7, 2]
+
+    req = validate(chat_request(), fake_tokenize, LIMITS, CONFIG, now_ms=NOW, render_chat=render)
+    assert req.prompt_ids == (1, 7, 7, 2) and req.params.max_tokens == 128 - 4
+    assert [m.content for m in rendered[0].messages] == ["hi"]
+    with pytest.raises(InvalidRequest, match="max_model_len is 128"):
+        validate(chat_request(), fake_tokenize, LIMITS, CONFIG, now_ms=NOW, render_chat=lambda _chat: [5] * 128)
+    with pytest.raises(InvalidRequest, match="prompt is empty"):
+        validate(chat_request(), fake_tokenize, LIMITS, CONFIG, now_ms=NOW, render_chat=lambda _chat: [])
+
+
+def test_a_chat_with_token_ids_or_nowhere_to_render_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match="chat or prompt_token_ids, not both"):
+        validate(
+            chat_request(prompt_token_ids=[1]), fake_tokenize, LIMITS, CONFIG, now_ms=NOW, render_chat=lambda _chat: [1]
+        )
+    with pytest.raises(InvalidRequest, match="no chat input"):
+        run(chat_request())
+
+
+def test_setting_prompt_clears_chat_as_one_input() -> None:
+    msg = chat_request()
+    msg.prompt = "hello"  # the oneof: the last input set is the one sent
+    assert msg.WhichOneof("input") == "prompt" and not msg.HasField("chat")
+    assert run(msg).prompt_ids == tuple(fake_tokenize("hello"))

@@ -1,0 +1,89 @@
+"""scheduler_service.chat without a server: what a conversation must be, and its prompt ids under the
+generated model's real tokenizer and chat template."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from common.errors import FailedPrecondition, InvalidRequest
+from common.pb import generate_pb2 as pb
+from scheduler_service.chat import Chat, ChatMessage, chat_prompt_ids
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+PLAIN = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path) -> Any:
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def untemplated(tiny_model_dir: Path) -> Any:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = None
+    return tokenizer
+
+
+def chat(messages: list[dict[str, str]] = MESSAGES, **fields: Any) -> Chat:
+    return Chat(tuple(ChatMessage(m["role"], m["content"]) for m in messages), **fields)
+
+
+def test_from_pb_defaults_to_a_generation_prompt() -> None:
+    msg = pb.Chat(messages=[pb.ChatMessage(role="user", content="Hi")])
+    assert Chat.from_pb(msg) == Chat((ChatMessage("user", "Hi"),), "", True)
+    msg.add_generation_prompt = False
+    msg.chat_template = "T"
+    assert Chat.from_pb(msg) == Chat((ChatMessage("user", "Hi"),), "T", False)
+
+
+@pytest.mark.parametrize(
+    "messages,match",
+    [
+        ([], "no messages"),
+        ([{"role": "wizard", "content": "x"}], "role 'wizard'"),
+        ([{"role": "", "content": ""}], "role ''"),
+    ],
+)
+def test_malformed_chats_are_invalid(messages: list[dict[str, str]], match: str) -> None:
+    with pytest.raises(InvalidRequest, match=match):
+        chat(messages)
+
+
+def test_chars_count_roles_contents_and_template() -> None:
+    assert chat().chars == len("system") + len("Be brief.") + len("user") + len("Hello there")
+    assert chat(template="abc").chars == chat().chars + 3
+
+
+def test_the_models_template_gives_what_apply_chat_template_gives(tokenizer: Any) -> None:
+    expected = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=False)
+    assert chat_prompt_ids(tokenizer, chat(), allow_request_template=False) == expected
+    assert expected[0] == tokenizer.bos_token_id and tokenizer.eos_token_id in expected
+    no_prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=False, return_dict=False)
+    assert chat_prompt_ids(tokenizer, chat(add_generation_prompt=False), False) == no_prompt
+    assert len(no_prompt) < len(expected)
+    # A request's template is for models without one: the model's own wins.
+    assert chat_prompt_ids(tokenizer, chat(template=PLAIN), allow_request_template=True) == expected
+
+
+def test_a_model_without_a_template(untemplated: Any, tokenizer: Any) -> None:
+    with pytest.raises(FailedPrecondition, match="no chat template"):
+        chat_prompt_ids(untemplated, chat(), allow_request_template=True)
+    with pytest.raises(FailedPrecondition, match="allow_request_chat_template is off"):
+        chat_prompt_ids(untemplated, chat(template=PLAIN), allow_request_template=False)
+    ids = chat_prompt_ids(untemplated, chat(template=PLAIN), allow_request_template=True)
+    assert ids == tokenizer("system: Be brief.\nuser: Hello there\n", add_special_tokens=False).input_ids
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["{% for m in messages %}", "{{ raise_exception('roles must alternate') }}", "{{ messages[0].x.y }}"],
+    ids=["syntax error", "raise_exception", "undefined"],
+)
+def test_a_template_error_is_invalid_argument(untemplated: Any, template: str) -> None:
+    with pytest.raises(InvalidRequest, match="chat template refused"):
+        chat_prompt_ids(untemplated, chat(template=template), allow_request_template=True)
