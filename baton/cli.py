@@ -39,6 +39,11 @@ def _add_executor(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto)")
     p.add_argument("--dtype", help="float32, float16 or bfloat16 (default float32)")
     p.add_argument("--kv-cache-memory-mb", type=int, help="memory for the paged KV cache, MiB")
+    p.add_argument(
+        "--backend",
+        help="forward-pass backend: auto (default: the fastest that serves the model), cpu_native, "
+        "cpu_transformers, cuda or torch (the reference); refused at start if it cannot serve the model",
+    )
     p.set_defaults(func=_run_executor)
 
 
@@ -137,7 +142,17 @@ def _run_executor(args: argparse.Namespace) -> int:
     from common.service import setup_logging
     from executor_service.server import serve
 
-    flags = ["model", "port", "host", "advertise_address", "executor_id", "device", "dtype", "kv_cache_memory_mb"]
+    flags = [
+        "model",
+        "port",
+        "host",
+        "advertise_address",
+        "executor_id",
+        "device",
+        "dtype",
+        "kv_cache_memory_mb",
+        "backend",
+    ]
     config = _service_config(args, "executor", {f: f for f in flags})
     setup_logging(config.monitoring.log_level)  # type: ignore[attr-defined]
     asyncio.run(serve(config))  # type: ignore[arg-type]

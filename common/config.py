@@ -270,12 +270,14 @@ class ExecutorConfig:
     # (a stream interval) holds its tokens for its chunks whatever N is.
     report_every_steps: int = 1
     report_max_wait_ms: float = 50.0
-    # The engine's fast paths: a lean forward with fused projections for Llama-layout models;
-    # on CPU the native decode-attention kernel and float32 layer ops (compiled once with the
-    # system C compiler), float32 linear layers through oneDNN with prepacked weights, and glibc
-    # malloc thresholds that keep freed memory. False keeps transformers' forward and plain torch
-    # ops (so does a missing compiler, for the native code alone).
-    fast_paths: bool = True
+    # The forward-pass backend (executor_service/backends/): "auto" picks the fastest whose declared
+    # support covers the model, device and dtype; a name (cpu_native, cpu_transformers, cuda, torch)
+    # asks for that one, and the executor refuses to start if it cannot serve the model. "torch" is
+    # the reference: transformers' forward and public torch ops only.
+    backend: str = "auto"
+    # Whether backends may use torch's private ops (oneDNN prepacked linears, the BRGeMM micro-kernel),
+    # each only after its self-test at start (executor_service/guarded_ops.py). False: public ops only.
+    torch_private_ops: bool = True
     # Automatic prefix caching: finished and preempted requests' full KV blocks stay cached by
     # the hash of their prefix (common/block_hashing.py), and a request whose prompt starts the
     # same way starts from them instead of recomputing them. Cached blocks count as free and are
@@ -293,6 +295,8 @@ class ExecutorConfig:
             raise ValueError("executor.max_batch_size and token_budget must be >= 1")
         if self.report_every_steps < 1 or self.report_max_wait_ms < 0:
             raise ValueError("executor.report_every_steps must be >= 1 and report_max_wait_ms >= 0")
+        if not self.backend:
+            raise ValueError("executor.backend must be auto or a backend's name")
 
 
 def check_fleet_secret(secret: str, where: str) -> None:

@@ -10,8 +10,9 @@ greedy outputs are tested against ``model.generate``. On CPU (float32 or bfloat1
 between the matmuls (residual add + RMSNorm, RoPE with the K/V write, SiLU-and-multiply) runs as
 native calls instead (``kernels.layer_ops``), with the model's own norm weights and rotary tables.
 
-Used for ``LlamaForCausalLM`` and ``MistralForCausalLM`` (same layout) with SiLU MLPs and no
-sliding window; any other model keeps transformers' forward.
+For ``LlamaForCausalLM`` and ``MistralForCausalLM`` (same layout) with SiLU MLPs and no sliding
+window: the backends that run it (``backends/cpu_native.py``, ``backends/cuda.py``) declare that
+support, and the registry gives any other model a backend with transformers' forward.
 """
 
 from __future__ import annotations
@@ -26,22 +27,22 @@ from torch import nn
 
 from executor_service.kernels import layer_ops
 from executor_service.kernels.small_gemm import SmallGemm
-from executor_service.packed_linear import PackedLinear, can_pack
+from executor_service.packed_linear import PackedLinear
 from executor_service.paged_attention import AttentionBatch, paged_attention
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+from executor_service.torch_private import onednn_linear, reorder_linear_weight
 
 
 class FusedLinear:
     """One matmul for linear layers that read the same input; returns each layer's slice of the output.
 
-    No weight is held twice: where ``can_pack`` (CPU float32, native bf16) the fused weight is
-    packed for oneDNN and the layers' own packed copies are dropped; elsewhere the layers' weights
-    become views of the fused one. A small bf16 weight also gets the micro-kernel's copy
-    (``SmallGemm``, at most 512 KB), which serves its decode rows.
+    No weight is held twice: where the layers were packed for oneDNN (``PackedLinear``, which a
+    backend makes only where the private ops passed their self-test) the fused weight is packed
+    too and the layers' own packed copies are dropped; elsewhere the layers' weights become views
+    of the fused one. With ``small_gemm`` (``GuardedOps.small_gemm``) a small bf16 weight also gets
+    the micro-kernel's copy (``SmallGemm``, at most 512 KB), which serves its decode rows.
     """
 
-    def __init__(self, linears: Sequence[Any]) -> None:  # nn.Linear or PackedLinear
+    def __init__(self, linears: Sequence[Any], small_gemm: bool = False) -> None:  # nn.Linear or PackedLinear
         weight = torch.cat([layer.weight.detach() for layer in linears])
         self.sizes = [int(layer.weight.shape[0]) for layer in linears]
         biases = [layer.bias for layer in linears]
@@ -49,10 +50,10 @@ class FusedLinear:
         if any(b is not None for b in biases):
             pairs = zip(biases, self.sizes, strict=True)
             self.bias = torch.cat([b.detach() if b is not None else weight.new_zeros(n) for b, n in pairs])
-        self.packed = can_pack(weight.device, weight.dtype)
-        self.small = SmallGemm.for_weight(weight, self.bias) if self.packed else None  # decode sizes, bf16
+        self.packed = all(isinstance(layer, PackedLinear) and layer.packed is not None for layer in linears)
+        self.small = SmallGemm.for_weight(weight, self.bias) if self.packed and small_gemm else None
         if self.packed:
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
+            self.weight = reorder_linear_weight(weight)
             for layer in linears:
                 if isinstance(layer, PackedLinear):
                     layer.release_packed()
@@ -66,7 +67,7 @@ class FusedLinear:
         if self.small is not None and self.small.serves(x):
             return self.small(x)
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            return onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -88,17 +89,6 @@ class LayerParts:
     post_eps: float
 
 
-def supports(model: Any) -> bool:
-    config = model.config
-    return (
-        getattr(config, "model_type", "") in SUPPORTED_MODEL_TYPES
-        and getattr(config, "hidden_act", "") == "silu"
-        and getattr(config, "sliding_window", None) is None
-        and hasattr(model, "model")
-        and hasattr(model, "lm_head")
-    )
-
-
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -107,7 +97,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class FastLlamaForward:
     """``logits = forward(input_ids [N], positions [N], sample_rows [S], batch)``, float32 [S, vocab] or model dtype."""
 
-    def __init__(self, model: Any) -> None:  # a transformers LlamaForCausalLM or MistralForCausalLM
+    def __init__(self, model: Any, small_gemm: bool = False) -> None:  # LlamaForCausalLM or MistralForCausalLM
         inner, config = model.model, model.config
         self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
         self.lm_head = model.lm_head
@@ -118,10 +108,10 @@ class FastLlamaForward:
             LayerParts(
                 attention=layer.self_attn,
                 input_norm=layer.input_layernorm,
-                qkv=FusedLinear([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+                qkv=FusedLinear([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], small_gemm),
                 o_proj=layer.self_attn.o_proj,
                 post_norm=layer.post_attention_layernorm,
-                gate_up=FusedLinear([layer.mlp.gate_proj, layer.mlp.up_proj]),
+                gate_up=FusedLinear([layer.mlp.gate_proj, layer.mlp.up_proj], small_gemm),
                 down_proj=layer.mlp.down_proj,
                 scaling=float(layer.self_attn.scaling),
                 index=int(layer.self_attn.layer_idx),

@@ -31,6 +31,9 @@ class ExecutorMetrics:
         self.gpu_util = Gauge("baton:gpu_utilization_perc", "GPU (or process CPU) utilisation", registry=r)
         self.gpu_memory = Gauge("baton:gpu_memory_used_bytes", "GPU (or process) memory used", registry=r)
         self.gpu_power = Gauge("baton:gpu_power_watts", "GPU power draw", registry=r)
+        self.backend = Gauge(
+            "baton:executor_backend", "The forward-pass backend running the model (1)", ["backend"], registry=r
+        )
 
     def observe_step(self, out: StepOutput) -> None:
         """Every step, on the engine thread (prometheus_client's metrics are thread-safe)."""

@@ -7,17 +7,17 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from common.config import ExecutorConfig
+from executor_service.backends.registry import select_backend
 from executor_service.block_allocator import BlockAllocator
 from executor_service.cpu_threads import OtherLoad, ThreadGovernor, usable_cores
 from executor_service.engine import Engine, EngineLimits
 from executor_service.host_allocator import keep_freed_memory
 from executor_service.kv_cache import KVGeometry, KVPool
 from executor_service.model_runner import ModelRunner
-from executor_service.model_support import check_model_support
-from executor_service.packed_linear import pack_linears
+from executor_service.model_support import ModelTraits, served_length
 from executor_service.paged_attention import register
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ class LoadedModel:
     device: torch.device
     dtype: str
     vocab_size: int
+    backend: str  # the name of the forward-pass backend that runs the model (backends/registry.py)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -73,28 +74,33 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         raise ValueError("executor.model is not set (a model directory or hub id)")
     device = resolve_device(config.device)
     dtype = DTYPES[config.dtype]
+    # Chosen from the config alone: a model no backend computes exactly is refused before its weights load.
+    model_config = AutoConfig.from_pretrained(config.model)
+    traits = ModelTraits.from_config(model_config)
+    backend_class = select_backend(traits, device, dtype, config.backend)
     threads = None
     if config.torch_threads > 0:
         torch.set_num_threads(config.torch_threads)
     elif device.type == "cpu":
         threads = ThreadGovernor(usable_cores(), torch.set_num_threads, OtherLoad())
         threads.before_step()  # loading and warm-up run with all cores but one, like light steps
-    if device.type == "cpu" and config.fast_paths:
+    if device.type == "cpu":
         keep_freed_memory()
     tokenizer = AutoTokenizer.from_pretrained(config.model)
-    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype, attn_implementation=register())
+    model = AutoModelForCausalLM.from_pretrained(
+        config.model, config=model_config, dtype=dtype, attn_implementation=register()
+    )
     # transformers wraps .to with functools.wraps; typeshed's _Wrapped has no __get__, so mypy binds no self.
     model.to(device).eval()  # type: ignore[arg-type]
-    if config.fast_paths:
-        pack_linears(model)
+    backend = backend_class(model, device, dtype, private_torch=config.torch_private_ops)
+    log.info("backend %s: %s", backend.name, backend.describe())
     geometry = kv_geometry(model, dtype)
     num_blocks = geometry.num_blocks_for(config.kv_cache_memory_mb * 1024 * 1024, config.block_size)
     allocator = BlockAllocator(num_blocks, config.block_size, config.prefix_caching)
     pool = KVPool(geometry, num_blocks, config.block_size, device)
-    # Refuses a model whose attention Baton would compute wrongly; caps a sliding-window model's context.
-    support = check_model_support(model.config, int(getattr(model.config, "max_position_embeddings", 2048)))
     limits = EngineLimits(
-        max_model_len=support.max_model_len,
+        # A sliding-window model's context is capped to its window, where windowed and full attention agree.
+        max_model_len=served_length(traits, int(getattr(model.config, "max_position_embeddings", 2048))),
         max_batch_size=config.max_batch_size,
         token_budget=config.token_budget,
         eos_token_ids=eos_ids(model, tokenizer),
@@ -108,7 +114,7 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         config.block_size,
         limits.max_model_len,
     )
-    runner = ModelRunner(model, pool, allocator, device, config.fast_paths)
+    runner = ModelRunner(backend, pool, allocator, device)
     engine = Engine(runner, allocator, tokenizer, limits, threads)
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    return LoadedModel(engine, tokenizer, config.model, device, config.dtype, vocab)
+    return LoadedModel(engine, tokenizer, config.model, device, config.dtype, vocab, backend.name)

@@ -6,9 +6,9 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from executor_service.backends.base import Backend, DecodeRead
 from executor_service.block_allocator import BlockAllocator
-from executor_service.fast_llama import FastLlamaForward, supports
-from executor_service.kernels.decode_attention import PagedDecodes, available
+from executor_service.kernels.decode_attention import PagedDecodes
 from executor_service.kv_cache import KVPool
 from executor_service.paged_attention import AttentionBatch, DecodeGroup, DecodeView, PrefillSegment
 from executor_service.sequence import Sequence
@@ -16,27 +16,16 @@ from executor_service.step_scheduler import ScheduledChunk
 
 
 class ModelRunner:
-    """Owns the model and the KV pool; turns chunks into one forward pass."""
+    """Owns the KV pool and the backend (which holds the model); turns chunks into one forward pass."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        pool: KVPool,
-        allocator: BlockAllocator,
-        device: torch.device,
-        fast_paths: bool = True,
-    ) -> None:
-        self.model = model
+    def __init__(self, backend: Backend, pool: KVPool, allocator: BlockAllocator, device: torch.device) -> None:
+        self.backend = backend
+        self.model = backend.model
         self.pool = pool
         self.allocator = allocator
         self.device = device
-        # On CPU every decode goes to the native paged kernel, one call per layer, when it builds.
-        # Without it a contiguous context is read in place, one SDPA call per decode; on CUDA the
-        # per-call launch cost outweighs the copy, so every decode joins one gathered batch.
-        self.native_decode = fast_paths and available(device, pool.keys.dtype)
-        self.decode_in_place = device.type == "cpu"
-        # Llama-layout models run a lean forward with fused projections; others transformers' own.
-        self.fast_forward = FastLlamaForward(model) if fast_paths and supports(model) else None
+        # How decodes read their contexts is the backend's choice (backends/base.py, DecodeRead).
+        self.decode_read = backend.decode_read
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -88,11 +77,11 @@ class ModelRunner:
             else:
                 slots += self.pool.slots(seq.block_table, start, end)
             if chunk.num_tokens == 1 and start > 0:
-                if self.native_decode:
+                if self.decode_read is DecodeRead.NATIVE:
                     native_rows.append(row)
                     native_lengths.append(end)
                     native_tables.append(seq.block_table)
-                elif first is not None and self.decode_in_place:
+                elif first is not None and self.decode_read is DecodeRead.IN_PLACE:
                     views.append(DecodeView(row, first * block_size, end))
                 else:
                     decode_rows.append(row)
@@ -117,8 +106,4 @@ class ModelRunner:
         self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, batch: AttentionBatch
     ) -> torch.Tensor:
         """Logits of the ``keep`` rows, [len(keep), vocab]."""
-        if self.fast_forward is not None:
-            return self.fast_forward(input_ids, positions, keep, batch)
-        ids, places = input_ids[None], positions[None]
-        output = self.model(input_ids=ids, position_ids=places, use_cache=False, logits_to_keep=keep, baton_batch=batch)
-        return output.logits[0]
+        return self.backend.forward(input_ids, positions, keep, batch)

@@ -1,12 +1,13 @@
-"""What the executor's attention serves exactly, checked when a model loads.
+"""What a model asks of the executor's attention and layers, read from its config when it loads.
 
 Baton's paged attention is plain causal softmax attention over every earlier token. Some model
 families change that: attention-logit soft-capping (Gemma 2), attention sinks (gpt-oss), or a
-sliding window (Mistral, Qwen2 with ``use_sliding_window``, Gemma 2/3's alternating layers). A
-model whose attention differs would run and answer wrongly, so it is refused at start with the
-reason, or, for a sliding window, served with its context capped to the window: while prompt and
-output stay inside the window, windowed and full causal attention attend to the same tokens, so
-the output is exact.
+sliding window (Mistral, Qwen2 with ``use_sliding_window``, Gemma 2/3's alternating layers). The
+backend registry (``backends/registry.py``) holds these traits against what each backend declares
+it computes exactly; a model no backend serves is refused at start with the reason
+(``UnsupportedModel``), since it would run and answer wrongly. A sliding window is served with the
+context capped to the window (``served_length``): while prompt and output stay inside the window,
+windowed and full causal attention attend to the same tokens, so the output is exact.
 """
 
 from __future__ import annotations
@@ -19,15 +20,30 @@ log = logging.getLogger(__name__)
 
 
 class UnsupportedModel(ValueError):
-    """The model needs an attention feature the executor does not compute exactly."""
+    """The model needs something (an attention feature, a layout) no backend computes exactly."""
 
 
 @dataclass(frozen=True)
-class ModelSupport:
-    """The verdict for a loadable model: the longest sequence it may be served at."""
+class ModelTraits:
+    """What the registry matches against the backends' declared support."""
 
-    max_model_len: int
-    sliding_window: int | None  # the window the context was capped to, when one applies
+    model_type: str  # transformers' model_type: "llama", "qwen3", ...
+    hidden_act: str  # the MLP's activation ("silu", "gelu_pytorch_tanh", ...); "" when the config names none
+    sliding_window: int | None  # the attention window the model really uses; None for full attention
+    attn_logit_softcapping: float | None  # the cap of tanh soft-capped attention logits, when it has one
+    attention_sinks: bool  # learned attention sinks (a per-head logit every query attends to)
+
+    @classmethod
+    def from_config(cls, config: Any) -> ModelTraits:
+        """The traits of a transformers ``PretrainedConfig`` (or anything with its attributes)."""
+        softcap = getattr(config, "attn_logit_softcapping", None)
+        return cls(
+            model_type=str(getattr(config, "model_type", "") or "unknown"),
+            hidden_act=str(getattr(config, "hidden_act", "") or ""),
+            sliding_window=_sliding_window(config),
+            attn_logit_softcapping=float(softcap) if softcap else None,
+            attention_sinks=bool(getattr(config, "attention_sinks", None) or getattr(config, "sinks", None)),
+        )
 
 
 def _sliding_window(config: Any) -> int | None:
@@ -44,26 +60,17 @@ def _sliding_window(config: Any) -> int | None:
     return int(window)
 
 
-def check_model_support(config: Any, max_model_len: int) -> ModelSupport:
-    """The support verdict for a transformers ``config``; ``UnsupportedModel`` names what is missing."""
-    name = getattr(config, "model_type", "this model")
-    if getattr(config, "attn_logit_softcapping", None):
-        raise UnsupportedModel(
-            f"{name} soft-caps its attention logits (attn_logit_softcapping="
-            f"{config.attn_logit_softcapping}), which Baton's attention does not compute: refusing to serve "
-            "it rather than answer wrongly"
-        )
-    if getattr(config, "attention_sinks", None) or getattr(config, "sinks", None):
-        raise UnsupportedModel(f"{name} uses attention sinks, which Baton's attention does not compute")
-    window = _sliding_window(config)
-    if window is not None and window < max_model_len:
-        log.warning(
-            "%s attends within a sliding window of %d tokens; serving it with max_model_len %d (was %d), "
-            "where windowed and full attention agree",
-            name,
-            window,
-            window,
-            max_model_len,
-        )
-        return ModelSupport(window, window)
-    return ModelSupport(max_model_len, window)
+def served_length(traits: ModelTraits, max_model_len: int) -> int:
+    """The longest sequence to serve the model at: ``max_model_len``, capped to a sliding window."""
+    window = traits.sliding_window
+    if window is None or window >= max_model_len:
+        return max_model_len
+    log.warning(
+        "%s attends within a sliding window of %d tokens; serving it with max_model_len %d (was %d), "
+        "where windowed and full attention agree",
+        traits.model_type,
+        window,
+        window,
+        max_model_len,
+    )
+    return window

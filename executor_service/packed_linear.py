@@ -10,6 +10,10 @@ less time; on the small model every linear layer together took 13 % less.
 
 The original weight stays the module's ``weight`` (tied embeddings, ``state_dict`` and code that reads
 the shape keep working); the packed copy is an extra buffer, as large as the weight.
+
+Both ops are torch's private ones (``torch_private``): a backend packs only where
+``GuardedOps.probe`` found them present and agreeing with ``F.linear``; elsewhere layers stay
+``nn.Linear``.
 """
 
 from __future__ import annotations
@@ -20,22 +24,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from executor_service.guarded_ops import GuardedOps
 from executor_service.kernels.small_gemm import SmallGemm
+from executor_service.torch_private import onednn_linear, reorder_linear_weight
 
 log = logging.getLogger(__name__)
 
 
 class PackedLinear(nn.Module):
-    """``nn.Linear``'s forward over a oneDNN-packed copy of its weight."""
+    """``nn.Linear``'s forward over a oneDNN-packed copy of its weight.
 
-    def __init__(self, linear: nn.Linear) -> None:
+    Construct one only where ``GuardedOps.packed_linear`` holds; ``small_gemm`` only where
+    ``GuardedOps.small_gemm`` does.
+    """
+
+    def __init__(self, linear: nn.Linear, small_gemm: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
+        packed = reorder_linear_weight(linear.weight.detach())
         self.register_buffer("packed", packed, persistent=False)
-        self.small = SmallGemm.for_weight(linear.weight, linear.bias)  # decode sizes, bf16
+        # Decode sizes in bf16 (None where the layer is too large or has a bias).
+        self.small = SmallGemm.for_weight(linear.weight, linear.bias) if small_gemm else None
 
     def release_packed(self) -> None:
         """Drop the packed copies (its weight is packed elsewhere, fused with others); forward uses ``weight``."""
@@ -47,32 +58,20 @@ class PackedLinear(nn.Module):
             return self.small(x)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return onednn_linear(x, self.packed, self.bias)
 
 
-def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """float32 on any oneDNN build; bfloat16 only where the CPU has native bf16 (AVX-512 BF16, AMX).
-
-    Without native bf16 (AVX2), oneDNN emulates it and torch's own path was no slower, so bfloat16
-    stays there. With it, packed bf16 layers took 1.2-1.6x less time than ``F.linear`` at the
-    models' decode shapes (AMX Xeon, 2026-12-01, docs/performance.md).
-    """
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        return False
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-def pack_linears(model: nn.Module) -> int:
-    """Replace every CPU ``nn.Linear`` that ``can_pack`` with a ``PackedLinear``; return how many."""
+def pack_linears(model: nn.Module, ops: GuardedOps) -> int:
+    """Replace every CPU ``nn.Linear`` of ``ops.dtype`` with a ``PackedLinear`` where ``ops`` allows; count them."""
+    if not ops.packed_linear:
+        return 0
     swaps = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if type(child) is nn.Linear and can_pack(child.weight.device, child.weight.dtype)
+        if type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.dtype == ops.dtype
     ]
     for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child))
+        setattr(parent, name, PackedLinear(child, ops.small_gemm))
     log.info("packed %d linear layers for oneDNN", len(swaps))
     return len(swaps)

@@ -10,12 +10,13 @@ The model runs one packed sequence [1, N] per step; the model computes Q/K/V and
 the pool and attends per request. Step metadata arrives through the ``baton_batch`` kwarg,
 which transformers passes down to attention untouched.
 
-Four ways to read a request's context, chosen per step by the model runner:
-- on CPU, every single-token decode of the step in one call of the native kernel
-  (``executor_service.kernels``), which reads each context block by block through its block table;
-- without that kernel, a view of the pool, when the request's blocks are consecutive: nothing is copied. On CPU
-  every decode with a contiguous context takes this path, one small SDPA call each, because
-  copying contexts costs more there than the attention itself;
+Four ways to read a request's context; the model runner builds each step's batch for the way its
+backend declares (``backends.base.DecodeRead``):
+- every single-token decode of the step in one call of the native kernel
+  (``executor_service.kernels``, CPU), which reads each context block by block through its block table;
+- a view of the pool, when the request's blocks are consecutive: nothing is copied. On CPU without
+  the native kernel every decode with a contiguous context takes this path, one small SDPA call
+  each, because copying contexts costs more there than the attention itself;
 - its blocks gathered (``index_select`` of whole blocks) into a padded batch, for all decodes
   at once: one SDPA call, the right trade where kernel launches are dear (CUDA) or the blocks
   are scattered;
@@ -98,7 +99,7 @@ def paged_attention(
 ) -> tuple[torch.Tensor, None]:
     """query [1, H, N, d], key/value [1, Hkv, N, d] -> output [1, N, H, d]."""
     # Plain causal softmax attention only: a model that asks for more must never get less, silently
-    # (``model_support`` refuses such models at load; this catches any that slip past it).
+    # (no backend declares such models, so the registry refuses them at load; this catches any that slip past it).
     for feature in ("softcap", "s_aux", "sinks"):
         if kwargs.get(feature) is not None:
             raise UnsupportedModel(f"the model's attention asks for {feature!r}, which Baton does not compute")

@@ -76,6 +76,7 @@ def _info(executor_id: str, loaded: LoadedModel, config: BatonConfig) -> pb.Info
         eos_token_ids=sorted(engine.limits.eos_token_ids),
         vocab_size=loaded.vocab_size,
         prefix_caching=engine.allocator.prefix_caching,
+        backend=loaded.backend,
     )
 
 
@@ -111,6 +112,7 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     await server.start()
     serve_metrics(metrics.registry, config.monitoring.executor_metrics_port)
     loaded = await asyncio.to_thread(load_engine, cfg)
+    metrics.backend.labels(loaded.backend).set(1)
     await asyncio.to_thread(warm_up, loaded.engine)
     load = LoadSampler(str(loaded.device))
     allocator = loaded.engine.allocator

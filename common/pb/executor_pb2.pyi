@@ -161,7 +161,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("executor_id", "model", "max_model_len", "kv_blocks_total", "block_size", "dtype", "device", "max_batch_size", "token_budget", "eos_token_ids", "vocab_size", "prefix_caching")
+    __slots__ = ("executor_id", "model", "max_model_len", "kv_blocks_total", "block_size", "dtype", "device", "max_batch_size", "token_budget", "eos_token_ids", "vocab_size", "prefix_caching", "backend")
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +174,7 @@ class InfoResponse(_message.Message):
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
     executor_id: str
     model: str
     max_model_len: int
@@ -186,4 +187,5 @@ class InfoResponse(_message.Message):
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     vocab_size: int
     prefix_caching: bool
-    def __init__(self, executor_id: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., token_budget: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., vocab_size: _Optional[int] = ..., prefix_caching: _Optional[bool] = ...) -> None: ...
+    backend: str
+    def __init__(self, executor_id: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., token_budget: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., vocab_size: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., backend: _Optional[str] = ...) -> None: ...

@@ -12,51 +12,28 @@ AMX Xeon (2026-12-01, bfloat16, one thread; docs/performance.md, "Eleventh round
   no faster or slower there, the kernel streaming a large weight from memory less well than oneDNN's
   blocked layout, so weights over 512 KB, and more than 64 rows (prefill), stay on oneDNN.
 
-Used only where torch says its CPU packs bf16 for the kernel (AMX, AVX512-BF16) and the symbols
-resolve (they are C++ names of torch's build); anywhere else, and with more than one torch thread
-(the kernel runs on the calling thread only), the layer keeps its oneDNN path.
+Used only where torch says its CPU packs bf16 for the kernel (AMX, AVX512-BF16), the symbols
+resolve (they are C++ names of torch's build, ``torch_private.brgemm_bf16``) and the self-test at
+start passes (``guarded_ops``); anywhere else, and with more than one torch thread (the kernel runs
+on the calling thread only), the layer keeps its oneDNN path.
 """
 
 from __future__ import annotations
 
-import ctypes
-from functools import cache
-from pathlib import Path
-
 import torch
 
 from executor_service.kernels import small_gemm_library
+from executor_service.torch_private import brgemm_bf16
 
 MAX_ROWS = 64  # beyond this oneDNN's own blocking was as fast or faster
 MAX_WEIGHT_ELEMENTS = 1 << 18  # 512 KB of bf16: larger weights were no faster in the engine
-_BRGEMM_BF16 = "_ZN2at6native7cpublas6brgemmEllllllbPKN3c108BFloat16ES5_Pfb"
-_BRGEMM_RELEASE = "_ZN2at6native7cpublas14brgemm_releaseEb"
-_COULD_PACK = "_ZN2at6native7cpublas10could_packEN3c1010ScalarTypeE"
-_BFLOAT16 = 15  # c10::ScalarType::BFloat16
-
-
-@cache
-def torch_brgemm() -> tuple[int, int] | None:
-    """Addresses of torch's bf16 ``brgemm`` and ``brgemm_release``, or None where they cannot serve."""
-    library_path = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
-    if not library_path.exists():
-        return None
-    try:
-        library = ctypes.CDLL(str(library_path))
-        brgemm, release, could_pack = (getattr(library, name) for name in (_BRGEMM_BF16, _BRGEMM_RELEASE, _COULD_PACK))
-    except (OSError, AttributeError):
-        return None
-    could_pack.restype, could_pack.argtypes = ctypes.c_bool, [ctypes.c_int8]
-    if not could_pack(_BFLOAT16):
-        return None  # no bf16 micro-kernel here (no AVX512-BF16 or AMX): its fallback is a slow loop
-    return ctypes.cast(brgemm, ctypes.c_void_p).value or 0, ctypes.cast(release, ctypes.c_void_p).value or 0
 
 
 class SmallGemm:
     """``x @ weight.T`` (bf16 in, bf16 out, float32 accumulation) for 2-D ``x`` of up to MAX_ROWS rows."""
 
     def __init__(self, weight: torch.Tensor) -> None:
-        library, kernel = small_gemm_library(), torch_brgemm()
+        library, kernel = small_gemm_library(), brgemm_bf16()
         if library is None or kernel is None:
             raise RuntimeError("the small GEMM is not available")
         self.out_features, self.in_features = (int(size) for size in weight.shape)
@@ -72,7 +49,7 @@ class SmallGemm:
         if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or bias is not None:
             return None
         n, k = weight.shape
-        if k % 2 or n * k > MAX_WEIGHT_ELEMENTS or small_gemm_library() is None or torch_brgemm() is None:
+        if k % 2 or n * k > MAX_WEIGHT_ELEMENTS or small_gemm_library() is None or brgemm_bf16() is None:
             return None
         return SmallGemm(weight)
 

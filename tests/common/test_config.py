@@ -206,6 +206,15 @@ def test_unknown_dtype_raises_naming_it() -> None:
         load_config(None, environ={"BATON_EXECUTOR__DTYPE": "float64"})
 
 
+def test_the_backend_and_private_ops_switch_come_from_the_environment() -> None:
+    assert (ExecutorConfig().backend, ExecutorConfig().torch_private_ops) == ("auto", True)
+    environ = {"BATON_EXECUTOR__BACKEND": "torch", "BATON_EXECUTOR__TORCH_PRIVATE_OPS": "false"}
+    config = load_config(None, environ=environ)
+    assert (config.executor.backend, config.executor.torch_private_ops) == ("torch", False)
+    with pytest.raises(ValueError, match=r"executor\.backend"):
+        ExecutorConfig(backend="")
+
+
 def test_low_load_threshold_above_high_raises() -> None:
     with pytest.raises(ValueError, match="low_load_threshold <= high_load_threshold"):
         LoadAwareConfig(low_load_threshold=0.9, high_load_threshold=0.5)

@@ -11,6 +11,8 @@ import torch
 from common.config import ExecutorConfig
 from common.lifecycle import FinishReason
 from common.sampling_params import SamplingParams
+from executor_service.backends.base import DecodeRead
+from executor_service.backends.cpu_native import CpuNativeBackend
 from executor_service.cpu_threads import ThreadGovernor
 from executor_service.engine import Engine
 from executor_service.engine_io import AdmitSpec, FinishOut, PlanUpdate, StepOutput
@@ -72,19 +74,21 @@ def test_staggered_batch_matches_generate_alone(
     """Every way attention reads the cache gives the same tokens: the native paged kernel (CPU
     decodes, with the native layer ops for norms, RoPE and SiLU), views of contiguous blocks (CPU
     without it), one gathered batch (CUDA decodes), and blocks scattered over the pool.
-    ``hf_forward``: transformers' forward instead of the lean Llama one; ``layer_ops_in_place``:
-    the native layer ops writing the K/V that torch's in-place views then read; ``torch_only``: no
-    fast path at all (no native kernel, no packed linears, no lean forward)."""
-    engine = make_engine(tiny_model_dir, fast_paths=kv_read != "torch_only")
-    assert engine.runner.native_decode == (kv_read != "torch_only"), "the native decode kernel did not build here"
-    if kv_read == "hf_forward":
-        monkeypatch.setattr(engine.runner, "fast_forward", None)
-    elif not kv_read.startswith("native"):
-        monkeypatch.setattr(engine.runner, "native_decode", False)
-        if engine.runner.fast_forward is not None and kv_read != "layer_ops_in_place":
-            monkeypatch.setattr(engine.runner.fast_forward, "native_layer_ops", False)  # torch's elementwise ops
+    ``hf_forward``: transformers' forward instead of the lean Llama one (the cpu_transformers
+    backend); ``layer_ops_in_place``: the native layer ops writing the K/V that torch's in-place
+    views then read; ``torch_only``: the reference backend (no native kernel, no packed linears, no
+    lean forward)."""
+    backend = {"hf_forward": "cpu_transformers", "torch_only": "torch"}.get(kv_read, "cpu_native")
+    engine = make_engine(tiny_model_dir, backend=backend)
+    expected = DecodeRead.IN_PLACE if kv_read == "torch_only" else DecodeRead.NATIVE
+    assert engine.runner.decode_read is expected, "the native decode kernel did not build here"
+    if kv_read not in ("native", "native_scattered", "hf_forward", "torch_only"):
+        monkeypatch.setattr(engine.runner, "decode_read", DecodeRead.IN_PLACE)
+        if kv_read != "layer_ops_in_place":
+            assert isinstance(engine.runner.backend, CpuNativeBackend)
+            monkeypatch.setattr(engine.runner.backend.lean, "native_layer_ops", False)  # torch's elementwise ops
     if kv_read in ("gathered", "scattered"):
-        monkeypatch.setattr(engine.runner, "decode_in_place", False)
+        monkeypatch.setattr(engine.runner, "decode_read", DecodeRead.GATHERED)
     if kv_read.endswith("scattered"):
         monkeypatch.setattr(engine.allocator, "contiguous_start", lambda table: None)
     assert_staggered_batch_exact(engine, tiny_model_dir)

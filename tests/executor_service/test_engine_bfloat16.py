@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from executor_service.backends.cpu_native import CpuNativeBackend
 from executor_service.engine import Engine
 from executor_service.engine_io import PlanUpdate
-from executor_service.kernels.small_gemm import MAX_ROWS, SmallGemm, torch_brgemm
+from executor_service.kernels.small_gemm import MAX_ROWS, SmallGemm
 from executor_service.step_scheduler import ScheduledChunk
+from executor_service.torch_private import brgemm_bf16
 from tests.executor_service.test_engine import admit, make_engine
 
 SHORT_PROMPTS = [[1, 17, 300, 4000, 25], [1, 9, 8, 7, 6, 5, 4, 3], [1, 1234]]
@@ -54,15 +56,15 @@ def test_bfloat16_native_layer_ops_give_the_torch_ops_logits(
     steps: dict[bool, list[torch.Tensor]] = {}
     for native in (True, False):
         engine = make_engine(tiny_model_dir, dtype="bfloat16")
-        forward = engine.runner.fast_forward
-        if forward is None or not forward.native_layer_ops:
+        backend = engine.runner.backend
+        if not isinstance(backend, CpuNativeBackend) or not backend.lean.native_layer_ops:
             pytest.skip("no native layer ops here")
-        forward.native_layer_ops = native
+        backend.lean.native_layer_ops = native
         steps[native] = _logits_per_step(engine, monkeypatch)
     _assert_same_logits_to_bf16_precision(steps[True], steps[False])
 
 
-@pytest.mark.skipif(torch_brgemm() is None, reason="no bf16 BRGeMM micro-kernel on this CPU")
+@pytest.mark.skipif(brgemm_bf16() is None, reason="no bf16 BRGeMM micro-kernel on this CPU")
 def test_bfloat16_small_gemm_gives_the_onednn_logits(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On one thread the small layers' decode rows go through the micro-kernel; the logits agree with
     oneDNN's for every layer to bf16 precision."""

@@ -1,5 +1,6 @@
-"""Models whose attention Baton would compute wrongly are refused; a sliding-window model is served
-exactly with its context capped to the window."""
+"""What a model asks of the attention, read from its config; a sliding-window model is served
+exactly with its context capped to the window, and one no backend computes is refused at load
+(the registry's verdicts per backend: backends/test_registry.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from executor_service.model_support import UnsupportedModel, check_model_support
+from executor_service.model_support import ModelTraits, UnsupportedModel, served_length
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.executor_service.test_engine import admit, make_engine, run_to_end
 
@@ -26,30 +27,29 @@ WINDOW = 32
 
 
 def test_full_attention_is_served_as_it_is() -> None:
-    support = check_model_support(LlamaConfig(max_position_embeddings=2048), 2048)
-    assert (support.max_model_len, support.sliding_window) == (2048, None)
+    traits = ModelTraits.from_config(LlamaConfig(max_position_embeddings=2048))
+    assert (traits.model_type, traits.hidden_act, traits.sliding_window) == ("llama", "silu", None)
+    assert traits.attn_logit_softcapping is None and not traits.attention_sinks
+    assert served_length(traits, 2048) == 2048
 
 
 def test_a_sliding_window_caps_the_context_to_the_window() -> None:
-    support = check_model_support(MistralConfig(sliding_window=WINDOW), 2048)
-    assert (support.max_model_len, support.sliding_window) == (WINDOW, WINDOW)
-    wide = check_model_support(MistralConfig(sliding_window=4096), 2048)  # never bites
-    assert wide.max_model_len == 2048
+    traits = ModelTraits.from_config(MistralConfig(sliding_window=WINDOW))
+    assert traits.sliding_window == WINDOW
+    assert served_length(traits, 2048) == WINDOW
+    wide = ModelTraits.from_config(MistralConfig(sliding_window=4096))  # never bites
+    assert served_length(wide, 2048) == 2048
 
 
 def test_a_window_the_model_does_not_use_changes_nothing() -> None:
-    config = Qwen2Config(use_sliding_window=False, sliding_window=WINDOW)
-    assert check_model_support(config, 2048).max_model_len == 2048
+    traits = ModelTraits.from_config(Qwen2Config(use_sliding_window=False, sliding_window=WINDOW))
+    assert traits.sliding_window is None
+    assert served_length(traits, 2048) == 2048
 
 
-@pytest.mark.parametrize(
-    "config",
-    [Gemma2Config(), SimpleNamespace(model_type="sinky", attention_sinks=True)],
-    ids=["attention-softcapping", "attention-sinks"],
-)
-def test_attention_the_executor_does_not_compute_is_refused(config: object) -> None:
-    with pytest.raises(UnsupportedModel, match="Baton"):
-        check_model_support(config, 2048)
+def test_softcapping_and_sinks_are_read_from_the_config() -> None:
+    assert ModelTraits.from_config(Gemma2Config()).attn_logit_softcapping == 50.0
+    assert ModelTraits.from_config(SimpleNamespace(model_type="sinky", attention_sinks=True)).attention_sinks
 
 
 def _save(config: PretrainedConfig, tiny_model_dir: Path, out: Path) -> Path:
@@ -75,6 +75,7 @@ def test_a_sliding_window_model_is_exact_inside_its_window(tiny_model_dir: Path,
     model_dir = _save(config, tiny_model_dir, tmp_path / "mistral")
     engine = make_engine(model_dir)
     assert engine.limits.max_model_len == WINDOW
+    assert engine.runner.backend.name == "cpu_transformers", "the lean Llama forward declares full attention only"
     prompts = {"a": [1, 50, 60, 70, 80, 90], "b": [1, *range(100, 118)], "c": [1, 7, 7, 7]}
     lengths = {"a": 20, "b": 12, "c": 27}  # each ends one token short of the window
     got = run_to_end(engine, {0: [admit("a", prompts["a"], 20)], 2: [admit("b", prompts["b"], 12)],

@@ -1,4 +1,4 @@
-"""oneDNN-packed linear layers: same results as nn.Linear, swapped in only where they apply."""
+"""oneDNN-packed linear layers: same results as nn.Linear, swapped in only where the guarded ops allow."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from executor_service.kernels import small_gemm
-from executor_service.packed_linear import PackedLinear, can_pack, pack_linears
+from executor_service import torch_private
+from executor_service.guarded_ops import GuardedOps
+from executor_service.packed_linear import PackedLinear, pack_linears
 
+CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(
-    not can_pack(torch.device("cpu"), torch.float32), reason="this torch build has no oneDNN linear"
+    not GuardedOps.probe(CPU, torch.float32).packed_linear, reason="this torch build has no usable oneDNN linear"
 )
 
 
@@ -24,22 +26,31 @@ def test_packed_linear_matches_linear_for_any_row_count() -> None:
     assert packed.weight is linear.weight, "the original weight stays the module's weight"
 
 
-NATIVE_BF16 = can_pack(torch.device("cpu"), torch.bfloat16)
+NATIVE_BF16 = GuardedOps.probe(CPU, torch.bfloat16).packed_linear
 
 
-def test_pack_linears_swaps_float32_layers_and_bfloat16_ones_only_with_native_bf16() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pack_linears_swaps_the_models_dtype_only_where_the_guard_allows(dtype: torch.dtype) -> None:
     inner = nn.Sequential(nn.Linear(8, 8, bias=False))
-    model = nn.Sequential(nn.Linear(8, 8), inner, nn.Linear(8, 8).bfloat16())
-    assert pack_linears(model) == 2 + NATIVE_BF16
-    assert isinstance(model[0], PackedLinear) and isinstance(inner[0], PackedLinear)
-    if NATIVE_BF16:
-        assert isinstance(model[2], PackedLinear)
-    else:
-        assert type(model[2]) is nn.Linear, "emulated bfloat16 stays with torch's own path"
+    model = nn.Sequential(nn.Linear(8, 8), inner, nn.Linear(8, 8).half()).to(dtype)
+    model[2].half()  # another dtype than the model's: never packed
+    ops = GuardedOps.probe(CPU, dtype)
+    assert pack_linears(model, ops) == (2 if ops.packed_linear else 0)
+    assert isinstance(model[0], PackedLinear) == ops.packed_linear
+    assert isinstance(inner[0], PackedLinear) == ops.packed_linear
+    assert type(model[2]) is nn.Linear
+    if dtype == torch.bfloat16 and not NATIVE_BF16:
+        assert type(model[0]) is nn.Linear, "emulated bfloat16 stays with torch's own path"
+
+
+def test_public_ops_only_packs_nothing() -> None:
+    model = nn.Sequential(nn.Linear(8, 8))
+    assert pack_linears(model, GuardedOps.probe(CPU, torch.float32, allowed=False)) == 0
+    assert type(model[0]) is nn.Linear
 
 
 def test_bfloat16_packs_only_where_the_cpu_has_native_bf16() -> None:
-    assert torch.ops.mkldnn._is_mkldnn_bf16_supported() == NATIVE_BF16
+    assert torch_private.onednn_native_bf16() == NATIVE_BF16
 
 
 @pytest.mark.skipif(not NATIVE_BF16, reason="this CPU has no native bf16: bfloat16 layers stay unpacked")
@@ -54,8 +65,10 @@ def test_packed_bfloat16_linear_matches_linear() -> None:
 
 def test_without_the_micro_kernel_bfloat16_layers_keep_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where torch has no bf16 BRGeMM (no AMX or AVX512-BF16, another torch build), nothing changes."""
-    monkeypatch.setattr(small_gemm, "torch_brgemm", lambda: None)
+    from executor_service.kernels import small_gemm
+
+    monkeypatch.setattr(small_gemm, "brgemm_bf16", lambda: None)
     weight = torch.zeros(64, 128, dtype=torch.bfloat16)
     assert small_gemm.SmallGemm.for_weight(weight, None) is None
     if NATIVE_BF16:
-        assert PackedLinear(nn.Linear(128, 64, bias=False).bfloat16()).small is None
+        assert PackedLinear(nn.Linear(128, 64, bias=False).bfloat16(), small_gemm=True).small is None

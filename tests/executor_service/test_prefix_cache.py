@@ -65,10 +65,10 @@ class Checker:
         return self.engine.prefix_cache.hits - before
 
 
-@pytest.mark.parametrize("fast_paths", [True, False])
-def test_shared_prefixes_of_every_kind_match_generate(tiny_model_dir: Path, fast_paths: bool) -> None:
-    """``fast_paths`` False: transformers' forward and plain torch attention read the shared blocks."""
-    engine = make_engine(tiny_model_dir, block_size=BLOCK, fast_paths=fast_paths)
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_shared_prefixes_of_every_kind_match_generate(tiny_model_dir: Path, backend: str) -> None:
+    """``torch``: transformers' forward and plain torch attention read the shared blocks."""
+    engine = make_engine(tiny_model_dir, block_size=BLOCK, backend=backend)
     check = Checker(engine, tiny_model_dir)
     base = [1, *random_tokens(149, seed=1)]  # 150 tokens: 9 full blocks and a partial one
     assert check.hits_of([base]) == 0

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import grpc
 import redis
 
 from common.keys import KeySchema
+from common.pb import executor_pb2, executor_pb2_grpc
 from executor_service.server import start_executor
 from tests.stack import stack_config
 
@@ -23,6 +25,11 @@ async def test_before_serving_runs_before_the_executor_registers(redis_url: str,
     try:
         assert registered_then == [0]
         assert store.zcard(keys.executors) == 1  # registered after it
+        # The backend it chose, in its Info and its metrics.
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            info = await executor_pb2_grpc.ExecutorStub(channel).Info(executor_pb2.InfoRequest(), timeout=10)
+        assert info.backend == running.loaded.backend == "cpu_native"
+        assert running.metrics.registry.get_sample_value("baton:executor_backend", {"backend": "cpu_native"}) == 1
     finally:
         await running.stop()
         store.close()

@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executor_service.kernels.small_gemm import MAX_ROWS, MAX_WEIGHT_ELEMENTS, SmallGemm, torch_brgemm
+from executor_service.kernels.small_gemm import MAX_ROWS, MAX_WEIGHT_ELEMENTS, SmallGemm
 from executor_service.packed_linear import PackedLinear
+from executor_service.torch_private import brgemm_bf16
 
-pytestmark = pytest.mark.skipif(torch_brgemm() is None, reason="no bf16 BRGeMM micro-kernel on this CPU")
+pytestmark = pytest.mark.skipif(brgemm_bf16() is None, reason="no bf16 BRGeMM micro-kernel on this CPU")
 
 # The tiny model's q-k-v, o and down layers, a K that is not a multiple of the kernel's 32, and odd N.
 SHAPES = [(512, 256), (256, 256), (256, 688), (40, 64), (24, 34)]
@@ -106,7 +107,7 @@ def test_serves_decode_sizes_on_one_thread_only() -> None:
 
 def test_packed_linear_uses_it_for_decode_rows_and_onednn_otherwise() -> None:
     linear = nn.Linear(256, 256, bias=False).bfloat16()
-    packed = PackedLinear(linear)
+    packed = PackedLinear(linear, small_gemm=True)
     assert packed.small is not None
     before = torch.get_num_threads()
     try:

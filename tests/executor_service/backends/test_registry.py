@@ -1,0 +1,120 @@
+"""The registry: per model family, device and dtype, the fastest backend whose declared support
+covers it; a refusal naming what no backend (or the one asked for) computes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import Gemma2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+
+from executor_service.backends.registry import BACKENDS, backend_names, select_backend
+from executor_service.backends.torch_reference import TorchBackend
+from executor_service.model_support import ModelTraits, UnsupportedModel
+from tests.executor_service.test_engine import make_engine
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object needs no GPU; nothing runs here
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+
+FAMILIES = {
+    "llama": LlamaConfig(),
+    "mistral": MistralConfig(sliding_window=None),
+    "mistral-windowed": MistralConfig(sliding_window=512),
+    "qwen2": Qwen2Config(),
+    "qwen3": Qwen3Config(),
+    "phi3": Phi3Config(),
+    "llama-gelu": LlamaConfig(hidden_act="gelu"),
+}
+
+
+def _chosen(family: str, device: torch.device = CPU, dtype: torch.dtype = F32, requested: str = "auto") -> str:
+    return select_backend(ModelTraits.from_config(FAMILIES[family]), device, dtype, requested).name
+
+
+@pytest.mark.parametrize(
+    ("family", "cpu", "cuda"),
+    [
+        ("llama", "cpu_native", "cuda"),
+        ("mistral", "cpu_native", "cuda"),
+        ("mistral-windowed", "cpu_transformers", "torch"),  # the lean forward declares full attention only
+        ("qwen2", "cpu_transformers", "torch"),
+        ("qwen3", "cpu_transformers", "torch"),
+        ("phi3", "cpu_transformers", "torch"),
+        ("llama-gelu", "cpu_transformers", "torch"),  # the lean forward's MLP is SiLU's
+    ],
+)
+def test_each_family_gets_the_fastest_backend_that_serves_it(family: str, cpu: str, cuda: str) -> None:
+    assert _chosen(family, CPU, F32) == _chosen(family, CPU, BF16) == cpu
+    assert _chosen(family, CUDA, BF16) == _chosen(family, CUDA, F16) == cuda
+
+
+def test_a_dtype_the_native_paths_do_not_serve_takes_the_reference() -> None:
+    assert _chosen("llama", CPU, F16) == "torch"
+
+
+@pytest.mark.parametrize("device", [CPU, CUDA])
+def test_soft_capped_attention_is_refused_by_name(device: torch.device) -> None:
+    with pytest.raises(UnsupportedModel, match=r"gemma2: the model soft-caps its attention logits") as refused:
+        select_backend(ModelTraits.from_config(Gemma2Config()), device, F32)
+    assert "attn_logit_softcapping=50" in str(refused.value) and "no backend computes" in str(refused.value)
+    for name in backend_names():  # and what each backend lacks besides
+        assert f"{name}: " in str(refused.value)
+
+
+def test_attention_sinks_are_refused_by_name() -> None:
+    sinky = ModelTraits.from_config(SimpleNamespace(model_type="sinky", attention_sinks=True, hidden_act="silu"))
+    with pytest.raises(UnsupportedModel, match="uses attention sinks, which no backend computes"):
+        select_backend(sinky, CPU, F32)
+
+
+def test_a_model_refused_only_for_the_host_names_each_backends_reason() -> None:
+    """No feature of the model is the problem here: the dtype is (no CPU backend runs float64)."""
+    with pytest.raises(UnsupportedModel, match=r"no backend serves llama on cpu in float64") as refused:
+        select_backend(ModelTraits.from_config(LlamaConfig()), CPU, torch.float64)
+    assert "torch: dtype float64 (runs bfloat16, float16, float32)" in str(refused.value)
+
+
+def test_the_override_picks_a_backend_that_serves_the_model() -> None:
+    assert _chosen("llama", requested="torch") == "torch"
+    assert _chosen("llama", requested="cpu_transformers") == "cpu_transformers"
+    assert _chosen("qwen3", requested="torch") == "torch"
+
+
+@pytest.mark.parametrize(
+    ("family", "requested", "reason"),
+    [
+        ("qwen3", "cpu_native", "model type qwen3 (runs llama, mistral)"),
+        ("mistral-windowed", "cpu_native", "sliding window (512 tokens)"),
+        ("llama", "cuda", "device cpu (runs on cuda)"),
+    ],
+)
+def test_the_override_refuses_a_backend_that_cannot_serve_the_model(family: str, requested: str, reason: str) -> None:
+    with pytest.raises(UnsupportedModel, match=rf"executor\.backend {requested} cannot serve .*{re.escape(reason)}"):
+        _chosen(family, requested=requested)
+
+
+def test_an_unknown_backend_name_lists_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="not one of auto, cpu_native, cpu_transformers, cuda, torch"):
+        _chosen("llama", requested="tpu")
+
+
+def test_the_registry_is_ordered_with_the_reference_last_and_cuda_only_on_cuda() -> None:
+    assert len(set(backend_names())) == len(BACKENDS)
+    assert BACKENDS[-1] is TorchBackend
+    for backend in BACKENDS:
+        if backend.name.startswith("cpu"):
+            assert backend.support.devices == {"cpu"}
+        elif backend.name == "cuda":
+            assert backend.support.devices == {"cuda"}
+        assert not backend.support.attn_logit_softcapping and not backend.support.attention_sinks
+
+
+def test_the_executor_refuses_at_load_a_backend_that_cannot_serve(tiny_model_dir: Path) -> None:
+    with pytest.raises(UnsupportedModel, match=r"executor\.backend cuda cannot serve llama on cpu"):
+        make_engine(tiny_model_dir, backend="cuda")
+    with pytest.raises(ValueError, match="not one of"):
+        make_engine(tiny_model_dir, backend="fastest")
+    assert make_engine(tiny_model_dir, backend="torch").runner.backend.name == "torch"
