@@ -152,7 +152,7 @@ class Engine:
     # ---- one iteration -----------------------------------------------------------------
     def step(self) -> StepOutput:
         started = time.perf_counter_ns()
-        ordered = sorted(self.running.values(), key=lambda s: s.rank)
+        ordered = self.prefix_cache.share(sorted(self.running.values(), key=lambda s: s.rank))
         plan = self.step_scheduler.schedule(ordered, self.token_budget, self._grants)
         self._grants = {}
         self._preempted.extend(s.request_id for s in plan.preempted)

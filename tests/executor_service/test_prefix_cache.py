@@ -123,10 +123,24 @@ def test_requests_on_the_same_new_prefix_in_one_step_match_generate(tiny_model_d
     check = Checker(engine, tiny_model_dir)
     prefix = [1, *random_tokens(79, seed=6)]
     together = [prefix + random_tokens(5 + 7 * i, seed=10 + i) for i in range(3)] + [list(prefix)]
-    assert check.hits_of(together) == 0  # all admitted before any of them computed the prefix
+    # All admitted before any of them computed the prefix: the first computes it, the others wait
+    # a step and start from its 5 blocks (the bare prefix, 80 tokens, from 4: its last one is computed).
+    assert check.hits_of(together) == 2 * 5 * BLOCK + 4 * BLOCK
     stored = check.take_events().stored
-    assert len(stored) == len(set(stored)) == len(engine.allocator.cached_names())  # the first copy wins
+    assert len(stored) == len(set(stored)) == len(engine.allocator.cached_names())
     assert check.hits_of([[*prefix, 3, 4]]) == 5 * BLOCK
+    assert engine.allocator.num_free == engine.allocator.num_blocks
+
+
+def test_a_burst_on_one_new_prefix_computes_it_once_even_across_chunks(tiny_model_dir: Path) -> None:
+    """A prefix longer than a step's budget: the first request computes it chunk by chunk, and the
+    others, admitted with it, each take every block as it is named instead of computing it too."""
+    engine = make_engine(tiny_model_dir, block_size=BLOCK, token_budget=48)
+    check = Checker(engine, tiny_model_dir)
+    prefix = [1, *random_tokens(159, seed=21)]  # 10 blocks, more than three steps' budget
+    burst = [prefix + random_tokens(3 + i, seed=30 + i) for i in range(4)]
+    hits = check.hits_of(burst, max_tokens=6)
+    assert hits == 3 * 10 * BLOCK  # everyone but the first started from all ten blocks
     assert engine.allocator.num_free == engine.allocator.num_blocks
 
 
