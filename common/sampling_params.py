@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from common.errors import InvalidRequest
 from common.logprobs import MAX_LOGPROBS
@@ -53,6 +53,8 @@ class SamplingParams:
     # Alternatives per position for the output's and the prompt's log probabilities; None: none.
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # Derived once: the sampler asks every row of every step whether its logits need adjusting.
+    adjusts_logits: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Callers build this from lists (protobuf repeated fields, JSON); keep the object hashable.
@@ -97,6 +99,9 @@ class SamplingParams:
             count = getattr(self, name)
             if count is not None and not 0 <= count <= MAX_LOGPROBS:
                 raise InvalidRequest(f"{name} must lie in [0, {MAX_LOGPROBS}], got {count}")
+        # Whether anything changes this request's logits before the choice (penalties, bias, min_tokens).
+        adjusts = self.has_penalties or bool(self.logit_bias) or self.min_tokens > 0
+        object.__setattr__(self, "adjusts_logits", adjusts)
 
     @property
     def greedy(self) -> bool:
@@ -110,16 +115,11 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
-    @property
-    def adjusts_logits(self) -> bool:
-        """Whether anything changes this request's logits before the choice (penalties, bias, min_tokens)."""
-        return self.has_penalties or bool(self.logit_bias) or self.min_tokens > 0
-
     # ---- Redis (JSON, never pickle) ------------------------------------------------------
     def to_json(self) -> str:
         # Every field is a number, a string or a tuple of them: a shallow dict is enough
         # (``asdict`` deep-copies, and this runs once per submit).
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, separators=(",", ":"))
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self) if f.init}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: str) -> SamplingParams:

@@ -187,12 +187,16 @@ class Engine:
 
     def _forward(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None) -> torch.Tensor:
         if self.threads is None:
-            return self.runner.run(chunks, leading)
+            return self._run(chunks, leading)
         self.threads.before_step()
         started = time.perf_counter()
-        logits = self.runner.run(chunks, leading)
+        logits = self._run(chunks, leading)
         self.threads.after_step(time.perf_counter() - started)
         return logits
+
+    def _run(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None) -> torch.Tensor:
+        # Only prompt-logprob steps pass ``leading``: any other step calls the runner as it always has.
+        return self.runner.run(chunks) if leading is None else self.runner.run(chunks, leading)
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[TokenOut]:
         """The next token of each sequence whose every token is now computed (``logits``: their last

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -85,7 +86,7 @@ def test_json_round_trip(params: SamplingParams) -> None:
 def test_executor_wire_round_trip_carries_what_sampling_needs(params: SamplingParams) -> None:
     back = SamplingParams.from_pb(pb.ExecSampling.FromString(params.to_pb().SerializeToString()))
     # The stream interval is the scheduler's business and stays behind.
-    assert back == SamplingParams(**{**params.__dict__, "stream_interval_tokens": 0})
+    assert back == replace(params, stream_interval_tokens=0)
 
 
 def test_an_unset_seed_stays_unset_on_the_wire() -> None:
