@@ -264,6 +264,8 @@ def chat_prompt(messages: Any) -> str:
 def parse_chat(body: Mapping[str, Any]) -> Parsed:
     request = pb.GenerateRequest(prompt=chat_prompt(body.get("messages")))
     parsed = _parsed(body, request, 0)  # 0: Baton's default, capped by the room left in the context
+    if _bool(body, "echo"):  # completions only (vLLM's chat echo repeats a message: not served here)
+        raise BadRequest("echo is not supported for chat completions", param="echo")
     logprobs = _bool(body, "logprobs")
     top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
     if top and not logprobs:

@@ -94,7 +94,7 @@ def test_chat_logprobs() -> None:
     assert parsed.logprobs and parsed.request.params.logprobs == 4 and not parsed.echo
     assert parse_chat({"messages": messages, "logprobs": True}).request.params.logprobs == 0
     assert not parse_chat({"messages": messages, "logprobs": False}).request.params.HasField("logprobs")
-    for bad in ({"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21}, {"logprobs": 1}):
+    for bad in ({"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21}, {"logprobs": 1}, {"echo": True}):
         with pytest.raises(BadRequest):
             parse_chat({"messages": messages, **bad})
 

@@ -87,6 +87,23 @@ async def test_logprobs_stream_complete_and_resume(stack: Stack, model: Generati
     assert not any(c.prompt_logprobs for c in tail)
 
 
+async def test_batch_stream_carries_each_requests_logprobs(stack: Stack) -> None:
+    prompts = random_prompts(2, seed=46)
+
+    async def requests() -> AsyncIterator[pb.GenerateRequest]:
+        yield request(prompts[0], max_tokens=3, logprobs=1, prompt_logprobs=0)
+        yield request(prompts[1], max_tokens=3)
+
+    events: dict[int, list[pb.GenerateResponse]] = {0: [], 1: []}
+    async for message in stack.stub.GenerateBatch(requests()):
+        for event in message.events:
+            events[event.position].append(event.response)
+    asked, plain = events[0], events[1]
+    assert [len(r.logprobs) for r in asked] == [len(r.token_ids) for r in asked]
+    assert len(asked[0].prompt_logprobs) == len(prompts[0])
+    assert not any(r.logprobs or r.prompt_logprobs for r in plain)
+
+
 async def test_requests_that_ask_for_nothing_get_no_logprobs(stack: Stack) -> None:
     chunks = await stack.generate(request(random_prompts(1, seed=42)[0], max_tokens=4))
     assert not any(c.logprobs or c.prompt_logprobs for c in chunks)
