@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from common.errors import InvalidRequest
+from common.logprobs import MAX_LOGPROBS
 from common.pb import executor_pb2 as pb
 
 # torch.Generator.manual_seed accepts exactly this range (negative values wrap around).
@@ -35,19 +36,41 @@ class SamplingParams:
     # How the client takes its output (tokens per chunk; 0: the server's interval). The scheduler's
     # stream batching reads it; sampling does not, and it does not travel to executors.
     stream_interval_tokens: int = 0
+    # OpenAI's penalties on the output so far: presence once per distinct token, frequency per
+    # occurrence (subtracted from the logits). 0 is off.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # Hugging Face's, on prompt and output tokens: positive logits divided by it, negative ones
+    # multiplied. 1 is off.
+    repetition_penalty: float = 1.0
+    # Stopping (EOS, stop_token_ids, stop strings) waits until the output holds this many tokens.
+    min_tokens: int = 0
+    # Drop tokens less likely than min_p times the most likely one (after temperature). 0 is off.
+    min_p: float = 0.0
+    # (token id, bias) pairs, by id, added to the logits.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    include_stop_str_in_output: bool = False
+    # Alternatives per position for the output's and the prompt's log probabilities; None: none.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    # Derived once: the sampler asks every row of every step whether its logits need adjusting.
+    adjusts_logits: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Callers build this from lists (protobuf repeated fields, JSON); keep the object hashable.
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        bias = tuple(sorted((int(t), float(b)) for t, b in self.logit_bias))
+        object.__setattr__(self, "logit_bias", bias)
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise InvalidRequest(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):  # also rejects NaN
             raise InvalidRequest(f"top_p must lie in (0, 1] (0 means 1), got {self.top_p}")
         if self.top_k < 0:
             raise InvalidRequest(f"top_k must be >= 0, got {self.top_k}")
-        if self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens < 1 and not (self.max_tokens == 0 and self.prompt_logprobs is not None):
+            # 0 only scores the prompt, which needs prompt_logprobs to say anything.
+            raise InvalidRequest(f"max_tokens must be >= 1 (0 only with prompt_logprobs), got {self.max_tokens}")
         if self.seed is not None and not (SEED_MIN <= self.seed <= SEED_MAX):
             raise InvalidRequest(f"seed must fit in 64 bits, got {self.seed}")
         if any(not s for s in self.stop):
@@ -57,6 +80,28 @@ class SamplingParams:
             raise InvalidRequest(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
         if self.stream_interval_tokens < 0:
             raise InvalidRequest(f"stream_interval_tokens must be >= 0, got {self.stream_interval_tokens}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:  # also rejects NaN
+                raise InvalidRequest(f"{name} must lie in [-2, 2], got {value}")
+        if not (0.0 < self.repetition_penalty < math.inf):
+            raise InvalidRequest(f"repetition_penalty must be finite and > 0 (1 is off), got {self.repetition_penalty}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidRequest(f"min_tokens must lie in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidRequest(f"min_p must lie in [0, 1], got {self.min_p}")
+        ids = [t for t, _ in self.logit_bias]
+        if len(set(ids)) != len(ids) or any(t < 0 for t in ids):
+            raise InvalidRequest("logit_bias must map distinct token ids >= 0 to biases")
+        if any(not -100.0 <= b <= 100.0 for _, b in self.logit_bias):
+            raise InvalidRequest("logit_bias values must lie in [-100, 100]")
+        for name in ("logprobs", "prompt_logprobs"):
+            count = getattr(self, name)
+            if count is not None and not 0 <= count <= MAX_LOGPROBS:
+                raise InvalidRequest(f"{name} must lie in [0, {MAX_LOGPROBS}], got {count}")
+        # Whether anything changes this request's logits before the choice (penalties, bias, min_tokens).
+        adjusts = self.has_penalties or bool(self.logit_bias) or self.min_tokens > 0
+        object.__setattr__(self, "adjusts_logits", adjusts)
 
     @property
     def greedy(self) -> bool:
@@ -66,11 +111,15 @@ class SamplingParams:
     def needs_filter(self) -> bool:
         return self.top_k > 0 or self.top_p < 1.0
 
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
     # ---- Redis (JSON, never pickle) ------------------------------------------------------
     def to_json(self) -> str:
         # Every field is a number, a string or a tuple of them: a shallow dict is enough
         # (``asdict`` deep-copies, and this runs once per submit).
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, separators=(",", ":"))
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self) if f.init}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: str) -> SamplingParams:
@@ -86,9 +135,20 @@ class SamplingParams:
             stop=list(self.stop),
             stop_token_ids=list(self.stop_token_ids),
             ignore_eos=self.ignore_eos,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_tokens=self.min_tokens,
+            min_p=self.min_p,
+            logit_bias=dict(self.logit_bias),
+            include_stop_str_in_output=self.include_stop_str_in_output,
         )
         if self.seed is not None:
             msg.seed = self.seed
+        if self.logprobs is not None:
+            msg.logprobs = self.logprobs
+        if self.prompt_logprobs is not None:
+            msg.prompt_logprobs = self.prompt_logprobs
         return msg
 
     @classmethod
@@ -102,4 +162,13 @@ class SamplingParams:
             stop=tuple(msg.stop),
             stop_token_ids=tuple(msg.stop_token_ids),
             ignore_eos=msg.ignore_eos,
+            presence_penalty=msg.presence_penalty,
+            frequency_penalty=msg.frequency_penalty,
+            repetition_penalty=msg.repetition_penalty or 1.0,  # proto3's unset 0 means "off"
+            min_tokens=msg.min_tokens,
+            min_p=msg.min_p,
+            logit_bias=tuple(msg.logit_bias.items()),
+            include_stop_str_in_output=msg.include_stop_str_in_output,
+            logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+            prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
         )

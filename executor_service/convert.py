@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common.pb import executor_pb2 as pb
 from common.sampling_params import SamplingParams
-from executor_service.engine_io import AdmitSpec, FinishOut, KvCacheEvents, PlanUpdate, StepOutput
+from executor_service.engine_io import AdmitSpec, FinishOut, KvCacheEvents, PlanUpdate, StepOutput, TokenOut
 from executor_service.load_metrics import DeviceLoad
 
 
@@ -29,6 +29,15 @@ def plan_from_pb(msg: pb.Plan) -> PlanUpdate:
     )
 
 
+def _delta_pb(out: TokenOut) -> pb.TokenDelta:
+    msg = pb.TokenDelta(request_id=out.request_id, token_ids=out.token_ids, text=out.text, index=out.index)
+    if out.logprobs is not None:  # only requests that asked pay for these
+        msg.logprobs.CopyFrom(out.logprobs.to_pb())
+    if out.prompt_logprobs is not None:
+        msg.prompt_logprobs.CopyFrom(out.prompt_logprobs.to_pb())
+    return msg
+
+
 def _finish_pb(out: FinishOut) -> pb.FinishedRequest:
     return pb.FinishedRequest(request_id=out.request_id, finish_reason=int(out.reason), text=out.text, error=out.error)
 
@@ -43,10 +52,7 @@ def report_to_pb(out: StepOutput, device: DeviceLoad) -> pb.StepReport:
     return pb.StepReport(
         iteration=out.iteration,
         plan_seq=out.plan_seq,
-        tokens=[
-            pb.TokenDelta(request_id=t.request_id, token_ids=t.token_ids, text=t.text, index=t.index)
-            for t in out.tokens
-        ],
+        tokens=[_delta_pb(t) for t in out.tokens],
         finished=[_finish_pb(f) for f in out.finished],
         preempted=list(out.preempted),
         rejected=[_finish_pb(f) for f in out.rejected],

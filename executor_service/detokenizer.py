@@ -7,6 +7,9 @@ already-emitted head (``prefix_offset..read_offset``), and only once it no longe
 
 Stop strings are matched against all text generated so far. Until one matches, the last ``max_stop_len - 1``
 characters are held back, since they might be the start of a stop string: streamed text never has to be retracted.
+As in vLLM, a request's ``min_tokens`` keeps stop strings from matching until the output holds more tokens than
+that (text completed up to then is never searched), and ``include_stop_str_in_output`` keeps a matched stop string
+at the end of the text instead of cutting it off.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ class IncrementalDetokenizer:
         stop: Sequence[str],
         skip_special_tokens: bool = True,
         output_token_ids: Sequence[int] | None = None,
+        min_tokens: int = 0,
+        include_stop_str_in_output: bool = False,
     ) -> None:
         if any(not s for s in stop):
             raise ValueError("stop strings must not be empty")
@@ -68,6 +73,10 @@ class IncrementalDetokenizer:
         self._max_stop_len = max((len(s) for s in self._stop), default=0)
         self._ids: list[int] = [*prompt_token_ids, *(output_token_ids or ())]
         self._stopped = False
+        # Stop strings match only once the output holds more tokens than this (the request's whole
+        # output, resumed tokens included).
+        self._match_after = len(prompt_token_ids) + min_tokens
+        self._keep_stop = include_stop_str_in_output
 
         prompt_len = len(prompt_token_ids)
         read = self._complete_end(prompt_len)
@@ -132,12 +141,15 @@ class IncrementalDetokenizer:
 
     def _release(self) -> DetokenizedDelta:
         """Search the new text for stop strings and hand out what can no longer turn into one."""
+        if len(self._ids) <= self._match_after:
+            self._scanned = len(self._text)  # min_tokens: this text never ends the output
         match = self._find_stop()
         if match is not None:
             self._stopped = True
-            delta = self._text[self._emitted : match]
-            self._text = self._text[:match]
-            self._emitted = match
+            cut = match[1] if self._keep_stop else match[0]
+            delta = self._text[self._emitted : cut]
+            self._text = self._text[:cut]
+            self._emitted = cut
             return DetokenizedDelta(delta, True)
         safe_end = len(self._text) - max(self._max_stop_len - 1, 0)
         if safe_end <= self._emitted:
@@ -146,8 +158,8 @@ class IncrementalDetokenizer:
         self._emitted = safe_end
         return DetokenizedDelta(delta, False)
 
-    def _find_stop(self) -> int | None:
-        """Start of the stop string that completes first in the text not yet searched, if any.
+    def _find_stop(self) -> tuple[int, int] | None:
+        """Start and end of the stop string that completes first in the text not yet searched, if any.
 
         "Completes first" (earliest end, then earliest start) is what a character-by-character stream would see,
         so the outcome does not depend on how many tokens each push carried: with stops "abcd" and "bc", text
@@ -163,7 +175,7 @@ class IncrementalDetokenizer:
             i = self._text.find(stop, start)
             if i >= 0 and (best is None or (i + len(stop), i) < best):
                 best = (i + len(stop), i)
-        return None if best is None else best[1]
+        return None if best is None else (best[1], best[0])
 
     def _complete_end(self, prompt_len: int) -> int:
         """Where the resumed output's last whole character ends (the token count, prompt included).

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from common.lifecycle import FinishReason
+from common.logprobs import NO_LOGPROBS
+from executor_service import prompt_logprobs
 from executor_service.batch_admission import Admission, judge_admission
 from executor_service.block_allocator import BlockAllocator
 from executor_service.cpu_threads import ThreadGovernor
@@ -29,7 +31,7 @@ from executor_service.engine_io import (
 )
 from executor_service.model_runner import ModelRunner
 from executor_service.prefix_cache import PrefixCache
-from executor_service.sampling import Sampler, make_generator
+from executor_service.sampling import Sampled, Sampler, make_generator
 from executor_service.sequence import Sequence
 from executor_service.step_scheduler import ScheduledChunk, StepScheduler
 
@@ -58,7 +60,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.limits = limits
         self.token_budget = limits.token_budget
-        self.sampler = Sampler()
+        self.sampler = Sampler(limits.eos_token_ids)
         self.threads = threads  # None: torch's thread count is fixed (configured, or a GPU)
         self.prefix_cache = PrefixCache(allocator)
         self.step_scheduler: StepScheduler[Sequence] = StepScheduler(allocator, self._drop)
@@ -126,8 +128,14 @@ class Engine:
         if verdict is Admission.BATCH_FULL:
             self._rejected.append(FinishOut(spec.request_id, FinishReason.NONE, error="batch full"))
             return
+        params = spec.params
         detok = IncrementalDetokenizer(
-            self.tokenizer, spec.prompt_ids, spec.params.stop, output_token_ids=list(spec.output_ids)
+            self.tokenizer,
+            spec.prompt_ids,
+            params.stop,
+            output_token_ids=list(spec.output_ids),
+            min_tokens=params.min_tokens,
+            include_stop_str_in_output=params.include_stop_str_in_output,
         )
         seq = Sequence(
             request_id=spec.request_id,
@@ -139,15 +147,20 @@ class Engine:
             detokenizer=detok,
         )
         self.running[spec.request_id] = seq
-        if len(spec.output_ids) >= spec.params.max_tokens:
+        if params.prompt_logprobs is not None and not spec.output_ids:
+            # Its prompt's log probabilities need every prompt position's logits: no prefix cache.
+            seq.prompt_logprobs = NO_LOGPROBS
+        elif len(spec.output_ids) >= params.max_tokens:
             self._finish(seq, FinishReason.LENGTH, "")
             return
-        self.prefix_cache.match(seq)
+        else:
+            self.prefix_cache.match(seq)
 
     def _drop(self, seq: Sequence) -> None:
         self.allocator.release(seq.block_table)
         seq.reset_cache()
         self.running.pop(seq.request_id, None)
+        self.sampler.release(seq.request_id)
 
     # ---- one iteration -----------------------------------------------------------------
     def step(self) -> StepOutput:
@@ -158,26 +171,49 @@ class Engine:
         self._preempted.extend(s.request_id for s in plan.preempted)
         tokens: list[TokenOut] = []
         if plan.chunks:
-            logits = self._forward(plan.chunks)
+            scoring = any(c.seq.prompt_logprobs is not None for c in plan.chunks)
+            leading = [prompt_logprobs.rows_wanted(c) for c in plan.chunks] if scoring else None
+            logits = self._forward(plan.chunks, leading)
             completing = [c.seq for c in plan.chunks if c.completes]
+            if leading is not None:
+                prompt_logprobs.gather(plan.chunks, leading, logits[len(completing) :])
             for chunk in plan.chunks:
                 chunk.seq.num_computed += chunk.num_tokens
                 self.prefix_cache.name_computed(chunk.seq)
             if completing:
-                generators = [self._generator_for(s) for s in completing]
-                sampled = self.sampler.sample(logits, [s.params for s in completing], generators)
-                tokens = self._postprocess(completing, sampled.tolist())
+                tokens = self._sample(completing, logits[: len(completing)])
         self.iteration += 1
         return self._output(tokens, plan.num_tokens, time.perf_counter_ns() - started)
 
-    def _forward(self, chunks: Seq[ScheduledChunk[Sequence]]) -> torch.Tensor:
+    def _forward(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None) -> torch.Tensor:
         if self.threads is None:
-            return self.runner.run(chunks)
+            return self._run(chunks, leading)
         self.threads.before_step()
         started = time.perf_counter()
-        logits = self.runner.run(chunks)
+        logits = self._run(chunks, leading)
         self.threads.after_step(time.perf_counter() - started)
         return logits
+
+    def _run(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None) -> torch.Tensor:
+        # Only prompt-logprob steps pass ``leading``: any other step calls the runner as it always has.
+        return self.runner.run(chunks) if leading is None else self.runner.run(chunks, leading)
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[TokenOut]:
+        """The next token of each sequence whose every token is now computed (``logits``: their last
+        positions'). A request that only scores its prompt (max_tokens 0) ends here instead."""
+        out: list[TokenOut] = []
+        if any(s.params.max_tokens == 0 for s in seqs):
+            keep = [i for i, s in enumerate(seqs) if s.params.max_tokens > 0]
+            for seq in seqs:
+                if seq.params.max_tokens == 0:
+                    out.append(TokenOut(seq.request_id, (), "", 0, prompt_logprobs=prompt_logprobs.take(seq)))
+                    self._finish(seq, FinishReason.LENGTH, "")
+            seqs = [seqs[i] for i in keep]
+            logits = logits[keep]
+            if not seqs:
+                return out
+        generators = [self._generator_for(s) for s in seqs]
+        return out + self._postprocess(seqs, self.sampler.sample(logits, seqs, generators))
 
     @staticmethod
     def _generator_for(seq: Sequence) -> torch.Generator | None:
@@ -191,12 +227,14 @@ class Engine:
         """Report news (aborts, rejections) without running a step."""
         return self._output([], 0, 0)
 
-    def _postprocess(self, seqs: Seq[Sequence], token_ids: list[int]) -> list[TokenOut]:
+    def _postprocess(self, seqs: Seq[Sequence], sampled: Sampled) -> list[TokenOut]:
         out: list[TokenOut] = []
-        for seq, token in zip(seqs, token_ids, strict=True):
+        for seq, token, logprobs in zip(seqs, sampled.tokens, sampled.logprobs, strict=True):
+            first = prompt_logprobs.take(seq)  # the prompt's, with the request's first token (if asked)
             seq.output_ids.append(token)
             delta = seq.detokenizer.push([token])
-            out.append(TokenOut(seq.request_id, (token,), delta.text, len(seq.output_ids) - 1))
+            index = len(seq.output_ids) - 1
+            out.append(TokenOut(seq.request_id, (token,), delta.text, index, logprobs, first))
             reason = self._stop_reason(seq, token, delta.stopped)
             if reason is not FinishReason.NONE:
                 self._finish(seq, reason, "" if delta.stopped else seq.detokenizer.flush())
@@ -204,10 +242,13 @@ class Engine:
 
     def _stop_reason(self, seq: Sequence, token: int, stop_string_hit: bool) -> FinishReason:
         params = seq.params
-        if stop_string_hit or token in params.stop_token_ids:
+        if stop_string_hit:  # the detokenizer already waits for min_tokens
             return FinishReason.STOP
-        if not params.ignore_eos and token in self.limits.eos_token_ids:
-            return FinishReason.STOP
+        if len(seq.output_ids) > params.min_tokens:  # before that, stop tokens were masked (logits_processing)
+            if token in params.stop_token_ids:
+                return FinishReason.STOP
+            if not params.ignore_eos and token in self.limits.eos_token_ids:
+                return FinishReason.STOP
         if len(seq.output_ids) >= params.max_tokens or seq.num_tokens >= self.limits.max_model_len:
             return FinishReason.LENGTH
         return FinishReason.NONE

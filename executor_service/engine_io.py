@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from common.lifecycle import FinishReason
+from common.logprobs import Logprobs
 from common.sampling_params import SamplingParams
 
 
@@ -44,6 +45,24 @@ class TokenOut:
     token_ids: tuple[int, ...]
     text: str
     index: int  # position in the output of the first token
+    # Only for requests that asked: the tokens' log probabilities (one position per token), and
+    # the prompt's, on the request's first output.
+    logprobs: Logprobs | None = None
+    prompt_logprobs: Logprobs | None = None
+
+    def then(self, later: TokenOut) -> TokenOut:
+        """These tokens followed by ``later``'s (the next ones of the same request), as one output."""
+        logprobs = self.logprobs
+        if later.logprobs is not None:
+            logprobs = later.logprobs if logprobs is None else logprobs.then(later.logprobs)
+        return TokenOut(
+            self.request_id,
+            self.token_ids + later.token_ids,
+            self.text + later.text,
+            self.index,
+            logprobs,
+            self.prompt_logprobs or later.prompt_logprobs,
+        )
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,12 @@ class ModelRunner:
         return PrefillSegment(start=row, end=row + end - start, context=context, context_len=end, mask=keys <= queries)
 
     @torch.inference_mode()
-    def run(self, chunks: Seq[ScheduledChunk[Sequence]]) -> torch.Tensor:
-        """Compute the chunks' K/V into the pool; return float32 logits [num completing chunks, vocab]."""
+    def run(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None = None) -> torch.Tensor:
+        """Compute the chunks' K/V into the pool; return float32 logits [num completing chunks, vocab].
+
+        ``leading[i]``: also keep the logits of chunk i's first that many positions (prompt log
+        probabilities need every position's); those rows follow the completing chunks', in chunk order.
+        """
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -65,8 +69,9 @@ class ModelRunner:
         native_lengths: list[int] = []
         native_tables: list[list[int]] = []
         sample_rows: list[int] = []
+        leading_rows: list[int] = []
         block_size = self.pool.block_size
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
             seq, row = chunk.seq, len(input_ids)
             start, end = seq.num_computed, seq.num_computed + chunk.num_tokens
             input_ids += seq.token_slice(start, end)
@@ -90,6 +95,8 @@ class ModelRunner:
                 prefills.append(self._prefill_segment(row, seq, start, end, first))
             if chunk.completes:
                 sample_rows.append(row + chunk.num_tokens - 1)
+            if leading:
+                leading_rows += range(row, row + leading[i])
         batch = AttentionBatch(
             pool=self.pool,
             slot_mapping=self._tensor(slots),
@@ -98,9 +105,10 @@ class ModelRunner:
             decodes=self._decode_group(decode_rows, decode_seqs) if decode_seqs else None,
             native_decodes=PagedDecodes.build(native_rows, native_lengths, native_tables) if native_rows else None,
         )
-        keep = self._tensor(sample_rows or [0])
+        kept = sample_rows + leading_rows
+        keep = self._tensor(kept or [0])
         logits = self._forward(self._tensor(input_ids), self._tensor(positions), keep, batch)
-        return logits.float() if sample_rows else logits[:0].float()
+        return logits.float() if kept else logits[:0].float()
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, batch: AttentionBatch

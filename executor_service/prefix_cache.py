@@ -60,6 +60,8 @@ class PrefixCache:
         claimed: set[int] = set()  # names of the blocks that sequences ahead of this one compute next
         out: list[Sequence] = []
         for seq in ordered:
+            # A sequence that never matched (one scoring its prompt) has names only for the blocks
+            # it computed itself, so it neither takes blocks nor waits here.
             if seq.is_decoding or not seq.block_names:
                 out.append(seq)
                 continue

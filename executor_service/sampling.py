@@ -1,19 +1,28 @@
 """Turns a step's logits into next-token ids, one row per sequence, honouring each request's sampling parameters.
 
 Greedy rows are the hot path and are handled with one batched argmax. Sampled rows share one batched
-temperature / top-k / top-p pipeline, and then draw with their own request's generator: a seeded request then
-produces the same tokens whatever else happens to be batched with it.
+temperature / min-p / top-k / top-p pipeline, and then draw with their own request's generator: a seeded request
+then produces the same tokens whatever else happens to be batched with it. Before either, the rows whose requests
+ask for it get their min_tokens mask, logit bias and penalties (``logits_processing``); rows that ask for nothing
+keep the plain path.
+
+Log probabilities, for the rows that ask, are those of the raw logits (vLLM's default ``raw_logprobs``): taken
+before anything above changes them, and gathered for the chosen token and the top ones in one batch.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
+from common.logprobs import Logprobs
 from common.sampling_params import SamplingParams
+from executor_service import token_logprobs
 from executor_service.kernels import layer_ops
+from executor_service.logits_processing import LogitsProcessing, SamplingRow
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -37,22 +46,63 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     return gen
 
 
-class Sampler:
-    """Stateless; one instance per engine is enough."""
+@dataclass(frozen=True)
+class Sampled:
+    """One step's choices: a token per row, and its log probabilities where the request asked."""
 
+    tokens: list[int]
+    logprobs: list[Logprobs | None]
+
+
+class Sampler:
+    """One per engine: it holds the penalised requests' token counts (see ``logits_processing``)."""
+
+    def __init__(self, eos_token_ids: frozenset[int] = frozenset()) -> None:
+        self.processing = LogitsProcessing(eos_token_ids)
+
+    def release(self, request_id: str) -> None:
+        """The request left the batch: forget what sampling kept for it."""
+        self.processing.release(request_id)
+
+    @torch.inference_mode()
     def sample(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        generators: Sequence[torch.Generator | None],
+    ) -> Sampled:
+        """Next tokens for logits of shape [B, V] (changed in place for rows that adjust them)."""
+        if logits.dim() != 2:
+            raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
+        batch = logits.shape[0]
+        if len(rows) != batch or len(generators) != batch:
+            raise ValueError(f"got {batch} logit rows, {len(rows)} rows and {len(generators)} generators")
+        params = [r.params for r in rows]
+        asking = [i for i, p in enumerate(params) if p.logprobs is not None]
+        raw = None
+        if asking:  # the raw logits, before anything below changes them
+            asking_idx = torch.tensor(asking, dtype=torch.long, device=logits.device)
+            raw = logits.index_select(0, asking_idx)
+        penalised = self.processing.apply(logits, rows) if any(p.adjusts_logits for p in params) else None
+        tokens = self.choose(logits, params, generators)
+        if penalised is not None:
+            penalised.record(tokens)
+        logprobs: list[Logprobs | None] = [None] * batch
+        if raw is not None:
+            counts = [params[i].logprobs or 0 for i in asking]
+            gathered = token_logprobs.gather(raw, tokens.index_select(0, asking_idx), max(counts))
+            for row, (i, count) in enumerate(zip(asking, counts, strict=True)):
+                logprobs[i] = gathered.take(row, row + 1, count)
+        return Sampled(tokens.tolist(), logprobs)
+
+    def choose(
         self,
         logits: torch.Tensor,
         params: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
     ) -> torch.Tensor:
         """Next-token ids (int64, shape [B], on ``logits.device``) for logits of shape [B, V]."""
-        if logits.dim() != 2:
-            raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
         batch = logits.shape[0]
-        if len(params) != batch or len(generators) != batch:
-            raise ValueError(f"got {batch} logit rows, {len(params)} params and {len(generators)} generators")
-
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
         if not sampled_rows:
             return greedy(logits)
@@ -86,6 +136,8 @@ class Sampler:
         temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
         # float32 even for half-precision models: small temperatures would overflow, and top-p sums need precision.
         scaled = logits.to(torch.float32) / temps.unsqueeze(1)
+        if any(p.min_p > 0.0 for p in params):
+            scaled = self._min_p(scaled, params)
         if any(p.needs_filter for p in params):
             scaled = self._filter(scaled, params)
         probs = torch.softmax(scaled, dim=-1)
@@ -101,6 +153,15 @@ class Sampler:
             if gen is not None:
                 tokens[i] = torch.multinomial(probs[i], 1, generator=gen)[0]
         return tokens
+
+    @staticmethod
+    def _min_p(scaled: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """Mask the tokens less likely than min_p times the row's most likely one (vLLM's order:
+        after temperature, before top-k and top-p). Rows with min_p 0 keep every token."""
+        min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=scaled.device)
+        probs = torch.softmax(scaled, dim=-1)
+        threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+        return scaled.masked_fill(probs < threshold, -math.inf)
 
     @staticmethod
     def _filter(scaled: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

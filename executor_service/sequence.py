@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common.logprobs import Logprobs
 from common.sampling_params import SamplingParams
 from executor_service.detokenizer import IncrementalDetokenizer
 
@@ -30,6 +31,9 @@ class Sequence:
     # and how many of its blocks carry their name in the allocator (or were taken by it).
     block_names: list[int] = field(default_factory=list)
     num_named: int = 0
+    # The prompt's log probabilities gathered so far, chunk by chunk, while the request wants them
+    # (it asked, and has no output yet: a resumed request's were delivered); None otherwise.
+    prompt_logprobs: Logprobs | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -124,8 +124,7 @@ class TokenBatcher:
             if held is None:
                 self._held[t.request_id] = _Held(t, now)
             else:
-                prev = held.tokens
-                held.tokens = TokenOut(t.request_id, prev.token_ids + t.token_ids, prev.text + t.text, prev.index)
+                held.tokens = held.tokens.then(t)
         urgent = self._must_report(out)
         if not urgent and not self._window_over(out, now):
             return None

@@ -26,6 +26,7 @@ from common.pb import generate_pb2_grpc
 from common.tracing import client_interceptors
 from gateway.auth import Caller, ClientAuth
 from gateway.errors import BadRequest, GatewayError, ModelNotFound, from_rpc_error
+from gateway.openai_logprobs import ChoiceLogprobs
 from gateway.openai_types import (
     REQUEST_ID_HEADER,
     TENANT_HEADER,
@@ -176,7 +177,8 @@ class Gateway:
             watcher.cancel()
         if out.finish_reason == pb.FINISH_REASON_ERROR:
             raise GatewayError(500, await self._failure(caller, reply.request_id), code="generation_failed")
-        return JSONResponse(reply.whole(out.text, out.finish_reason, out.usage), headers=headers)
+        text, logprobs = _choice_logprobs(reply, parsed).shape(out)
+        return JSONResponse(reply.whole(text, out.finish_reason, out.usage, logprobs), headers=headers)
 
     async def _stream(
         self, request: Request, caller: Caller, parsed: Parsed, reply: Reply, headers: dict[str, str]
@@ -209,6 +211,7 @@ class Gateway:
         parsed: Parsed,
         reply: Reply,
     ) -> AsyncIterator[bytes]:
+        choice = _choice_logprobs(reply, parsed)
         try:
             if reply.chat:
                 yield _sse(reply.chunk("", role=True))
@@ -222,13 +225,14 @@ class Gateway:
                     failure = GatewayError(500, await self._failure(caller, reply.request_id), code="generation_failed")
                     yield _sse(failure.body())
                     break
+                text, logprobs = choice.shape(message)
                 if reply.chat:
-                    if message.text:
-                        yield _sse(reply.chunk(message.text))
+                    if text or message.logprobs:  # tokens whose text is held back still bring logprobs
+                        yield _sse(reply.chunk(text, logprobs=logprobs))
                     if reason:
                         yield _sse(reply.chunk(None, reason))
-                elif message.text or reason:
-                    yield _sse(reply.chunk(message.text, reason))
+                elif text or reason or message.logprobs:
+                    yield _sse(reply.chunk(text, reason, logprobs=logprobs))
                 if reason:
                     if parsed.include_usage:
                         yield _sse(reply.usage_chunk(message.usage))
@@ -282,6 +286,10 @@ class Gateway:
         serving = answer.status == health_pb2.HealthCheckResponse.SERVING
         status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
         return JSONResponse({"status": status, "target": self.target}, status_code=200 if serving else 503)
+
+
+def _choice_logprobs(reply: Reply, parsed: Parsed) -> ChoiceLogprobs:
+    return ChoiceLogprobs(reply.chat, parsed.echo, parsed.logprobs, parsed.request.prompt)
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:

@@ -1,12 +1,20 @@
 """OpenAI request bodies in, ``baton.v1`` messages out; Baton's answers back in OpenAI's shapes.
 
-Only what Baton can honour is accepted: asking for several choices, log probabilities, echo,
-penalties, tools or JSON output is a 400 rather than a silently different answer. Unknown fields are
-ignored, as OpenAI clients send ones that do not matter here.
+Only what Baton can honour is accepted: asking for several choices, tools or JSON output is a 400
+rather than a silently different answer. Unknown fields are ignored, as OpenAI clients send ones
+that do not matter here.
+
+Sampling: ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (token id -> bias) map to
+Baton's ``SamplingParams`` fields of the same names. Log probabilities (see ``openai_logprobs``):
+completions' ``logprobs`` (0-20 alternatives) and ``echo`` (the prompt before the text, and with
+``logprobs`` the prompt tokens' log probabilities first, the first one ``null``; ``max_tokens`` 0
+then scores the prompt without generating); chat's ``logprobs`` and ``top_logprobs`` (0-20). They
+are the model's raw distribution, before penalties, bias and temperature (vLLM's default).
 
 Extensions beyond OpenAI's schema (send them with the client's ``extra_body``): ``top_k``,
-``ignore_eos`` and ``stop_token_ids``, which map to Baton's ``SamplingParams`` fields of the
-same names.
+``ignore_eos``, ``stop_token_ids``, and vLLM's ``repetition_penalty``, ``min_tokens``, ``min_p``
+and ``include_stop_str_in_output``, which map to Baton's ``SamplingParams`` fields of the same
+names.
 
 Headers: ``x-baton-priority`` (0-10), ``x-baton-tenant`` (wins over the body's ``user``; with client
 auth on, the API key sets the tenant instead, see ``gateway.auth``) and
@@ -27,9 +35,10 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from common.logprobs import MAX_LOGPROBS
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest
 
@@ -50,13 +59,7 @@ FINISH_REASON: dict[int, str] = {
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
     "best_of": (None, 1),
-    "echo": (None, False),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
     "suffix": (None, ""),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
     "tools": (None, []),
     "functions": (None, []),
     "response_format": (None, {"type": "text"}),
@@ -71,6 +74,8 @@ class Parsed:
     model: str  # as the body names it; empty: the served model
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage, and no choices
+    echo: bool = False  # completions: the prompt goes before the text (and its logprobs first)
+    logprobs: bool = False  # the answer carries a ``logprobs`` object
 
 
 def _number(body: Mapping[str, Any], name: str) -> float | None:
@@ -126,9 +131,43 @@ def _check_supported(body: Mapping[str, Any]) -> None:
             raise BadRequest(f"{name}={body[name]!r} is not supported by this server", param=name)
 
 
-def _sampling(body: Mapping[str, Any], default_max_tokens: int) -> pb.SamplingParams:
+def _logit_bias(body: Mapping[str, Any]) -> dict[int, float]:
+    """OpenAI's ``logit_bias``: token ids (as JSON object keys, so strings) to numbers. Baton checks the ranges."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise BadRequest("logit_bias must map token ids to numbers", param="logit_bias")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) < 2**32):
+            raise BadRequest(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise BadRequest("logit_bias values must be numbers", param="logit_bias")
+        out[int(key)] = float(value)
+    return out
+
+
+def _penalties(body: Mapping[str, Any], params: pb.SamplingParams) -> None:
+    """OpenAI's penalties and bias, and vLLM's extensions; Baton checks the values."""
+    for name in ("presence_penalty", "frequency_penalty", "min_p"):
+        value = _number(body, name)
+        if value is not None:
+            setattr(params, name, value)
+    repetition = _number(body, "repetition_penalty")
+    if repetition is not None:
+        params.repetition_penalty = repetition
+    min_tokens = _int(body, "min_tokens", 0)
+    if min_tokens is not None:
+        params.min_tokens = min_tokens
+    params.logit_bias.update(_logit_bias(body))
+    params.include_stop_str_in_output = _bool(body, "include_stop_str_in_output")
+
+
+def _sampling(body: Mapping[str, Any], default_max_tokens: int, min_max_tokens: int = 1) -> pb.SamplingParams:
     params = pb.SamplingParams(stop=_stops(body), ignore_eos=_bool(body, "ignore_eos"))
-    max_tokens = _int(body, "max_tokens", 1)
+    _penalties(body, params)
+    max_tokens = _int(body, "max_tokens", min_max_tokens)
     if max_tokens is None:
         max_tokens = _int(body, "max_completion_tokens", 1)  # the chat API's newer name
     params.max_tokens = default_max_tokens if max_tokens is None else max_tokens
@@ -153,7 +192,9 @@ def _sampling(body: Mapping[str, Any], default_max_tokens: int) -> pb.SamplingPa
     return params
 
 
-def _parsed(body: Mapping[str, Any], request: pb.GenerateRequest, default_max_tokens: int) -> Parsed:
+def _parsed(
+    body: Mapping[str, Any], request: pb.GenerateRequest, default_max_tokens: int, min_max_tokens: int = 1
+) -> Parsed:
     _check_supported(body)
     model = body.get("model", "")
     if not isinstance(model, str):
@@ -162,7 +203,7 @@ def _parsed(body: Mapping[str, Any], request: pb.GenerateRequest, default_max_to
     if user is not None and not isinstance(user, str):
         raise BadRequest("user must be a string", param="user")
     stream = _bool(body, "stream")
-    request.params.CopyFrom(_sampling(body, default_max_tokens))
+    request.params.CopyFrom(_sampling(body, default_max_tokens, min_max_tokens))
     request.tenant = user or ""
     return Parsed(request, model, stream, _include_usage(body, stream))
 
@@ -190,7 +231,17 @@ def parse_completion(body: Mapping[str, Any]) -> Parsed:
         request.prompt_token_ids.extend(ids)
     else:
         raise BadRequest("prompt must be a string or a list of token ids (one prompt per request)", param="prompt")
-    return _parsed(body, request, COMPLETION_DEFAULT_MAX_TOKENS)
+    echo = _bool(body, "echo")
+    parsed = _parsed(body, request, COMPLETION_DEFAULT_MAX_TOKENS, 0 if echo else 1)
+    params = parsed.request.params
+    logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
+    if logprobs is not None:
+        params.logprobs = logprobs
+    if echo and (logprobs is not None or not request.prompt or params.max_tokens == 0):
+        # The prompt's logprobs; or, for a prompt of ids, its tokens' texts to echo; or a prompt to
+        # score (max_tokens 0), which needs them: Baton computes the prompt whatever it is asked.
+        params.prompt_logprobs = logprobs or 0
+    return replace(parsed, echo=echo, logprobs=logprobs is not None)
 
 
 def _content(message: Mapping[str, Any]) -> str:
@@ -223,7 +274,16 @@ def chat_input(messages: Any) -> pb.Chat:
 
 def parse_chat(body: Mapping[str, Any]) -> Parsed:
     request = pb.GenerateRequest(chat=chat_input(body.get("messages")))
-    return _parsed(body, request, 0)  # 0: Baton's default, capped by the room left in the context
+    parsed = _parsed(body, request, 0)  # 0: Baton's default, capped by the room left in the context
+    if _bool(body, "echo"):  # completions only (vLLM's chat echo repeats a message: not served here)
+        raise BadRequest("echo is not supported for chat completions", param="echo")
+    logprobs = _bool(body, "logprobs")
+    top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if top and not logprobs:
+        raise BadRequest("top_logprobs needs logprobs set to true", param="top_logprobs")
+    if logprobs:
+        parsed.request.params.logprobs = top or 0
+    return replace(parsed, logprobs=logprobs)
 
 
 def apply_headers(request: pb.GenerateRequest, headers: Mapping[str, str]) -> None:
@@ -269,8 +329,10 @@ class Reply:
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def whole(self, text: str, finish_reason: int, usage: pb.Usage) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": FINISH_REASON.get(finish_reason)}
+    def whole(
+        self, text: str, finish_reason: int, usage: pb.Usage, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": FINISH_REASON.get(finish_reason)}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
@@ -279,9 +341,11 @@ class Reply:
         out["usage"] = usage_dict(usage)
         return out
 
-    def chunk(self, text: str | None, finish_reason: int = 0, role: bool = False) -> dict[str, Any]:
+    def chunk(
+        self, text: str | None, finish_reason: int = 0, role: bool = False, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """One stream chunk; for chat, ``text=None`` is an empty delta (the finishing chunk)."""
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": FINISH_REASON.get(finish_reason)}
+        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": FINISH_REASON.get(finish_reason)}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -34,7 +34,7 @@ from scheduler_service.requests import TokenEvent
 
 log = logging.getLogger(__name__)
 
-ResponseOf = Callable[[str, TokenEvent], pb.GenerateResponse]
+ResponseOf = Callable[[str, TokenEvent], Awaitable[pb.GenerateResponse]]
 
 
 class BatchStream:
@@ -99,7 +99,8 @@ class BatchStream:
             request_id = (await self._frontend.submit(msg)).request_id
             async for event in self._frontend.events(request_id):
                 finished = event.finish_reason is not FinishReason.NONE
-                await self._post(pb.BatchEvent(position=position, response=self._response_of(request_id, event)))
+                response = await self._response_of(request_id, event)
+                await self._post(pb.BatchEvent(position=position, response=response))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # this request's failure, told to the client; the others go on

@@ -9,7 +9,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from redis.exceptions import ResponseError
@@ -29,6 +29,7 @@ from scheduler_service.prompt_prefix import prefix_fields
 from scheduler_service.requests import NewRequest, TokenEvent, join_runs
 from scheduler_service.scoring import RequestScorer
 from scheduler_service.store import Store
+from scheduler_service.token_texts import TokenTexts
 from scheduler_service.tokenizer_source import ModelLimits, TokenizerSource
 from scheduler_service.validation import validate
 
@@ -69,6 +70,7 @@ class Frontend:
         self.config = config
         self.scorer = scorer
         self.metrics = metrics
+        self._texts: TokenTexts | None = None
 
     async def tokenize(self, text: str) -> list[int]:
         limit = self.config.scheduler.request_level.max_prompt_chars
@@ -91,6 +93,13 @@ class Frontend:
         if chat.chars > _LONG_PROMPT_CHARS:
             return await asyncio.to_thread(render)
         return render()
+
+    async def token_texts(self) -> TokenTexts:
+        """The tokenizer's texts of single tokens, for log probabilities."""
+        tokenizer, _ = await self.tokenizers.get()
+        if self._texts is None or self._texts.tokenizer is not tokenizer:
+            self._texts = TokenTexts(tokenizer)
+        return self._texts
 
     async def model_limits(self) -> ModelLimits:
         _, limits = await self.tokenizers.get()
@@ -164,13 +173,7 @@ class Frontend:
                 if end > next_index or event.finish_reason is not FinishReason.NONE:
                     if event.index < next_index:  # a replayed prefix: keep the new tail
                         skip = min(next_index - event.index, len(event.token_ids))
-                        event = TokenEvent(
-                            next_index,
-                            event.token_ids[skip:],
-                            "" if skip else event.text,
-                            event.finish_reason,
-                            event.usage,
-                        )
+                        event = replace(event.after(skip), index=next_index)
                     next_index = max(next_index, end)
                     ready.append(event)
                 if event.finish_reason is not FinishReason.NONE:

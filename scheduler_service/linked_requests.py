@@ -87,5 +87,6 @@ def linked_request_of(claimed: ClaimedRequest, cached_tokens: int = 0) -> Linked
         preemptions=claimed.preemptions,
         deadline_ms=claimed.deadline_ms,
         expected_output=claimed.expected_output or claimed.params.max_tokens,
-        cached_tokens=cached_tokens,
+        # A request that wants its prompt's log probabilities computes all of it (prompt_logprobs.py).
+        cached_tokens=0 if claimed.params.prompt_logprobs is not None and not claimed.output_ids else cached_tokens,
     )

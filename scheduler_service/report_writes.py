@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 from common.clock import now_ms
 from common.lifecycle import FinishReason
+from common.logprobs import Logprobs
 from common.pb import executor_pb2 as pb
 from scheduler_service.linked_requests import LinkedRequest
 from scheduler_service.metrics import SchedulerMetrics
@@ -52,15 +54,18 @@ class ReportWrites:
             generated += len(tokens)
             self._observe_tokens(req.request_id, now)
             req.generated = delta.index
+            event = TokenEvent(delta.index, tokens, delta.text, logprobs=_logprobs(delta, "logprobs"))
+            if delta.HasField("prompt_logprobs"):
+                event = replace(event, prompt_logprobs=_logprobs(delta, "prompt_logprobs"))
             if fin is None:
-                writes.append(StepWrite(req.request_id, TokenEvent(delta.index, tokens, delta.text)))
+                writes.append(StepWrite(req.request_id, event))
             else:
-                writes.append(self._final_write(req, tokens, delta.text + fin.text, fin))
+                writes.append(self._final_write(req, event, fin))
             req.generated = delta.index + len(tokens)
         for fin in finished.values():
             req = self._requests.get(fin.request_id)
             if req is not None:
-                writes.append(self._final_write(req, (), fin.text, fin))
+                writes.append(self._final_write(req, TokenEvent(req.generated, (), ""), fin))
         if generated:
             self._metrics.generation_tokens.inc(generated)  # once per step, not per request
         return writes
@@ -71,21 +76,26 @@ class ReportWrites:
             self._metrics.itl.observe(now - last)
         self._last_token_at[request_id] = now
 
-    def _final_write(
-        self, req: LinkedRequest, tokens: tuple[int, ...], text: str, fin: pb.FinishedRequest
-    ) -> StepWrite:
+    def _final_write(self, req: LinkedRequest, event: TokenEvent, fin: pb.FinishedRequest) -> StepWrite:
+        """``event`` (the step's last tokens, if any) as the request's final one."""
         del self._requests[req.request_id]
         self.forget(req.request_id)
         if fin.error:
             log.warning("request %s failed on %s: %s", req.request_id, self._executor_id, fin.error)
         usage = usage_of(
-            req.prompt_len, req.generated + len(tokens), req.arrival_ms, req.assigned_ms, req.first_token_ms
+            req.prompt_len, req.generated + len(event.token_ids), req.arrival_ms, req.assigned_ms, req.first_token_ms
         )
         reason = FinishReason(fin.finish_reason)
         if req.deadline_ms:
             self._metrics.deadlines.labels("met" if now_ms() <= req.deadline_ms else "missed").inc()
         self._metrics.observe_finish(reason.name, usage, (now_ms() - req.arrival_ms) / 1000)
-        return StepWrite(req.request_id, TokenEvent(req.generated, tokens, text, reason, usage), fin.error)
+        final = replace(event, text=event.text + fin.text, finish_reason=reason, usage=usage)
+        return StepWrite(req.request_id, final, fin.error)
+
+
+def _logprobs(delta: pb.TokenDelta, name: str) -> Logprobs | None:
+    """The delta's ``logprobs`` or ``prompt_logprobs``, when the executor set them (requests that asked)."""
+    return Logprobs.from_pb(getattr(delta, name)) if delta.HasField(name) else None
 
 
 def usage_of(

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from common.lifecycle import FinishReason
+from common.logprobs import Logprobs
 from common.sampling_params import SamplingParams
 
 
@@ -53,21 +54,29 @@ class TokenEvent:
     text: str
     finish_reason: FinishReason = FinishReason.NONE
     usage: dict[str, float] = field(default_factory=dict)
+    # Only for requests that asked (fields "l" and "p", packed; absent otherwise): the tokens'
+    # log probabilities, one position per token, and the prompt's, on the event at index 0.
+    logprobs: Logprobs | None = None
+    prompt_logprobs: Logprobs | None = None
 
     def joined(self, later: TokenEvent) -> TokenEvent | None:
         """This event and ``later`` as one, when ``later`` starts where this one ends and this one
         is not final; else None."""
         if self.finish_reason is not FinishReason.NONE or self.index + len(self.token_ids) != later.index:
             return None
-        return TokenEvent(
-            self.index, self.token_ids + later.token_ids, self.text + later.text, later.finish_reason, later.usage
-        )
+        if self.token_ids and later.token_ids and (self.logprobs is None) != (later.logprobs is None):
+            return None  # one side's tokens lost their logprobs (a repaired gap): keep positions aligned
+        return self.then(later)
 
     def to_fields(self) -> dict[str, str]:
         fields = {"i": str(self.index), "t": ",".join(map(str, self.token_ids)), "x": self.text}
         if self.finish_reason is not FinishReason.NONE:
             fields["f"] = str(int(self.finish_reason))
             fields["u"] = json.dumps(self.usage, separators=(",", ":"))
+        if self.logprobs is not None:
+            fields["l"] = self.logprobs.pack()
+        if self.prompt_logprobs is not None:
+            fields["p"] = self.prompt_logprobs.pack()
         return fields
 
     @classmethod
@@ -79,6 +88,37 @@ class TokenEvent:
             text=fields.get("x", ""),
             finish_reason=FinishReason(int(fields.get("f", "0"))),
             usage=json.loads(fields["u"]) if "u" in fields else {},
+            logprobs=Logprobs.unpack(fields["l"]) if "l" in fields else None,
+            prompt_logprobs=Logprobs.unpack(fields["p"]) if "p" in fields else None,
+        )
+
+    def after(self, skip: int) -> TokenEvent:
+        """This event without its first ``skip`` tokens (a client already has them): their text and
+        log probabilities go too, and the prompt's, which came with the first token."""
+        if skip <= 0:
+            return self
+        return TokenEvent(
+            self.index + skip,
+            self.token_ids[skip:],
+            "",
+            self.finish_reason,
+            self.usage,
+            self.logprobs.slice(skip) if self.logprobs is not None else None,
+        )
+
+    def then(self, later: TokenEvent) -> TokenEvent:
+        """This event followed by ``later`` (the next tokens of the same request), as one event."""
+        logprobs = self.logprobs
+        if later.logprobs is not None:
+            logprobs = later.logprobs if logprobs is None else logprobs.then(later.logprobs)
+        return TokenEvent(
+            self.index,
+            self.token_ids + later.token_ids,
+            self.text + later.text,
+            later.finish_reason,
+            later.usage,
+            logprobs,
+            self.prompt_logprobs or later.prompt_logprobs,
         )
 
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from common.lifecycle import FinishReason
+from common.logprobs import Logprobs
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from scheduler_service.batch_stream import BatchStream
@@ -16,11 +17,13 @@ from scheduler_service.chat import Chat
 from scheduler_service.frontend import Frontend, RequestStatus
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.requests import TokenEvent
+from scheduler_service.token_texts import TokenTexts
 
 log = logging.getLogger(__name__)
 
 
-def response_pb(request_id: str, event: TokenEvent) -> pb.GenerateResponse:
+def response_pb(request_id: str, event: TokenEvent, texts: TokenTexts | None = None) -> pb.GenerateResponse:
+    """``texts`` names the tokens of an event's log probabilities (needed only when it has some)."""
     msg = pb.GenerateResponse(
         request_id=request_id,
         index=event.index,
@@ -30,7 +33,27 @@ def response_pb(request_id: str, event: TokenEvent) -> pb.GenerateResponse:
     )
     if event.finish_reason is not FinishReason.NONE:
         msg.usage.CopyFrom(usage_pb(event.usage))
+    if event.logprobs is not None or event.prompt_logprobs is not None:
+        if texts is None:
+            raise ValueError("an event with log probabilities needs the tokenizer's texts")
+        if event.logprobs is not None:
+            msg.logprobs.extend(positions_pb(event.logprobs, texts))
+        if event.prompt_logprobs is not None:
+            msg.prompt_logprobs.extend(positions_pb(event.prompt_logprobs, texts))
     return msg
+
+
+def positions_pb(logprobs: Logprobs, texts: TokenTexts) -> list[pb.PositionLogprobs]:
+    """One message per position; the prompt's first token gets neither a logprob nor alternatives."""
+    out = []
+    for i, token in enumerate(logprobs.token_ids):
+        if not logprobs.predicted(i):
+            out.append(pb.PositionLogprobs(token=pb.TokenLogprob(token_id=token, text=texts(token))))
+            continue
+        top = [pb.TokenLogprob(token_id=t, logprob=x, text=texts(t)) for t, x in logprobs.top(i)]
+        chosen = pb.TokenLogprob(token_id=token, logprob=logprobs.logprobs[i], text=texts(token))
+        out.append(pb.PositionLogprobs(token=chosen, top=top))
+    return out
 
 
 def usage_pb(usage: dict[str, float]) -> pb.Usage:
@@ -71,7 +94,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         try:
             async for event in self._frontend.events(req.request_id):
                 finished = event.finish_reason is not FinishReason.NONE
-                yield response_pb(req.request_id, event)
+                yield await self._response(req.request_id, event)
         finally:
             if not finished:  # the client went away or its deadline passed: free the executor's KV blocks
                 self._abandon(req.request_id)
@@ -79,8 +102,12 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     async def GenerateBatch(
         self, request_iterator: AsyncIterator[pb.GenerateRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateBatchResponse]:
-        async for message in BatchStream(self._frontend, response_pb, self._abandon).run(request_iterator):
+        async for message in BatchStream(self._frontend, self._response, self._abandon).run(request_iterator):
             yield message
+
+    async def _response(self, request_id: str, event: TokenEvent) -> pb.GenerateResponse:
+        has_logprobs = event.logprobs is not None or event.prompt_logprobs is not None
+        return response_pb(request_id, event, await self._frontend.token_texts() if has_logprobs else None)
 
     def _abandon(self, request_id: str) -> None:
         """Cancel a request its client left unfinished, without holding up the handler's exit."""
@@ -95,7 +122,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     ) -> AsyncIterator[pb.GenerateResponse]:
         await self._frontend.status(request.request_id)  # NOT_FOUND before the stream starts
         async for event in self._frontend.events(request.request_id, request.from_index):
-            yield response_pb(request.request_id, event)
+            yield await self._response(request.request_id, event)
 
     async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
         out = pb.CompleteResponse()
@@ -103,6 +130,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         async for chunk in self.Generate(request, context):
             out.request_id = chunk.request_id
             out.token_ids.extend(chunk.token_ids)
+            out.logprobs.extend(chunk.logprobs)
+            out.prompt_logprobs.extend(chunk.prompt_logprobs)
             text.append(chunk.text)
             if chunk.finish_reason:
                 out.finish_reason = chunk.finish_reason

@@ -15,6 +15,8 @@ from scheduler_service.requests import NewRequest
 from scheduler_service.tokenizer_source import ModelLimits
 
 MAX_STREAM_INTERVAL_TOKENS = 1024
+# Biased tokens per request: each costs a little on every step of the request.
+MAX_LOGIT_BIAS_ENTRIES = 1024
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
@@ -29,8 +31,10 @@ def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config
     room = limits.max_model_len - prompt_len
     if msg.top_k > limits.vocab_size:
         raise InvalidRequest(f"top_k must be at most the vocabulary size {limits.vocab_size}, got {msg.top_k}")
-    if msg.HasField("max_tokens") and msg.max_tokens == 0:
-        raise InvalidRequest("max_tokens must be at least 1 (leave it unset for the server default)")
+    if msg.HasField("max_tokens") and msg.max_tokens == 0 and not msg.HasField("prompt_logprobs"):
+        raise InvalidRequest(
+            "max_tokens must be at least 1 (leave it unset for the server default; 0 only with prompt_logprobs)"
+        )
     if msg.max_tokens > room:
         raise InvalidRequest(
             f"prompt ({prompt_len} tokens) + max_tokens ({msg.max_tokens}) exceeds max_model_len {limits.max_model_len}"
@@ -47,6 +51,9 @@ def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config
     if len(msg.stop_token_ids) > config.max_stop_strings * 4:
         raise InvalidRequest(f"at most {config.max_stop_strings * 4} stop token ids are allowed")
     _check_ids(msg.stop_token_ids, limits.vocab_size, "stop_token_ids")
+    if len(msg.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InvalidRequest(f"logit_bias may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {len(msg.logit_bias)}")
+    _check_ids(sorted(msg.logit_bias), limits.vocab_size, "logit_bias")
     return SamplingParams(
         max_tokens=msg.max_tokens if msg.HasField("max_tokens") else min(config.default_max_tokens, room),
         temperature=float(msg.temperature),
@@ -57,6 +64,15 @@ def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config
         stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos,
         stream_interval_tokens=int(msg.stream_interval_tokens),
+        presence_penalty=float(msg.presence_penalty),
+        frequency_penalty=float(msg.frequency_penalty),
+        repetition_penalty=float(msg.repetition_penalty) if msg.HasField("repetition_penalty") else 1.0,
+        min_tokens=int(msg.min_tokens),
+        min_p=float(msg.min_p),
+        logit_bias=tuple(msg.logit_bias.items()),
+        include_stop_str_in_output=msg.include_stop_str_in_output,
+        logprobs=int(msg.logprobs) if msg.HasField("logprobs") else None,
+        prompt_logprobs=int(msg.prompt_logprobs) if msg.HasField("prompt_logprobs") else None,
     )
 
 

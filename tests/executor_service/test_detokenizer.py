@@ -165,6 +165,29 @@ def test_stop_straddling_the_resume_point_is_found(tokenizer: Any) -> None:
     assert detok.text == text[: cut - 2]
 
 
+def test_include_stop_str_in_output_keeps_the_stop_string(tokenizer: Any) -> None:
+    ids = encode(tokenizer, "the quiet river and the small boat")
+    for chunks in ([1] * len(ids), [len(ids)]):
+        detok = IncrementalDetokenizer(tokenizer, [], stop=["er and t", "zzz"], include_stop_str_in_output=True)
+        deltas, stopped = stream(detok, ids, chunks)
+        assert stopped and "".join(deltas) == "the quiet river and t" == detok.text
+
+
+def test_min_tokens_keeps_stop_strings_from_matching_until_then(tokenizer: Any) -> None:
+    """As vLLM: text completed while the output holds at most min_tokens tokens never matches."""
+    ids = encode(tokenizer, "the boat and the boat and the boat")
+    early = next(n for n in range(1, len(ids)) if "boat" in tokenizer.decode(ids[:n]))
+    deltas, stopped = stream(IncrementalDetokenizer(tokenizer, [], stop=["boat"]), ids)
+    assert stopped and "".join(deltas) == "the "
+    detok = IncrementalDetokenizer(tokenizer, [], stop=["boat"], min_tokens=early)
+    deltas, stopped = stream(detok, ids)
+    assert stopped and "".join(deltas) == "the boat and the "
+    # Resumed output counts toward min_tokens.
+    resumed = IncrementalDetokenizer(tokenizer, [], stop=["boat"], output_token_ids=ids[:2], min_tokens=early)
+    deltas, stopped = stream(resumed, ids[2:])
+    assert stopped and resumed.text == "the boat and the "
+
+
 def test_empty_stop_string_is_rejected(tokenizer: Any) -> None:
     with pytest.raises(ValueError):
         IncrementalDetokenizer(tokenizer, [], stop=["ok", ""])

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pytest
 import torch
 
@@ -17,7 +19,7 @@ def _logits(batch: int, seed: int = 0) -> torch.Tensor:
 def test_greedy_is_argmax() -> None:
     logits = _logits(5)
     params = [SamplingParams()] * 5
-    out = Sampler().sample(logits, params, [None] * 5)
+    out = Sampler().choose(logits, params, [None] * 5)
     assert out.dtype == torch.int64
     assert out.shape == (5,)
     assert torch.equal(out, logits.argmax(dim=-1))
@@ -27,7 +29,7 @@ def test_mixed_batch_greedy_rows_are_argmax() -> None:
     logits = _logits(4)
     params = [SamplingParams(), SamplingParams(temperature=1.0), SamplingParams(), SamplingParams(temperature=0.7)]
     gens = [None, make_generator(1, "cpu"), None, make_generator(2, "cpu")]
-    out = Sampler().sample(logits, params, gens)
+    out = Sampler().choose(logits, params, gens)
     assert out[0] == logits[0].argmax() and out[2] == logits[2].argmax()
     assert all(0 <= int(t) < VOCAB for t in out)
 
@@ -56,7 +58,7 @@ def _run(seed: int, steps: int, batch_with: int) -> list[int]:
         gens = [g for _, g in others]
         params.insert(position, mine)
         gens.insert(position, gen)
-        tokens.append(int(sampler.sample(logits, params, gens)[position]))
+        tokens.append(int(sampler.choose(logits, params, gens)[position]))
     return tokens
 
 
@@ -72,9 +74,9 @@ def test_unfiltered_row_is_unaffected_by_a_filtered_neighbour() -> None:
     plain = SamplingParams(temperature=1.0, seed=7)
     logits = _logits(2)
     gen_a, gen_b = make_generator(7, "cpu"), make_generator(7, "cpu")
-    seq_alone = [int(Sampler().sample(logits[:1], [plain], [gen_a])[0]) for _ in range(40)]
+    seq_alone = [int(Sampler().choose(logits[:1], [plain], [gen_a])[0]) for _ in range(40)]
     neighbour = SamplingParams(temperature=1.0, top_k=3)
-    seq_mixed = [int(Sampler().sample(logits, [plain, neighbour], [gen_b, None])[0]) for _ in range(40)]
+    seq_mixed = [int(Sampler().choose(logits, [plain, neighbour], [gen_b, None])[0]) for _ in range(40)]
     assert seq_alone == seq_mixed
 
 
@@ -83,14 +85,14 @@ def test_top_k_one_is_greedy() -> None:
     params = [SamplingParams(temperature=1.5, top_k=1, seed=i) for i in range(6)]
     gens = [make_generator(i, "cpu") for i in range(6)]
     for _ in range(10):
-        assert torch.equal(Sampler().sample(logits, params, gens), logits.argmax(dim=-1))
+        assert torch.equal(Sampler().choose(logits, params, gens), logits.argmax(dim=-1))
 
 
 def test_tiny_top_p_is_greedy() -> None:
     logits = _logits(6, seed=4)
     params = [SamplingParams(temperature=2.0, top_p=1e-6) for _ in range(6)]
     for _ in range(10):
-        out = Sampler().sample(logits, params, [make_generator(None, "cpu") for _ in range(6)])
+        out = Sampler().choose(logits, params, [make_generator(None, "cpu") for _ in range(6)])
         assert torch.equal(out, logits.argmax(dim=-1))
 
 
@@ -101,7 +103,7 @@ def test_top_p_keeps_smallest_set_reaching_p() -> None:
 
     def seen(top_p: float, draws: int) -> set[int]:
         params = [SamplingParams(temperature=1.0, top_p=top_p)]
-        return {int(Sampler().sample(logits, params, [gen])[0]) for _ in range(draws)}
+        return {int(Sampler().choose(logits, params, [gen])[0]) for _ in range(draws)}
 
     seen_06, seen_045 = seen(0.6, 200), seen(0.45, 50)
     assert seen_06 == {1, 2}
@@ -116,7 +118,7 @@ def test_sampled_tokens_stay_in_top_k() -> None:
     gens = [make_generator(i, "cpu") for i in range(3)]
     seen: list[set[int]] = [set(), set(), set()]
     for _ in range(300):
-        out = Sampler().sample(logits, params, gens)
+        out = Sampler().choose(logits, params, gens)
         for i in range(3):
             seen[i].add(int(out[i]))
     for i in range(3):
@@ -132,6 +134,62 @@ def test_unseeded_generators_are_independent() -> None:
 
 def test_shape_mismatch_raises() -> None:
     with pytest.raises(ValueError):
-        Sampler().sample(_logits(2), [SamplingParams()], [None])
+        Sampler().sample(_logits(2), [Row("a", SamplingParams())], [None])
     with pytest.raises(ValueError):
-        Sampler().sample(torch.zeros(VOCAB), [SamplingParams()], [None])
+        Sampler().sample(torch.zeros(VOCAB), [Row("a", SamplingParams())], [None])
+
+
+@dataclass
+class Row:
+    """What the sampler reads of a sequence."""
+
+    request_id: str
+    params: SamplingParams
+    prompt_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+
+
+def test_rows_that_ask_for_nothing_keep_their_logits_and_argmax() -> None:
+    logits = _logits(3, seed=8)
+    before = logits.clone()
+    rows = [
+        Row("plain", SamplingParams()),
+        Row("biased", SamplingParams(logit_bias=((5, 100.0),))),
+        Row("penalised", SamplingParams(frequency_penalty=2.0), output_ids=[int(before[2].argmax())] * 3),
+    ]
+    out = Sampler().sample(logits, rows, [None] * 3)
+    assert out.tokens[0] == int(before[0].argmax()) and torch.equal(logits[0], before[0])
+    assert out.tokens[1] == 5
+    assert out.tokens[2] != int(before[2].argmax())
+    assert out.logprobs == [None, None, None]
+
+
+def test_min_p_keeps_tokens_near_the_top() -> None:
+    # Probabilities 0.5, 0.3, 0.15, 0.05: min_p 0.5 keeps those >= 0.25.
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    params = [SamplingParams(temperature=1.0, min_p=0.5)]
+    gen = make_generator(3, "cpu")
+    seen = {int(Sampler().choose(logits.clone(), params, [gen])[0]) for _ in range(300)}
+    assert seen == {0, 1}
+    unfiltered = [SamplingParams(temperature=1.0)]
+    assert len({int(Sampler().choose(logits.clone(), unfiltered, [gen])[0]) for _ in range(300)}) == 4
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_logprobs_are_the_raw_distribution(temperature: float) -> None:
+    """vLLM's raw_logprobs: log_softmax of the model's logits, whatever the penalties, bias and temperature."""
+    logits = _logits(2, seed=9)
+    expected = torch.log_softmax(logits, dim=-1)
+    params = SamplingParams(
+        temperature=temperature, seed=1, logprobs=5, logit_bias=((1, 3.0),), presence_penalty=1.0, top_k=10
+    )
+    rows = [Row("a", params, output_ids=[2, 3]), Row("b", SamplingParams(logprobs=0))]
+    out = Sampler().sample(logits, rows, [make_generator(1, "cpu"), None])
+    a, b = out.logprobs
+    assert a is not None and b is not None
+    assert a.token_ids == (out.tokens[0],) and b.token_ids == (out.tokens[1],)
+    assert a.logprobs[0] == pytest.approx(float(expected[0, out.tokens[0]]), abs=1e-6)
+    top = torch.topk(expected[0], 5)
+    assert [t for t, _ in a.top(0)] == top.indices.tolist()
+    assert [x for _, x in a.top(0)] == pytest.approx(top.values.tolist(), abs=1e-6)
+    assert b.num_top == 0 and b.logprobs[0] == pytest.approx(float(expected[1].max()), abs=1e-6)

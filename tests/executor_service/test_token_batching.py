@@ -4,6 +4,7 @@ greedy outputs must still equal ``model.generate``'s."""
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from common.lifecycle import FinishReason
+from common.logprobs import Logprobs
 from common.pb import generate_pb2 as pb
 from executor_service.engine_io import FinishOut, KvCacheEvents, StepOutput, TokenOut
 from executor_service.token_batching import StreamInterval, TokenBatcher
@@ -73,6 +75,24 @@ def test_plain_decode_steps_are_merged_into_one_report() -> None:
     ]
     assert (report.iteration, report.kv_blocks_used, report.step_time_ns) == (4, 4, 4000)  # the last step's load
     assert report.num_tokens == 5
+
+
+def test_merged_tokens_keep_their_logprobs_and_the_prompts() -> None:
+    def lp(token: int, value: float) -> Logprobs:
+        return Logprobs.build([token], [value], [[token, 1]], [[value, -9.0]])
+
+    prompt = Logprobs.build([1, 2], [math.nan, -1.0], [[0, 0], [2, 3]], [[math.nan, math.nan], [-1.0, -2.0]])
+    held = TokenBatcher(3, 1000.0, clock=lambda: 0.0)
+    first = replace(tok("a", 0), logprobs=lp(100, -0.5), prompt_logprobs=prompt)
+    assert held.offer(step(1, first)) is not None
+    assert held.offer(step(2, replace(tok("a", 1), logprobs=lp(101, -0.25)))) is None
+    assert held.offer(step(3, replace(tok("a", 2), logprobs=lp(102, -0.125)))) is None
+    report = held.offer(step(4, replace(tok("a", 3), logprobs=lp(103, -1.5))))
+    assert report is not None
+    [merged] = report.tokens
+    assert merged.logprobs == lp(101, -0.25).then(lp(102, -0.125)).then(lp(103, -1.5))
+    assert merged.prompt_logprobs is None  # it went with the first token
+    assert first.then(replace(tok("a", 1), logprobs=lp(101, -0.25))).prompt_logprobs == prompt
 
 
 @pytest.mark.parametrize(

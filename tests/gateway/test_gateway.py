@@ -20,6 +20,8 @@ from baton.cli import build_parser
 from common.pb import generate_pb2 as pb
 from gateway.app import create_app
 from tests.conftest import RedisServer, free_port
+from tests.executor_service.reference import load_reference_model
+from tests.executor_service.test_token_logprobs import model_logprobs
 from tests.gateway.serving import serve_gateway
 from tests.stack import Stack, stack_config, start_stack
 
@@ -356,3 +358,148 @@ def test_cli_has_gateway_subcommand() -> None:
     args = build_parser().parse_args(["gateway", "--port", "8123", "--target", "sched:50051"])
     assert (args.port, args.target, args.host) == (8123, "sched:50051", "0.0.0.0")
     assert args.func is server.run
+
+
+# ---- sampling controls and log probabilities ---------------------------------------------------
+
+
+async def test_completion_logprobs_are_batons(served: Served, client: openai.AsyncOpenAI) -> None:
+    out = await client.completions.create(
+        model=ALIAS, prompt="Once upon", max_tokens=6, temperature=0, logprobs=3, extra_body=NO_EOS
+    )
+    logprobs = out.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens and logprobs.token_logprobs and logprobs.top_logprobs
+    grpc_params = pb.SamplingParams(max_tokens=6, ignore_eos=True, logprobs=3)
+    baton = await served.stack.stub.Complete(pb.GenerateRequest(prompt="Once upon", params=grpc_params))
+    assert logprobs.tokens == [p.token.text for p in baton.logprobs]
+    assert logprobs.token_logprobs == pytest.approx([p.token.logprob for p in baton.logprobs], abs=1e-6)
+    for top, position in zip(logprobs.top_logprobs, baton.logprobs, strict=True):
+        assert top == pytest.approx({alt.text: alt.logprob for alt in position.top}, abs=1e-6)
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(6)]
+    assert "".join(logprobs.tokens) == out.choices[0].text
+
+
+async def test_echo_scores_a_prompt_as_lm_eval_asks(served: Served, client: openai.AsyncOpenAI) -> None:
+    """lm-eval's loglikelihood: token ids, echo, logprobs=1, max_tokens=1; it reads the prompt's
+    token_logprobs and checks the continuation is greedy against top_logprobs."""
+    context = list((await served.stack.stub.Tokenize(pb.TokenizeRequest(text="The river"))).token_ids)
+    greedy = await client.completions.create(model=ALIAS, prompt=context, max_tokens=3, temperature=0, extra_body=NO_EOS)
+    ids = list(
+        (await served.stack.stub.Tokenize(pb.TokenizeRequest(text="The river" + greedy.choices[0].text))).token_ids
+    )
+    prompt = context + ids[len(context) :]
+    out = await client.completions.create(model=ALIAS, prompt=prompt, echo=True, logprobs=1, max_tokens=1, temperature=0)
+    logprobs = out.choices[0].logprobs
+    assert logprobs is not None and logprobs.token_logprobs is not None and logprobs.top_logprobs is not None
+    assert len(logprobs.token_logprobs) == len(prompt) + 1 and logprobs.token_logprobs[0] is None
+    expected = model_logprobs(load_reference_model(served.model_dir), prompt)
+    want = [float(expected[i - 1, prompt[i]]) for i in range(1, len(prompt))]
+    assert logprobs.token_logprobs[1 : len(prompt)] == pytest.approx(want, abs=1e-4)
+    continuation = slice(len(context), -1)
+    scored = zip(logprobs.token_logprobs[continuation], logprobs.top_logprobs[continuation], strict=True)
+    assert all(lp == max(top.values()) for lp, top in scored)  # lm-eval's is_greedy
+    assert out.choices[0].text.startswith("".join(logprobs.tokens[: len(prompt)]))
+
+    # OpenAI's legacy max_tokens=0: the prompt alone, scored.
+    only = await client.completions.create(model=ALIAS, prompt="The river", echo=True, logprobs=0, max_tokens=0)
+    assert only.choices[0].text == "The river" and only.choices[0].finish_reason == "length"
+    assert only.usage is not None and only.usage.completion_tokens == 0
+    assert only.choices[0].logprobs is not None and only.choices[0].logprobs.token_logprobs is not None
+    assert len(only.choices[0].logprobs.token_logprobs) == len(context)
+
+
+async def test_completion_stream_logprobs_join_to_whole(client: openai.AsyncOpenAI) -> None:
+    kwargs: dict[str, Any] = {"model": ALIAS, "prompt": "abc", "max_tokens": 8, "temperature": 0, "extra_body": NO_EOS}
+    whole = await client.completions.create(logprobs=2, echo=True, **kwargs)
+    stream = await client.completions.create(logprobs=2, echo=True, stream=True, **kwargs)
+    chunks = [c async for c in stream]
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert whole.choices[0].text.startswith("abc")
+    joined: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "text_offset": []}
+    for chunk in chunks:
+        part = chunk.choices[0].logprobs
+        if part is not None:
+            for key, values in joined.items():
+                values.extend(getattr(part, key) or [])
+    assert whole.choices[0].logprobs is not None
+    assert joined["tokens"] == whole.choices[0].logprobs.tokens
+    assert joined["token_logprobs"] == whole.choices[0].logprobs.token_logprobs
+    assert joined["text_offset"] == whole.choices[0].logprobs.text_offset
+
+
+async def test_chat_logprobs_whole_and_streamed(client: openai.AsyncOpenAI) -> None:
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi"}]
+    kwargs: dict[str, Any] = {"model": ALIAS, "messages": messages, "max_tokens": 6, "temperature": 0}
+    whole = await client.chat.completions.create(logprobs=True, top_logprobs=2, extra_body=NO_EOS, **kwargs)
+    content = whole.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == 6
+    assert all(len(e.top_logprobs) == 2 and e.bytes == list(e.token.encode()) for e in content)
+    assert all(e.logprob == max(e.logprob, *(t.logprob for t in e.top_logprobs)) for e in content)  # greedy
+    assert "".join(e.token for e in content) == whole.choices[0].message.content
+    stream = await client.chat.completions.create(
+        logprobs=True, top_logprobs=2, stream=True, extra_body=NO_EOS, **kwargs
+    )
+    streamed = [
+        e
+        for c in [c async for c in stream]
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content or []
+    ]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    plain = await client.chat.completions.create(extra_body=NO_EOS, **kwargs)
+    assert plain.choices[0].logprobs is None
+
+
+async def test_penalties_and_vllm_extensions_reach_baton(served: Served, client: openai.AsyncOpenAI) -> None:
+    body = {"repetition_penalty": 1.3, "min_tokens": 4, "min_p": 0.1, **NO_EOS}
+    out = await client.completions.create(
+        model=ALIAS,
+        prompt="abc abc abc",
+        max_tokens=12,
+        temperature=0,
+        presence_penalty=0.5,
+        frequency_penalty=1.0,
+        logit_bias={"42": 3},
+        extra_body=body,
+    )
+    params = pb.SamplingParams(
+        max_tokens=12,
+        ignore_eos=True,
+        presence_penalty=0.5,
+        frequency_penalty=1.0,
+        logit_bias={42: 3.0},
+        repetition_penalty=1.3,
+        min_tokens=4,
+        min_p=0.1,
+    )
+    baton = await served.stack.stub.Complete(pb.GenerateRequest(prompt="abc abc abc", params=params))
+    plain = await client.completions.create(
+        model=ALIAS, prompt="abc abc abc", max_tokens=12, temperature=0, extra_body=NO_EOS
+    )
+    assert out.choices[0].text == baton.text != plain.choices[0].text
+
+    text = plain.choices[0].text
+    stop = text[len(text) // 2 :][:2]
+    if len(stop) == 2 and text.index(stop) > 0:
+        kept = await client.completions.create(
+            model=ALIAS,
+            prompt="abc abc abc",
+            max_tokens=12,
+            temperature=0,
+            stop=stop,
+            extra_body={"include_stop_str_in_output": True, **NO_EOS},
+        )
+        assert kept.choices[0].text == text[: text.index(stop) + 2]
+
+
+async def test_bad_sampling_fields_are_400(client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        await client.completions.create(model=ALIAS, prompt="Hi", logprobs=21)
+    with pytest.raises(openai.BadRequestError, match="presence_penalty"):  # Baton's own bound
+        await client.completions.create(model=ALIAS, prompt="Hi", presence_penalty=2.5)
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):  # outside the vocabulary
+        await client.completions.create(model=ALIAS, prompt="Hi", logit_bias={"99999999": 1})
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        await client.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "Hi"}], top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):  # 0 only with echo
+        await client.completions.create(model=ALIAS, prompt="Hi", max_tokens=0)

@@ -9,6 +9,7 @@ import pytest
 
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest, from_rpc_error
+from gateway.openai_logprobs import ChoiceLogprobs, CompletionLogprobs, chat_logprobs
 from gateway.openai_types import Reply, apply_headers, chat_input, parse_chat, parse_completion
 
 
@@ -39,6 +40,12 @@ def test_completion_fields_map_to_sampling_params() -> None:
         "logprobs": None,
         "presence_penalty": 0,
         "response_format": {"type": "text"},
+        "frequency_penalty": -0.5,
+        "logit_bias": {"7": -100, "12": 2.5},
+        "repetition_penalty": 1.25,
+        "min_tokens": 3,
+        "min_p": 0.125,
+        "include_stop_str_in_output": True,
     }
     parsed = parse_completion(body)
     request = parsed.request
@@ -49,6 +56,93 @@ def test_completion_fields_map_to_sampling_params() -> None:
     assert list(request.params.stop) == ["\n"] and list(request.params.stop_token_ids) == [2]
     assert request.params.ignore_eos and request.tenant == "team-a"
     assert parsed.stream and parsed.include_usage
+    params = request.params
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.0, -0.5, 1.25)
+    assert (params.min_tokens, params.min_p, params.include_stop_str_in_output) == (3, 0.125, True)
+    assert dict(params.logit_bias) == {7: -100.0, 12: 2.5}
+    assert not params.HasField("logprobs") and not params.HasField("prompt_logprobs") and not parsed.logprobs
+
+
+def test_unset_controls_stay_unset() -> None:
+    params = parse_completion({"prompt": "a"}).request.params
+    assert not params.HasField("repetition_penalty") and not params.logit_bias and params.min_tokens == 0
+
+
+@pytest.mark.parametrize(
+    "body,logprobs,prompt_logprobs",
+    [
+        ({"prompt": "a", "logprobs": 3}, 3, None),
+        ({"prompt": "a", "logprobs": 0, "echo": True}, 0, 0),
+        ({"prompt": "a", "logprobs": 5, "echo": True, "max_tokens": 0}, 5, 5),
+        ({"prompt": "a", "echo": True}, None, None),  # the prompt's text is the request's own
+        ({"prompt": [1, 2], "echo": True}, None, 0),  # its tokens' texts are needed to echo it
+        ({"prompt": "a", "echo": True, "max_tokens": 0}, None, 0),  # scoring the prompt
+    ],
+)
+def test_completion_logprobs_and_echo(body: dict[str, Any], logprobs: int | None, prompt_logprobs: int | None) -> None:
+    parsed = parse_completion(body)
+    params = parsed.request.params
+    assert (params.logprobs if params.HasField("logprobs") else None) == logprobs
+    assert (params.prompt_logprobs if params.HasField("prompt_logprobs") else None) == prompt_logprobs
+    assert parsed.echo == body["echo"] if "echo" in body else not parsed.echo
+    assert parsed.logprobs == (logprobs is not None)
+
+
+def test_chat_logprobs() -> None:
+    messages = [{"role": "user", "content": "Hi"}]
+    parsed = parse_chat({"messages": messages, "logprobs": True, "top_logprobs": 4})
+    assert parsed.logprobs and parsed.request.params.logprobs == 4 and not parsed.echo
+    assert parse_chat({"messages": messages, "logprobs": True}).request.params.logprobs == 0
+    assert not parse_chat({"messages": messages, "logprobs": False}).request.params.HasField("logprobs")
+    for bad in ({"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21}, {"logprobs": 1}, {"echo": True}):
+        with pytest.raises(BadRequest):
+            parse_chat({"messages": messages, **bad})
+
+
+def _position(token: int, text: str, logprob: float | None, *top: tuple[int, str, float]) -> pb.PositionLogprobs:
+    chosen = pb.TokenLogprob(token_id=token, text=text)
+    if logprob is not None:
+        chosen.logprob = logprob
+    return pb.PositionLogprobs(token=chosen, top=[pb.TokenLogprob(token_id=t, text=x, logprob=v) for t, x, v in top])
+
+
+def test_logprob_shapes() -> None:
+    first = _position(1, "<s>", None)
+    hello = _position(5, "Hello", -1.5, (6, " Hi", -0.5), (5, "Hello", -1.5))
+    there = _position(7, " there", -0.25, (7, " there", -0.25))
+    snowman = _position(9, "☃", float("-inf"), (7, " there", -0.25))
+    assert CompletionLogprobs().of([first, hello, there]) == {
+        "tokens": ["<s>", "Hello", " there"],
+        "token_logprobs": [None, -1.5, -0.25],
+        "top_logprobs": [None, {" Hi": -0.5, "Hello": -1.5}, {" there": -0.25}],
+        "text_offset": [0, 3, 8],
+    }
+    chat = chat_logprobs([there, snowman])
+    assert chat["refusal"] is None and chat["content"][0] == {
+        "token": " there",
+        "logprob": -0.25,
+        "bytes": [32, 116, 104, 101, 114, 101],
+        "top_logprobs": [{"token": " there", "logprob": -0.25, "bytes": [32, 116, 104, 101, 114, 101]}],
+    }
+    assert chat["content"][1]["logprob"] == -9999.0 and chat["content"][1]["bytes"] == [226, 152, 131]
+    # Not asked: chosen token only (logprobs=0) still shows in top_logprobs, as OpenAI's "up to logprobs + 1".
+    assert CompletionLogprobs().of([_position(5, "Hello", -1.5)])["top_logprobs"] == [{"Hello": -1.5}]
+
+
+def test_echo_goes_before_the_first_message_only() -> None:
+    first = pb.GenerateResponse(text="!", token_ids=[8], logprobs=[_position(8, "!", -2.0)])
+    first.prompt_logprobs.extend([_position(1, "<s>", None), _position(5, "Hi", -3.0)])
+    second = pb.GenerateResponse(text="?", token_ids=[9], logprobs=[_position(9, "?", -1.0)])
+    choice = ChoiceLogprobs(chat=False, echo=True, logprobs=True, prompt="Hi")
+    text, logprobs = choice.shape(first)
+    assert text == "Hi!" and logprobs is not None and logprobs["tokens"] == ["<s>", "Hi", "!"]
+    text, logprobs = choice.shape(second)
+    assert text == "?" and logprobs is not None and logprobs["text_offset"] == [6]
+    ids_prompt = ChoiceLogprobs(chat=False, echo=True, logprobs=False, prompt="")
+    assert ids_prompt.shape(first) == ("<s>Hi!", None)
+    assert ChoiceLogprobs(chat=True, echo=False, logprobs=True, prompt="Hi").shape(second)[1] == chat_logprobs(
+        second.logprobs
+    )
 
 
 def test_chat_defaults_to_batons_max_tokens() -> None:
@@ -62,10 +156,15 @@ def test_chat_defaults_to_batons_max_tokens() -> None:
     [
         ({"prompt": "a", "n": 2}, "n"),
         ({"prompt": "a", "best_of": 3}, "best_of"),
-        ({"prompt": "a", "echo": True}, "echo"),
-        ({"prompt": "a", "logprobs": 2}, "logprobs"),
-        ({"prompt": "a", "frequency_penalty": 0.5}, "frequency_penalty"),
-        ({"prompt": "a", "logit_bias": {"5": 1}}, "logit_bias"),
+        ({"prompt": "a", "echo": "yes"}, "echo"),
+        ({"prompt": "a", "logprobs": 21}, "logprobs"),
+        ({"prompt": "a", "logprobs": True}, "logprobs"),
+        ({"prompt": "a", "frequency_penalty": "high"}, "frequency_penalty"),
+        ({"prompt": "a", "repetition_penalty": None, "min_tokens": -1}, "min_tokens"),
+        ({"prompt": "a", "logit_bias": {"five": 1}}, "logit_bias"),
+        ({"prompt": "a", "logit_bias": {"5": "1"}}, "logit_bias"),
+        ({"prompt": "a", "logit_bias": [5, 1]}, "logit_bias"),
+        ({"prompt": "a", "include_stop_str_in_output": 1}, "include_stop_str_in_output"),
         ({"prompt": "a", "response_format": {"type": "json_object"}}, "response_format"),
         ({"prompt": ["a", "b"]}, "prompt"),
         ({"prompt": [1, -1]}, "prompt"),

@@ -52,7 +52,11 @@ async def _requests(count: int) -> AsyncIterator[Any]:
 async def test_a_slow_reader_gets_bounded_messages_and_every_event() -> None:
     config = with_overrides(BatonConfig(), scheduler={"request_level": {"batch_stream_outbox_events": 3}})
     frontend = _EagerFrontend(config)
-    stream = BatchStream(frontend, response_pb, lambda request_id: None)  # type: ignore[arg-type]
+
+    async def response_of(request_id: str, event: TokenEvent) -> pb.GenerateResponse:
+        return response_pb(request_id, event)
+
+    stream = BatchStream(frontend, response_of, lambda request_id: None)  # type: ignore[arg-type]
     got: dict[int, list[int]] = {}
     async for message in stream.run(_requests(4)):
         assert len(message.events) <= 3

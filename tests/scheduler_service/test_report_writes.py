@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 from common.lifecycle import FinishReason
+from common.logprobs import Logprobs
 from common.pb import executor_pb2 as pb
 from scheduler_service.linked_requests import LinkedRequest
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.report_writes import ReportWrites
+from scheduler_service.report_writes import ReportWrites, coalesce
 from scheduler_service.requests import TokenEvent, join_runs
 
 
@@ -89,3 +92,45 @@ def test_join_runs_merges_contiguous_events_up_to_a_final_one() -> None:
         TokenEvent(6, (9,), "z"),
     ]
     assert join_runs([]) == []
+
+
+LP = Logprobs.build([5], [-0.5], [[5, 6]], [[-0.5, -1.0]])
+PROMPT = Logprobs.build([1, 2], [math.nan, -2.0], [[0, 0], [2, 4]], [[math.nan, math.nan], [-2.0, -3.0]])
+
+
+def test_logprobs_ride_on_their_events_and_into_the_stream_fields() -> None:
+    asked = delta("a", 0, 5)
+    asked.logprobs.CopyFrom(LP.to_pb())
+    asked.prompt_logprobs.CopyFrom(PROMPT.to_pb())
+    second = delta("a", 1, 6)
+    second.logprobs.CopyFrom(Logprobs.build([6], [-0.25], [[6, 5]], [[-0.25, -2.0]]).to_pb())
+    finish = pb.FinishedRequest(request_id="a", finish_reason=int(FinishReason.STOP), text="!")
+    link = ReportWrites("e1", {"a": linked("a"), "b": linked("b")}, SchedulerMetrics())
+    writes = link.of(pb.StepReport(tokens=[asked, delta("b", 0, 9)]))
+    writes += link.of(pb.StepReport(tokens=[second], finished=[finish]))
+    first, plain, last = (w.event for w in writes)
+    assert first.logprobs == LP and first.prompt_logprobs is not None and first.prompt_logprobs.token_ids == (1, 2)
+    assert plain.logprobs is None and plain.prompt_logprobs is None
+    assert set(plain.to_fields()) == {"i", "t", "x"}  # nothing more for a request that did not ask
+    assert last.finish_reason is FinishReason.STOP and last.text == "x!" and last.logprobs is not None
+    merged = coalesce([w for w in writes if w.request_id == "a"])
+    [one] = merged
+    assert one.event.token_ids == (5, 6) and one.event.logprobs == LP.then(last.logprobs)
+    back = TokenEvent.from_fields(one.event.to_fields())
+    assert back.logprobs == one.event.logprobs and back.prompt_logprobs is not None
+    assert back.prompt_logprobs.token_ids == (1, 2) and math.isnan(back.prompt_logprobs.logprobs[0])
+    # A replayed prefix is trimmed with its logprobs; the prompt's went with the first token.
+    tail = back.after(1)
+    assert tail.index == 1 and tail.token_ids == (6,) and tail.logprobs == last.logprobs
+    assert tail.prompt_logprobs is None
+
+
+def test_a_prompt_scored_without_output_finishes_with_its_logprobs() -> None:
+    scored = pb.TokenDelta(request_id="s", index=0)
+    scored.prompt_logprobs.CopyFrom(PROMPT.to_pb())
+    report = pb.StepReport(
+        tokens=[scored], finished=[pb.FinishedRequest(request_id="s", finish_reason=int(FinishReason.LENGTH))]
+    )
+    [write] = ReportWrites("e1", {"s": linked("s")}, SchedulerMetrics()).of(report)
+    assert write.event.token_ids == () and write.event.finish_reason is FinishReason.LENGTH
+    assert write.event.prompt_logprobs is not None and write.event.usage["completion_tokens"] == 0

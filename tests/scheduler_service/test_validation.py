@@ -31,6 +31,8 @@ def make(params: dict[str, Any] | None = None, **fields: Any) -> pb.GenerateRequ
     for key, value in (params or {}).items():
         if isinstance(value, list):
             getattr(msg.params, key).extend(value)
+        elif isinstance(value, dict):
+            getattr(msg.params, key).update(value)
         else:
             setattr(msg.params, key, value)
     return msg
@@ -62,6 +64,19 @@ BAD: dict[str, tuple[pb.GenerateRequest, str]] = {
     "too long stop string": (make(params={"stop": ["x" * 257]}), "stop strings must have 1 to 256"),
     "stop token id out of vocab": (make(params={"stop_token_ids": [3, 1000]}), "stop_token_ids has token ids outside"),
     "too many stop token ids": (make(params={"stop_token_ids": [1] * 65}), "at most 64 stop token ids"),
+    "max_tokens 0 without prompt_logprobs": (make(params={"max_tokens": 0, "logprobs": 3}), "0 only with prompt"),
+    "presence penalty above 2": (make(params={"presence_penalty": 2.5}), r"presence_penalty must lie in \[-2, 2\]"),
+    "frequency penalty below -2": (make(params={"frequency_penalty": -3.0}), "frequency_penalty"),
+    "nan frequency penalty": (make(params={"frequency_penalty": math.nan}), "frequency_penalty"),
+    "repetition penalty 0": (make(params={"repetition_penalty": 0.0}), "repetition_penalty must be finite and > 0"),
+    "negative repetition penalty": (make(params={"repetition_penalty": -1.0}), "repetition_penalty"),
+    "min_tokens over max_tokens": (make(params={"max_tokens": 4, "min_tokens": 5}), r"min_tokens must lie in \[0, max"),
+    "min_p above 1": (make(params={"min_p": 1.5}), r"min_p must lie in \[0, 1\]"),
+    "logit bias out of vocab": (make(params={"logit_bias": {1000: 1.0}}), "logit_bias has token ids outside"),
+    "logit bias above 100": (make(params={"logit_bias": {5: 101.0}}), r"logit_bias values must lie in \[-100, 100\]"),
+    "too many logit biases": (make(params={"logit_bias": dict.fromkeys(range(1025), 1.0)}), "at most 1024 tokens"),
+    "logprobs above 20": (make(params={"logprobs": 21}), r"logprobs must lie in \[0, 20\]"),
+    "prompt logprobs above 20": (make(params={"prompt_logprobs": 50}), r"prompt_logprobs must lie in \[0, 20\]"),
     "priority 11": (make(priority=11), r"priority must lie in \[0, 10\], got 11"),
     "deadline in the past": (make(deadline_ms=NOW - 1), "is in the past"),
     "deadline right now": (make(deadline_ms=NOW), "is in the past"),
@@ -253,3 +268,35 @@ def test_setting_prompt_clears_chat_as_one_input() -> None:
     msg.prompt = "hello"  # the oneof: the last input set is the one sent
     assert msg.WhichOneof("input") == "prompt" and not msg.HasField("chat")
     assert run(msg).prompt_ids == tuple(fake_tokenize("hello"))
+
+
+def test_sampling_controls_and_logprobs_are_carried_over() -> None:
+    params = {
+        "max_tokens": 10,
+        "presence_penalty": -1.5,
+        "frequency_penalty": 2.0,
+        "repetition_penalty": 1.25,
+        "min_tokens": 10,
+        "min_p": 0.5,
+        "logit_bias": {999: -100.0, 0: 100.0, 7: 0.5},
+        "include_stop_str_in_output": True,
+        "logprobs": 0,
+        "prompt_logprobs": 20,
+    }
+    p = run(make(params=params)).params
+    assert type(p).from_json(p.to_json()) == p, "it travels in the request record's params JSON"
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (-1.5, 2.0, 1.25)
+    assert (p.min_tokens, p.min_p, p.include_stop_str_in_output) == (10, 0.5, True)
+    assert p.logit_bias == ((0, 100.0), (7, 0.5), (999, -100.0))
+    assert (p.logprobs, p.prompt_logprobs) == (0, 20)
+
+
+def test_unset_controls_are_off() -> None:
+    p = run(make()).params
+    assert p.repetition_penalty == 1.0 and not p.adjusts_logits and p.min_p == 0.0
+    assert p.logprobs is None and p.prompt_logprobs is None
+
+
+def test_max_tokens_zero_scores_the_prompt() -> None:
+    p = run(make(params={"max_tokens": 0, "prompt_logprobs": 1})).params
+    assert p.max_tokens == 0 and p.prompt_logprobs == 1

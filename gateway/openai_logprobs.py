@@ -1,0 +1,95 @@
+"""Baton's log probabilities (``PositionLogprobs``) in OpenAI's two shapes.
+
+Tokens are named by their text as Baton decodes them alone (vLLM's ``decoded_token``); a token
+that holds part of a character shows as U+FFFD, and chat's ``bytes`` are that text's UTF-8 bytes,
+not the token's raw bytes. Log probabilities are floored at -9999.0 as vLLM does (JSON has no
+-infinity). The prompt's first token, which nothing predicts, has a ``null`` log probability and
+``null`` alternatives, as in OpenAI's echo.
+
+Completions (legacy): ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, where each
+``top_logprobs`` entry maps the most likely tokens' texts, and the chosen one's, to their log
+probabilities ("up to logprobs + 1 elements", as OpenAI says), and ``text_offset`` is each token's
+character offset in the choice's text, counted as vLLM does from the tokens' texts.
+
+Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": None}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from common.pb import generate_pb2 as pb
+
+LOGPROB_FLOOR = -9999.0
+
+
+def _value(entry: pb.TokenLogprob) -> float | None:
+    return max(entry.logprob, LOGPROB_FLOOR) if entry.HasField("logprob") else None
+
+
+class CompletionLogprobs:
+    """Builds the legacy ``logprobs`` objects of one choice, chunk by chunk (offsets run on)."""
+
+    def __init__(self) -> None:
+        self.offset = 0  # characters of the choice's text the tokens so far account for
+
+    def of(self, positions: Iterable[pb.PositionLogprobs]) -> dict[str, Any]:
+        out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for position in positions:
+            token = position.token
+            value = _value(token)
+            out["tokens"].append(token.text)
+            out["token_logprobs"].append(value)
+            if value is None:
+                out["top_logprobs"].append(None)
+            else:
+                top = {alt.text: max(alt.logprob, LOGPROB_FLOOR) for alt in position.top}
+                top.setdefault(token.text, value)
+                out["top_logprobs"].append(top)
+            out["text_offset"].append(self.offset)
+            self.offset += len(token.text)
+        return out
+
+
+def _chat_entry(entry: pb.TokenLogprob) -> dict[str, Any]:
+    return {"token": entry.text, "logprob": _value(entry), "bytes": list(entry.text.encode("utf-8"))}
+
+
+def chat_logprobs(positions: Iterable[pb.PositionLogprobs]) -> dict[str, Any]:
+    content = []
+    for position in positions:
+        entry = _chat_entry(position.token)
+        entry["top_logprobs"] = [_chat_entry(alt) for alt in position.top]
+        content.append(entry)
+    return {"content": content, "refusal": None}
+
+
+class ChoiceLogprobs:
+    """One choice's text and ``logprobs`` object, message by message: the echoed prompt (``echo``)
+    goes before the first message's text, and its log probabilities before the first message's.
+
+    Messages are Baton's ``GenerateResponse`` stream, or one ``CompleteResponse`` for the whole
+    answer: both carry ``text``, ``logprobs`` and ``prompt_logprobs``. The prompt's text is the one
+    the request gave; a prompt given as token ids is echoed as its tokens' texts, joined.
+    """
+
+    def __init__(self, chat: bool, echo: bool, logprobs: bool, prompt: str) -> None:
+        self.chat = chat
+        self.echo = echo
+        self.wanted = logprobs
+        self.prompt = prompt
+        self._completion = CompletionLogprobs()
+        self._first = True
+
+    def shape(self, message: Any) -> tuple[str, dict[str, Any] | None]:
+        """The message's text and logprobs object (None when the request did not ask for them)."""
+        text, positions = message.text, list(message.logprobs)
+        if self._first and self.echo:
+            prompt = list(message.prompt_logprobs)
+            text = (self.prompt or "".join(p.token.text for p in prompt)) + text
+            positions = prompt + positions
+        self._first = False
+        if not self.wanted:
+            return text, None
+        return text, chat_logprobs(positions) if self.chat else self._completion.of(positions)
