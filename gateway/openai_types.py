@@ -1,7 +1,12 @@
 """OpenAI request bodies in, ``baton.v1`` messages out; Baton's answers back in OpenAI's shapes.
 
-Only what Baton can honour is accepted: asking for several choices, log probabilities, echo,
-penalties, tools or JSON output is a 400 rather than a silently different answer. Unknown fields are
+Only what Baton can honour is accepted: asking for log probabilities, echo, penalties, tools or
+JSON output is a 400 rather than a silently different answer.
+
+Several choices (``n``): Baton's ``SamplingParams.n``, so the choices are samples of one prompt
+sharing its KV (with ``seed``, choice i samples with seed + i). ``choices[i].index`` is the
+sample's; a stream interleaves the choices' chunks as their tokens come, each choice ends with its
+own finish reason, and the usage counts the prompt once and every choice's tokens. Unknown fields are
 ignored, as OpenAI clients send ones that do not matter here.
 
 Extensions beyond OpenAI's schema (send them with the client's ``extra_body``): ``top_k``,
@@ -26,7 +31,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +53,6 @@ FINISH_REASON: dict[int, str] = {
 
 # Field -> values that mean "not asked for"; anything else is refused with a 400.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
     "best_of": (None, 1),
     "echo": (None, False),
     "logprobs": (None, False, 0),
@@ -163,6 +167,7 @@ def _parsed(body: Mapping[str, Any], request: pb.GenerateRequest, default_max_to
         raise BadRequest("user must be a string", param="user")
     stream = _bool(body, "stream")
     request.params.CopyFrom(_sampling(body, default_max_tokens))
+    request.params.n = _int(body, "n", 1) or 1  # its upper bound is Baton's (request_level.max_samples)
     request.tenant = user or ""
     return Parsed(request, model, stream, _include_usage(body, stream))
 
@@ -246,6 +251,14 @@ def usage_dict(usage: pb.Usage) -> dict[str, int]:
     }
 
 
+def samples_usage(usages: Sequence[pb.Usage]) -> pb.Usage:
+    """A request's usage from its samples': the prompt once (they share it), every sample's output."""
+    return pb.Usage(
+        prompt_tokens=usages[0].prompt_tokens if usages else 0,
+        completion_tokens=sum(u.completion_tokens for u in usages),
+    )
+
+
 @dataclass(frozen=True)
 class Reply:
     """Builds the response objects of one request, whole or as stream chunks."""
@@ -269,19 +282,29 @@ class Reply:
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def whole(self, text: str, finish_reason: int, usage: pb.Usage) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": FINISH_REASON.get(finish_reason)}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        out = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
-        out["usage"] = usage_dict(usage)
-        return out
+    def whole(self, out: pb.CompleteResponse) -> dict[str, Any]:
+        """The whole response: a choice per sample (``out.samples``; ``out`` itself when it has none)."""
+        samples = list(out.samples) or [out]
+        choices = [self._whole_choice(sample) for sample in samples]
+        body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
+        body["usage"] = usage_dict(samples_usage([sample.usage for sample in samples]))
+        return body
 
-    def chunk(self, text: str | None, finish_reason: int = 0, role: bool = False) -> dict[str, Any]:
-        """One stream chunk; for chat, ``text=None`` is an empty delta (the finishing chunk)."""
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": FINISH_REASON.get(finish_reason)}
+    def _whole_choice(self, sample: pb.CompleteResponse) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": sample.sample_index,
+            "logprobs": None,
+            "finish_reason": FINISH_REASON.get(sample.finish_reason),
+        }
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": sample.text}
+        else:
+            choice["text"] = sample.text
+        return choice
+
+    def chunk(self, text: str | None, finish_reason: int = 0, role: bool = False, index: int = 0) -> dict[str, Any]:
+        """One stream chunk of choice ``index``; for chat, ``text=None`` is an empty delta (the finishing chunk)."""
+        choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": FINISH_REASON.get(finish_reason)}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from common.keys import sample_id, split_sample_id
 from common.lifecycle import FinishReason
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
@@ -20,13 +21,14 @@ from scheduler_service.requests import TokenEvent
 log = logging.getLogger(__name__)
 
 
-def response_pb(request_id: str, event: TokenEvent) -> pb.GenerateResponse:
+def response_pb(request_id: str, event: TokenEvent, sample_index: int = 0) -> pb.GenerateResponse:
     msg = pb.GenerateResponse(
         request_id=request_id,
         index=event.index,
         token_ids=event.token_ids,
         text=event.text,
         finish_reason=int(event.finish_reason),  # type: ignore[arg-type]
+        sample_index=sample_index,
     )
     if event.finish_reason is not FinishReason.NONE:
         msg.usage.CopyFrom(usage_pb(event.usage))
@@ -51,10 +53,35 @@ def status_pb(status: RequestStatus) -> pb.GetRequestResponse:
         finish_reason=int(status.finish_reason),  # type: ignore[arg-type]
         prompt_tokens=status.prompt_tokens,
         error=status.error,
+        sample_index=status.sample_index,
     )
     if status.queue_position is not None:
         msg.queue_position = status.queue_position
+    msg.samples.extend(status_pb(sample) for sample in status.samples)
     return msg
+
+
+def complete_pb(request_id: str, chunks: list[pb.GenerateResponse]) -> pb.CompleteResponse:
+    """A request's whole output from its stream's messages: sample 0's at the top level, and with
+    several samples every sample's in ``samples``."""
+    by_sample: dict[int, pb.CompleteResponse] = {}
+    text: dict[int, list[str]] = {}
+    for chunk in chunks:
+        k = chunk.sample_index
+        out = by_sample.setdefault(k, pb.CompleteResponse(request_id=sample_id(request_id, k), sample_index=k))
+        out.token_ids.extend(chunk.token_ids)
+        text.setdefault(k, []).append(chunk.text)
+        if chunk.finish_reason:
+            out.finish_reason = chunk.finish_reason
+            out.usage.CopyFrom(chunk.usage)
+    for k, out in by_sample.items():
+        out.text = "".join(text[k])
+    whole = pb.CompleteResponse()
+    if 0 in by_sample:
+        whole.CopyFrom(by_sample[0])
+    if len(by_sample) > 1:
+        whole.samples.extend(by_sample[k] for k in sorted(by_sample))
+    return whole
 
 
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
@@ -67,13 +94,13 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         req = await self._frontend.submit(request)
-        finished = False
+        unfinished = req.n
         try:
-            async for event in self._frontend.events(req.request_id):
-                finished = event.finish_reason is not FinishReason.NONE
-                yield response_pb(req.request_id, event)
+            async for k, event in self._frontend.sample_events(req.request_id, req.n):
+                unfinished -= event.finish_reason is not FinishReason.NONE
+                yield response_pb(req.request_id, event, k)
         finally:
-            if not finished:  # the client went away or its deadline passed: free the executor's KV blocks
+            if unfinished:  # the client went away or its deadline passed: free the executor's KV blocks
                 self._abandon(req.request_id)
 
     async def GenerateBatch(
@@ -93,22 +120,15 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     async def Resume(
         self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
-        await self._frontend.status(request.request_id)  # NOT_FOUND before the stream starts
-        async for event in self._frontend.events(request.request_id, request.from_index):
-            yield response_pb(request.request_id, event)
+        n = await self._frontend.samples(request.request_id)  # NOT_FOUND before the stream starts
+        # A later sample's own id follows that sample alone; its index is in the id.
+        offset = split_sample_id(request.request_id)[1]
+        async for k, event in self._frontend.sample_events(request.request_id, n, request.from_index):
+            yield response_pb(request.request_id, event, offset + k)
 
     async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
-        out = pb.CompleteResponse()
-        text: list[str] = []
-        async for chunk in self.Generate(request, context):
-            out.request_id = chunk.request_id
-            out.token_ids.extend(chunk.token_ids)
-            text.append(chunk.text)
-            if chunk.finish_reason:
-                out.finish_reason = chunk.finish_reason
-                out.usage.CopyFrom(chunk.usage)
-        out.text = "".join(text)
-        return out
+        chunks = [chunk async for chunk in self.Generate(request, context)]
+        return complete_pb(chunks[0].request_id if chunks else request.request_id, chunks)
 
     async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
         state = await self._frontend.cancel(request.request_id)

@@ -24,53 +24,53 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x62\x61ton/v1/generate.proto\x12\x08\x62\x61ton.v1\"\xe1\x01\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x1e\n\x16stream_interval_tokens\x18\t \x01(\rB\r\n\x0b_max_tokensB\x07\n\x05_seed\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x84\x01\n\x04\x43hat\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.baton.v1.ChatMessage\x12\x15\n\rchat_template\x18\x02 \x01(\t\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x03 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x85\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x1e\n\x04\x63hat\x18\t \x01(\x0b\x32\x0e.baton.v1.ChatH\x00\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12(\n\x06params\x18\x04 \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12\x15\n\x08priority\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x0e\n\x06tenant\x18\x06 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x07 \x01(\x04\x12\x16\n\x0ettft_target_ms\x18\x08 \x01(\rB\x07\n\x05inputB\x0b\n\t_priority\"a\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rqueue_time_ms\x18\x03 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x04 \x01(\x01\"\xa5\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0c\n\x04text\x18\x04 \x01(\t\x12-\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x16.baton.v1.FinishReason\x12\x1e\n\x05usage\x18\x06 \x01(\x0b\x32\x0f.baton.v1.Usage\"w\n\nBatchEvent\x12\x10\n\x08position\x18\x01 \x01(\r\x12,\n\x08response\x18\x02 \x01(\x0b\x32\x1a.baton.v1.GenerateResponse\x12\x12\n\nerror_code\x18\x03 \x01(\r\x12\x15\n\rerror_message\x18\x04 \x01(\t\"=\n\x15GenerateBatchResponse\x12$\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x14.baton.v1.BatchEvent\"\x96\x01\n\x10\x43ompleteResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12-\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x16.baton.v1.FinishReason\x12\x1e\n\x05usage\x18\x05 \x01(\x0b\x32\x0f.baton.v1.Usage\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"7\n\x0e\x43\x61ncelResponse\x12%\n\x05state\x18\x01 \x01(\x0e\x32\x16.baton.v1.RequestState\"\'\n\x11GetRequestRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x83\x02\n\x12GetRequestResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.baton.v1.RequestState\x12\x13\n\x0b\x65xecutor_id\x18\x03 \x01(\t\x12\x18\n\x10tokens_generated\x18\x04 \x01(\r\x12\x1b\n\x0equeue_position\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12-\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x16.baton.v1.FinishReason\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\x12\r\n\x05\x65rror\x18\x08 \x01(\tB\x11\n\x0f_queue_position\"7\n\rResumeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\r\"\x12\n\x10ModelInfoRequest\"L\n\x11ModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x11\n\texecutors\x18\x03 \x01(\r\"J\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x1e\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x0e.baton.v1.ChatH\x00\x42\x07\n\x05input\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r*\x8e\x01\n\x0c\x46inishReason\x12\x16\n\x12\x46INISH_REASON_NONE\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*\xd1\x01\n\x0cRequestState\x12\x1d\n\x19REQUEST_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14REQUEST_STATE_QUEUED\x10\x01\x12\x1a\n\x16REQUEST_STATE_ASSIGNED\x10\x02\x12\x19\n\x15REQUEST_STATE_RUNNING\x10\x03\x12\x1a\n\x16REQUEST_STATE_FINISHED\x10\x04\x12\x1b\n\x17REQUEST_STATE_CANCELLED\x10\x05\x12\x18\n\x14REQUEST_STATE_FAILED\x10\x06\x32\xb5\x04\n\nGeneration\x12\x43\n\x08Generate\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.GenerateResponse0\x01\x12O\n\rGenerateBatch\x12\x19.baton.v1.GenerateRequest\x1a\x1f.baton.v1.GenerateBatchResponse(\x01\x30\x01\x12\x41\n\x08\x43omplete\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.CompleteResponse\x12;\n\x06\x43\x61ncel\x12\x17.baton.v1.CancelRequest\x1a\x18.baton.v1.CancelResponse\x12G\n\nGetRequest\x12\x1b.baton.v1.GetRequestRequest\x1a\x1c.baton.v1.GetRequestResponse\x12?\n\x06Resume\x12\x17.baton.v1.ResumeRequest\x1a\x1a.baton.v1.GenerateResponse0\x01\x12\x44\n\tModelInfo\x12\x1a.baton.v1.ModelInfoRequest\x1a\x1b.baton.v1.ModelInfoResponse\x12\x41\n\x08Tokenize\x12\x19.baton.v1.TokenizeRequest\x1a\x1a.baton.v1.TokenizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x62\x61ton/v1/generate.proto\x12\x08\x62\x61ton.v1\"\xec\x01\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x1e\n\x16stream_interval_tokens\x18\t \x01(\r\x12\t\n\x01n\x18( \x01(\rB\r\n\x0b_max_tokensB\x07\n\x05_seed\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x84\x01\n\x04\x43hat\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.baton.v1.ChatMessage\x12\x15\n\rchat_template\x18\x02 \x01(\t\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x03 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x85\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x1e\n\x04\x63hat\x18\t \x01(\x0b\x32\x0e.baton.v1.ChatH\x00\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12(\n\x06params\x18\x04 \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12\x15\n\x08priority\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x0e\n\x06tenant\x18\x06 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x07 \x01(\x04\x12\x16\n\x0ettft_target_ms\x18\x08 \x01(\rB\x07\n\x05inputB\x0b\n\t_priority\"a\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rqueue_time_ms\x18\x03 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x04 \x01(\x01\"\xbb\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0c\n\x04text\x18\x04 \x01(\t\x12-\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x16.baton.v1.FinishReason\x12\x1e\n\x05usage\x18\x06 \x01(\x0b\x32\x0f.baton.v1.Usage\x12\x14\n\x0csample_index\x18( \x01(\r\"w\n\nBatchEvent\x12\x10\n\x08position\x18\x01 \x01(\r\x12,\n\x08response\x18\x02 \x01(\x0b\x32\x1a.baton.v1.GenerateResponse\x12\x12\n\nerror_code\x18\x03 \x01(\r\x12\x15\n\rerror_message\x18\x04 \x01(\t\"=\n\x15GenerateBatchResponse\x12$\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x14.baton.v1.BatchEvent\"\xd9\x01\n\x10\x43ompleteResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12-\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x16.baton.v1.FinishReason\x12\x1e\n\x05usage\x18\x05 \x01(\x0b\x32\x0f.baton.v1.Usage\x12\x14\n\x0csample_index\x18( \x01(\r\x12+\n\x07samples\x18) \x03(\x0b\x32\x1a.baton.v1.CompleteResponse\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"7\n\x0e\x43\x61ncelResponse\x12%\n\x05state\x18\x01 \x01(\x0e\x32\x16.baton.v1.RequestState\"\'\n\x11GetRequestRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xc8\x02\n\x12GetRequestResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.baton.v1.RequestState\x12\x13\n\x0b\x65xecutor_id\x18\x03 \x01(\t\x12\x18\n\x10tokens_generated\x18\x04 \x01(\r\x12\x1b\n\x0equeue_position\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12-\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x16.baton.v1.FinishReason\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x14\n\x0csample_index\x18( \x01(\r\x12-\n\x07samples\x18) \x03(\x0b\x32\x1c.baton.v1.GetRequestResponseB\x11\n\x0f_queue_position\"7\n\rResumeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\r\"\x12\n\x10ModelInfoRequest\"L\n\x11ModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x11\n\texecutors\x18\x03 \x01(\r\"J\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x1e\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x0e.baton.v1.ChatH\x00\x42\x07\n\x05input\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r*\x8e\x01\n\x0c\x46inishReason\x12\x16\n\x12\x46INISH_REASON_NONE\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*\xd1\x01\n\x0cRequestState\x12\x1d\n\x19REQUEST_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14REQUEST_STATE_QUEUED\x10\x01\x12\x1a\n\x16REQUEST_STATE_ASSIGNED\x10\x02\x12\x19\n\x15REQUEST_STATE_RUNNING\x10\x03\x12\x1a\n\x16REQUEST_STATE_FINISHED\x10\x04\x12\x1b\n\x17REQUEST_STATE_CANCELLED\x10\x05\x12\x18\n\x14REQUEST_STATE_FAILED\x10\x06\x32\xb5\x04\n\nGeneration\x12\x43\n\x08Generate\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.GenerateResponse0\x01\x12O\n\rGenerateBatch\x12\x19.baton.v1.GenerateRequest\x1a\x1f.baton.v1.GenerateBatchResponse(\x01\x30\x01\x12\x41\n\x08\x43omplete\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.CompleteResponse\x12;\n\x06\x43\x61ncel\x12\x17.baton.v1.CancelRequest\x1a\x18.baton.v1.CancelResponse\x12G\n\nGetRequest\x12\x1b.baton.v1.GetRequestRequest\x1a\x1c.baton.v1.GetRequestResponse\x12?\n\x06Resume\x12\x17.baton.v1.ResumeRequest\x1a\x1a.baton.v1.GenerateResponse0\x01\x12\x44\n\tModelInfo\x12\x1a.baton.v1.ModelInfoRequest\x1a\x1b.baton.v1.ModelInfoResponse\x12\x41\n\x08Tokenize\x12\x19.baton.v1.TokenizeRequest\x1a\x1a.baton.v1.TokenizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'baton.v1.generate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1982
-  _globals['_FINISHREASON']._serialized_end=2124
-  _globals['_REQUESTSTATE']._serialized_start=2127
-  _globals['_REQUESTSTATE']._serialized_end=2336
+  _globals['_FINISHREASON']._serialized_start=2151
+  _globals['_FINISHREASON']._serialized_end=2293
+  _globals['_REQUESTSTATE']._serialized_start=2296
+  _globals['_REQUESTSTATE']._serialized_end=2505
   _globals['_SAMPLINGPARAMS']._serialized_start=38
-  _globals['_SAMPLINGPARAMS']._serialized_end=263
-  _globals['_CHATMESSAGE']._serialized_start=265
-  _globals['_CHATMESSAGE']._serialized_end=309
-  _globals['_CHAT']._serialized_start=312
-  _globals['_CHAT']._serialized_end=444
-  _globals['_GENERATEREQUEST']._serialized_start=447
-  _globals['_GENERATEREQUEST']._serialized_end=708
-  _globals['_USAGE']._serialized_start=710
-  _globals['_USAGE']._serialized_end=807
-  _globals['_GENERATERESPONSE']._serialized_start=810
-  _globals['_GENERATERESPONSE']._serialized_end=975
-  _globals['_BATCHEVENT']._serialized_start=977
-  _globals['_BATCHEVENT']._serialized_end=1096
-  _globals['_GENERATEBATCHRESPONSE']._serialized_start=1098
-  _globals['_GENERATEBATCHRESPONSE']._serialized_end=1159
-  _globals['_COMPLETERESPONSE']._serialized_start=1162
-  _globals['_COMPLETERESPONSE']._serialized_end=1312
-  _globals['_CANCELREQUEST']._serialized_start=1314
-  _globals['_CANCELREQUEST']._serialized_end=1349
-  _globals['_CANCELRESPONSE']._serialized_start=1351
-  _globals['_CANCELRESPONSE']._serialized_end=1406
-  _globals['_GETREQUESTREQUEST']._serialized_start=1408
-  _globals['_GETREQUESTREQUEST']._serialized_end=1447
-  _globals['_GETREQUESTRESPONSE']._serialized_start=1450
-  _globals['_GETREQUESTRESPONSE']._serialized_end=1709
-  _globals['_RESUMEREQUEST']._serialized_start=1711
-  _globals['_RESUMEREQUEST']._serialized_end=1766
-  _globals['_MODELINFOREQUEST']._serialized_start=1768
-  _globals['_MODELINFOREQUEST']._serialized_end=1786
-  _globals['_MODELINFORESPONSE']._serialized_start=1788
-  _globals['_MODELINFORESPONSE']._serialized_end=1864
-  _globals['_TOKENIZEREQUEST']._serialized_start=1866
-  _globals['_TOKENIZEREQUEST']._serialized_end=1940
-  _globals['_TOKENIZERESPONSE']._serialized_start=1942
-  _globals['_TOKENIZERESPONSE']._serialized_end=1979
-  _globals['_GENERATION']._serialized_start=2339
-  _globals['_GENERATION']._serialized_end=2904
+  _globals['_SAMPLINGPARAMS']._serialized_end=274
+  _globals['_CHATMESSAGE']._serialized_start=276
+  _globals['_CHATMESSAGE']._serialized_end=320
+  _globals['_CHAT']._serialized_start=323
+  _globals['_CHAT']._serialized_end=455
+  _globals['_GENERATEREQUEST']._serialized_start=458
+  _globals['_GENERATEREQUEST']._serialized_end=719
+  _globals['_USAGE']._serialized_start=721
+  _globals['_USAGE']._serialized_end=818
+  _globals['_GENERATERESPONSE']._serialized_start=821
+  _globals['_GENERATERESPONSE']._serialized_end=1008
+  _globals['_BATCHEVENT']._serialized_start=1010
+  _globals['_BATCHEVENT']._serialized_end=1129
+  _globals['_GENERATEBATCHRESPONSE']._serialized_start=1131
+  _globals['_GENERATEBATCHRESPONSE']._serialized_end=1192
+  _globals['_COMPLETERESPONSE']._serialized_start=1195
+  _globals['_COMPLETERESPONSE']._serialized_end=1412
+  _globals['_CANCELREQUEST']._serialized_start=1414
+  _globals['_CANCELREQUEST']._serialized_end=1449
+  _globals['_CANCELRESPONSE']._serialized_start=1451
+  _globals['_CANCELRESPONSE']._serialized_end=1506
+  _globals['_GETREQUESTREQUEST']._serialized_start=1508
+  _globals['_GETREQUESTREQUEST']._serialized_end=1547
+  _globals['_GETREQUESTRESPONSE']._serialized_start=1550
+  _globals['_GETREQUESTRESPONSE']._serialized_end=1878
+  _globals['_RESUMEREQUEST']._serialized_start=1880
+  _globals['_RESUMEREQUEST']._serialized_end=1935
+  _globals['_MODELINFOREQUEST']._serialized_start=1937
+  _globals['_MODELINFOREQUEST']._serialized_end=1955
+  _globals['_MODELINFORESPONSE']._serialized_start=1957
+  _globals['_MODELINFORESPONSE']._serialized_end=2033
+  _globals['_TOKENIZEREQUEST']._serialized_start=2035
+  _globals['_TOKENIZEREQUEST']._serialized_end=2109
+  _globals['_TOKENIZERESPONSE']._serialized_start=2111
+  _globals['_TOKENIZERESPONSE']._serialized_end=2148
+  _globals['_GENERATION']._serialized_start=2508
+  _globals['_GENERATION']._serialized_end=3073
 # @@protoc_insertion_point(module_scope)

@@ -203,6 +203,55 @@ async def test_include_usage_stream_shape(served: Served, path: str) -> None:
     assert last["usage"]["total_tokens"] == last["usage"]["prompt_tokens"] + 4
 
 
+SAMPLED: dict[str, Any] = {"n": 3, "seed": 11, "temperature": 1.0, "max_tokens": 10}
+
+
+async def test_n_completions_are_reproducible_choices(client: openai.AsyncOpenAI) -> None:
+    first = await client.completions.create(model="tiny", prompt="Once upon", extra_body=NO_EOS, **SAMPLED)
+    again = await client.completions.create(model="tiny", prompt="Once upon", extra_body=NO_EOS, **SAMPLED)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    texts = [c.text for c in first.choices]
+    assert texts == [c.text for c in again.choices], "a seed makes the choices reproducible"
+    assert len(set(texts)) == 3, "choice i samples with seed + i"
+    assert all(c.finish_reason == "length" for c in first.choices)
+    assert first.usage is not None and first.usage.completion_tokens == 30  # the prompt counts once
+    assert first.usage.total_tokens == first.usage.prompt_tokens + 30
+    stream = await client.completions.create(
+        model="tiny",
+        prompt="Once upon",
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=NO_EOS,
+        **SAMPLED,
+    )
+    chunks = [chunk async for chunk in stream]
+    joined = {k: "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == k) for k in range(3)}
+    assert list(joined.values()) == texts
+    finishes = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason == "length"]
+    assert sorted(finishes) == [0, 1, 2]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 30
+
+
+async def test_n_chat_completions_are_reproducible_choices(client: openai.AsyncOpenAI) -> None:
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story"}]
+    first = await client.chat.completions.create(model="tiny", messages=messages, extra_body=NO_EOS, **SAMPLED)
+    again = await client.chat.completions.create(model="tiny", messages=messages, extra_body=NO_EOS, **SAMPLED)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    contents = [c.message.content for c in first.choices]
+    assert contents == [c.message.content for c in again.choices] and len(set(contents)) == 3
+    assert first.usage is not None and first.usage.completion_tokens == 30
+    stream = await client.chat.completions.create(
+        model="tiny", messages=messages, stream=True, extra_body=NO_EOS, **SAMPLED
+    )
+    chunks = [chunk async for chunk in stream]
+    roles = [c.choices[0].index for c in chunks if c.choices[0].delta.role == "assistant"]
+    assert roles == [0, 1, 2]  # each choice opens with its role, as OpenAI's do
+    joined = {k: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices[0].index == k) for k in range(3)}
+    assert list(joined.values()) == contents
+    finishes = [c.choices[0].index for c in chunks if c.choices[0].finish_reason == "length"]
+    assert sorted(finishes) == [0, 1, 2]
+
+
 async def test_a_wrong_model_is_404_and_no_model_means_the_served_one(
     served: Served, client: openai.AsyncOpenAI
 ) -> None:
@@ -269,8 +318,10 @@ async def test_bad_requests_are_400_with_openai_body(client: openai.AsyncOpenAI)
     assert isinstance(bad.value.body, dict) and bad.value.body["code"] == "invalid_argument"
     with pytest.raises(openai.BadRequestError):  # refused before the stream starts, so still a 400
         await client.completions.create(model="tiny", prompt="Hello", max_tokens=4, temperature=-1, stream=True)
-    with pytest.raises(openai.BadRequestError, match="n=2"):
-        await client.completions.create(model="tiny", prompt="Hello", n=2)
+    with pytest.raises(openai.BadRequestError, match="n must lie in"):  # Baton's bound (max_samples)
+        await client.completions.create(model="tiny", prompt="Hello", n=129)
+    with pytest.raises(openai.BadRequestError, match="best_of"):
+        await client.completions.create(model="tiny", prompt="Hello", n=2, best_of=3)
     with pytest.raises(openai.BadRequestError, match="priority"):
         await client.completions.create(model="tiny", prompt="Hello", extra_headers={"x-baton-priority": "high"})
     with pytest.raises(openai.BadRequestError, match="priority"):  # Baton's own bound

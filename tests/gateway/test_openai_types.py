@@ -49,6 +49,16 @@ def test_completion_fields_map_to_sampling_params() -> None:
     assert list(request.params.stop) == ["\n"] and list(request.params.stop_token_ids) == [2]
     assert request.params.ignore_eos and request.tenant == "team-a"
     assert parsed.stream and parsed.include_usage
+    assert request.params.n == 1
+
+
+def test_n_asks_baton_for_samples() -> None:
+    assert parse_completion({"prompt": "a", "n": 3}).request.params.n == 3
+    chat = parse_chat({"messages": [{"role": "user", "content": "Hi"}], "n": 4, "seed": 7})
+    assert chat.request.params.n == 4 and chat.request.params.seed == 7
+    assert parse_completion({"prompt": "a", "n": None}).request.params.n == 1
+    # The upper bound is Baton's (request_level.max_samples): it answers INVALID_ARGUMENT, a 400.
+    assert parse_completion({"prompt": "a", "n": 100_000}).request.params.n == 100_000
 
 
 def test_chat_defaults_to_batons_max_tokens() -> None:
@@ -60,7 +70,8 @@ def test_chat_defaults_to_batons_max_tokens() -> None:
 @pytest.mark.parametrize(
     "body,param",
     [
-        ({"prompt": "a", "n": 2}, "n"),
+        ({"prompt": "a", "n": 0}, "n"),
+        ({"prompt": "a", "n": 1.5}, "n"),
         ({"prompt": "a", "best_of": 3}, "best_of"),
         ({"prompt": "a", "echo": True}, "echo"),
         ({"prompt": "a", "logprobs": 2}, "logprobs"),
@@ -151,7 +162,8 @@ def test_headers_override_body() -> None:
 def test_reply_shapes() -> None:
     usage = pb.Usage(prompt_tokens=3, completion_tokens=2)
     text = Reply(chat=False, request_id="r", model="m", created=1)
-    assert text.whole("ab", pb.FINISH_REASON_LENGTH, usage) == {
+    whole = pb.CompleteResponse(text="ab", finish_reason=pb.FINISH_REASON_LENGTH, usage=usage)
+    assert text.whole(whole) == {
         "id": "cmpl-r",
         "object": "text_completion",
         "created": 1,
@@ -160,7 +172,8 @@ def test_reply_shapes() -> None:
         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
     }
     chat = Reply(chat=True, request_id="r", model="m", created=1)
-    assert chat.whole("ab", pb.FINISH_REASON_STOP, usage)["choices"][0]["message"] == {
+    whole.finish_reason = pb.FINISH_REASON_STOP
+    assert chat.whole(whole)["choices"][0]["message"] == {
         "role": "assistant",
         "content": "ab",
     }
@@ -171,6 +184,31 @@ def test_reply_shapes() -> None:
     assert "usage" not in chat.chunk("a")
     counted = Reply(chat=True, request_id="r", model="m", created=1, include_usage=True)
     assert counted.chunk("a")["usage"] is None and counted.usage_chunk(usage)["usage"]["total_tokens"] == 5
+
+
+def test_reply_has_a_choice_per_sample_and_counts_the_prompt_once() -> None:
+    samples = [
+        pb.CompleteResponse(
+            request_id="r" if k == 0 else f"r~{k}",
+            sample_index=k,
+            text=f"s{k}",
+            finish_reason=pb.FINISH_REASON_STOP if k == 1 else pb.FINISH_REASON_LENGTH,
+            usage=pb.Usage(prompt_tokens=3, completion_tokens=k + 1),
+        )
+        for k in range(3)
+    ]
+    out = pb.CompleteResponse()
+    out.CopyFrom(samples[0])
+    out.samples.extend(samples)
+    body = Reply(chat=True, request_id="r", model="m", created=1).whole(out)
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, "s0", "length"),
+        (1, "s1", "stop"),
+        (2, "s2", "length"),
+    ]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
+    text = Reply(chat=False, request_id="r", model="m", created=1)
+    assert text.chunk("x", index=2)["choices"][0] == {"index": 2, "logprobs": None, "finish_reason": None, "text": "x"}
 
 
 @pytest.mark.parametrize(
