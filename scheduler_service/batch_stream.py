@@ -21,6 +21,7 @@ tokens wait in Redis) until the client reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -99,10 +100,11 @@ class BatchStream:
             check_decoded(msg)
             req = await self._frontend.submit(msg)
             request_id, unfinished = req.request_id, req.n
-            async for k, event in self._frontend.sample_events(request_id, req.n):
-                unfinished -= event.finish_reason is not FinishReason.NONE
-                response = self._response_of(request_id, event, k)
-                await self._post(pb.BatchEvent(position=position, response=response))
+            async with contextlib.aclosing(self._frontend.sample_events(request_id, req.n)) as events:
+                async for k, event in events:
+                    unfinished -= event.finish_reason is not FinishReason.NONE
+                    response = self._response_of(request_id, event, k)
+                    await self._post(pb.BatchEvent(position=position, response=response))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # this request's failure, told to the client; the others go on

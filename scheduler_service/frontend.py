@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -131,6 +131,8 @@ class Frontend:
         scored = self.scorer.score(req)
         tag_current_span(req.request_id)
         limit = shed_limit(req.priority, request_level)
+        if req.n > limit:  # each sample counts against the queue's limit: these would never fit
+            raise InvalidRequest(f"n={req.n} samples exceed the queue's limit for priority {req.priority} ({limit})")
         # The prompt's block names, for placement where an executor caches its start.
         fields = {**scored.fields, **prefix_fields(req.prompt_ids, limits.block_size)}
         try:
@@ -155,7 +157,9 @@ class Frontend:
         self.dispatcher.work_queued()
         return req
 
-    def sample_events(self, request_id: str, n: int, from_index: int = 0) -> AsyncIterator[tuple[int, TokenEvent]]:
+    def sample_events(
+        self, request_id: str, n: int, from_index: int = 0
+    ) -> AsyncGenerator[tuple[int, TokenEvent], None]:
         """Every sample's events (``events`` of each), tagged with its index, until all have
         finished; with n = 1 the request's own."""
         return merged_events(lambda sample: self.events(sample, from_index), request_id, n)

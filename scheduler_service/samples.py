@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import replace
 
 from common.errors import InvalidRequest
@@ -79,11 +79,12 @@ def affinity(first_state: str | None, first_executor: str) -> str:
 
 async def merged_events(
     follow: Callable[[str], AsyncIterator[TokenEvent]], request_id: str, n: int, buffer: int = 64
-) -> AsyncIterator[tuple[int, TokenEvent]]:
+) -> AsyncGenerator[tuple[int, TokenEvent], None]:
     """Each sample's events as ``follow(sample id)`` gives them, tagged with the sample's index,
     in the order they arrive, until every sample has finished. A follower's error ends the merge
     with that error. The buffer is bounded, so a slow reader holds the followers back (their
-    tokens wait in Redis) rather than growing it."""
+    tokens wait in Redis) rather than growing it. Readers close it (``contextlib.aclosing``) when
+    they stop early, which stops the followers at once."""
     if n == 1:
         async for event in follow(request_id):
             yield 0, event

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -96,9 +97,10 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         req = await self._frontend.submit(request)
         unfinished = req.n
         try:
-            async for k, event in self._frontend.sample_events(req.request_id, req.n):
-                unfinished -= event.finish_reason is not FinishReason.NONE
-                yield response_pb(req.request_id, event, k)
+            async with contextlib.aclosing(self._frontend.sample_events(req.request_id, req.n)) as events:
+                async for k, event in events:
+                    unfinished -= event.finish_reason is not FinishReason.NONE
+                    yield response_pb(req.request_id, event, k)
         finally:
             if unfinished:  # the client went away or its deadline passed: free the executor's KV blocks
                 self._abandon(req.request_id)
@@ -123,8 +125,11 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         n = await self._frontend.samples(request.request_id)  # NOT_FOUND before the stream starts
         # A later sample's own id follows that sample alone; its index is in the id.
         offset = split_sample_id(request.request_id)[1]
-        async for k, event in self._frontend.sample_events(request.request_id, n, request.from_index):
-            yield response_pb(request.request_id, event, offset + k)
+        async with contextlib.aclosing(
+            self._frontend.sample_events(request.request_id, n, request.from_index)
+        ) as events:
+            async for k, event in events:
+                yield response_pb(request.request_id, event, offset + k)
 
     async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
         chunks = [chunk async for chunk in self.Generate(request, context)]

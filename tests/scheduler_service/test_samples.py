@@ -1,18 +1,29 @@
 """scheduler_service.samples, without a server: the samples' requests and seeds, when a later sample
-may be placed and where, and the merged stream of their events."""
+may be placed and where, and the merged stream of their events; and the frontend's handling of a
+request's samples against a real redis-server (no executor)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import cast
 
 import pytest
 
+from common.config import BatonConfig
+from common.config_loading import with_overrides
 from common.errors import InvalidRequest, NotFound
-from common.lifecycle import FinishReason
+from common.lifecycle import FinishReason, RequestState
+from common.pb import generate_pb2 as pb
+from scheduler_service.dispatcher import Dispatcher
+from scheduler_service.frontend import Frontend
+from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.requests import TokenEvent
 from scheduler_service.samples import affinity, check_samples, may_place, merged_events, sample_requests, samples_of
+from scheduler_service.scoring import RequestScorer
+from scheduler_service.store import Store
+from scheduler_service.tokenizer_source import ModelLimits, TokenizerSource
 from tests.scheduler_service.store_helpers import new_request
 
 
@@ -126,3 +137,59 @@ async def test_a_followers_error_ends_the_merge_and_stops_the_others() -> None:
             pass
     pending = [t for t in asyncio.all_tasks() if t.get_name().startswith("samples-r-")]
     assert all(t.done() for t in pending)
+
+
+@dataclass
+class _Tokenizers:
+    async def get(self) -> tuple[object, ModelLimits]:
+        return object(), ModelLimits("m", 4096, 1000, 16)
+
+
+class _Dispatcher:
+    def work_queued(self) -> None:
+        pass
+
+
+def _frontend(store: Store, **request_level: object) -> Frontend:
+    config = (
+        with_overrides(BatonConfig(), scheduler={"request_level": request_level}) if request_level else BatonConfig()
+    )
+    # The fakes stand in for the only parts of the two that submit, cancel and status call.
+    return Frontend(
+        store,
+        cast(Dispatcher, _Dispatcher()),
+        cast(TokenizerSource, _Tokenizers()),
+        config,
+        RequestScorer(config),
+        SchedulerMetrics(),
+    )
+
+
+def _asking(request_id: str, n: int) -> pb.GenerateRequest:
+    params = pb.SamplingParams(max_tokens=4, n=n, seed=10, temperature=1.0)
+    return pb.GenerateRequest(request_id=request_id, prompt_token_ids=[1, 2, 3], params=params)
+
+
+async def test_the_frontend_queues_describes_and_cancels_every_sample(store: Store) -> None:
+    frontend = _frontend(store)
+    req = await frontend.submit(_asking("front", 3))
+    assert req.n == 3 and await frontend.samples("front") == 3 and await frontend.samples("front~2") == 1
+    status = await frontend.status("front")
+    assert [(s.request_id, s.sample_index, s.state) for s in status.samples] == [
+        ("front", 0, RequestState.QUEUED),
+        ("front~1", 1, RequestState.QUEUED),
+        ("front~2", 2, RequestState.QUEUED),
+    ]
+    assert [s.queue_position for s in status.samples] == [0, 1, 2]
+    assert (await frontend.status("front~1")).samples == ()
+    assert await frontend.cancel("front") is RequestState.CANCELLED
+    ends = [(k, e.finish_reason) async for k, e in frontend.sample_events("front", 3)]
+    assert sorted(ends) == [(k, FinishReason.CANCELLED) for k in range(3)]
+    assert await store.queue.length() == 0
+
+
+async def test_samples_that_could_never_fit_the_queue_are_invalid(store: Store) -> None:
+    frontend = _frontend(store, max_pending_requests=4, shed_reserve_fraction=0.5)
+    with pytest.raises(InvalidRequest, match="exceed the queue's limit"):
+        await frontend.submit(_asking("too-many", 4))  # priority 5's limit is 3 of 4
+    assert await store.requests.get("too-many") is None
