@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from common.keys import check_name
+from common.keys import MAX_SAMPLES_BOUND, check_name
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,9 @@ class RequestLevelConfig:
     # tokens wait in Redis, so memory stays bounded).
     max_batch_stream_requests: int = 1024
     batch_stream_outbox_events: int = 4096
+    # Most samples one request may ask for (SamplingParams.n); the batch size bounds it too, as its
+    # samples share one executor.
+    max_samples: int = 128
 
     def __post_init__(self) -> None:
         if not 0 <= self.default_priority <= self.max_priority:
@@ -80,6 +83,8 @@ class RequestLevelConfig:
             raise ValueError(
                 "request_level.max_prompt_chars, max_batch_stream_requests and batch_stream_outbox_events must be >= 1"
             )
+        if not 1 <= self.max_samples < MAX_SAMPLES_BOUND:
+            raise ValueError(f"request_level.max_samples must lie in [1, {MAX_SAMPLES_BOUND})")
         if self.default_max_tokens < 1 or self.max_pending_requests < 1:
             raise ValueError("request_level.default_max_tokens and max_pending_requests must be >= 1")
         if not 0.0 <= self.shed_reserve_fraction < 1.0 or self.retry_after_ms < 0:

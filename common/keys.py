@@ -20,6 +20,31 @@ MAX_NAME_CHARS = 128
 _NAME = re.compile(rf"[A-Za-z0-9._@-]{{1,{MAX_NAME_CHARS}}}")
 
 
+# A request with n > 1 samples keeps sample 0 under its own id and sample k under "ID~k". '~' lies
+# outside the names' alphabet, so no client can choose a derived id (nor collide with one), and it
+# is none of the characters above that a key must not hold. Sample indices stay below
+# MAX_SAMPLES_BOUND, so a derived id is at most 4 characters longer than its request's.
+SAMPLE_SEPARATOR = "~"
+MAX_SAMPLES_BOUND = 1024
+_SAMPLE_SUFFIX = rf"{SAMPLE_SEPARATOR}[1-9][0-9]{{0,3}}"
+_REQUEST_ID = re.compile(rf"({_NAME.pattern})(?:{_SAMPLE_SUFFIX})?")
+
+
+def sample_id(request_id: str, index: int) -> str:
+    """Sample ``index`` of ``request_id``: the request's own id for sample 0, else ``ID~index``."""
+    if not 0 <= index < MAX_SAMPLES_BOUND:
+        raise ValueError(f"sample index must lie in [0, {MAX_SAMPLES_BOUND}), got {index}")
+    return request_id if index == 0 else f"{request_id}{SAMPLE_SEPARATOR}{index}"
+
+
+def split_sample_id(request_id: str) -> tuple[str, int]:
+    """The request and sample index an id names: ``("ID", k)`` for ``ID~k``, ``(id, 0)`` otherwise."""
+    head, sep, tail = request_id.rpartition(SAMPLE_SEPARATOR)
+    if sep and tail.isdigit() and _REQUEST_ID.fullmatch(request_id):
+        return head, int(tail)
+    return request_id, 0
+
+
 def is_safe_name(name: str) -> bool:
     """Whether ``name`` may become part of a key: 1-128 characters of ``NAME_ALPHABET``."""
     return _NAME.fullmatch(name) is not None
@@ -49,13 +74,14 @@ class KeySchema:
     @cached_property
     def _documented(self) -> re.Pattern[str]:
         name = _NAME.pattern
+        request = rf"{name}(?:{_SAMPLE_SUFFIX})?"
         tag = re.escape(self._tagged)
         fixed = "queue:pending|tenants:waiting|tenants:counter|tenants:vclock|tenants:running|estimator|executors"
         tagged = (
-            rf"{tag}:(?:{fixed}|queue:tenant:{name}|req:{name}(?::tokens)?"
+            rf"{tag}:(?:{fixed}|queue:tenant:{name}|req:{request}(?::tokens)?"
             rf"|executor:{name}(?::running)?|lease:executor:{name}|prefix:executor:{name})"
         )
-        return re.compile(rf"{tagged}|{re.escape(self.prefix)}:req:{name}:out")
+        return re.compile(rf"{tagged}|{re.escape(self.prefix)}:req:{request}:out")
 
     @property
     def _tagged(self) -> str:

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from common.keys import sample_id
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from common.tracing import client_interceptors
@@ -35,6 +36,7 @@ from gateway.openai_types import (
     apply_headers,
     parse_chat,
     parse_completion,
+    samples_usage,
 )
 from gateway.served_model import ServedModels
 
@@ -175,10 +177,12 @@ class Gateway:
             raise
         finally:
             watcher.cancel()
-        if out.finish_reason == pb.FINISH_REASON_ERROR:
-            raise GatewayError(500, await self._failure(caller, reply.request_id), code="generation_failed")
-        text, logprobs = _choice_logprobs(reply, parsed).shape(out)
-        return JSONResponse(reply.whole(text, out.finish_reason, out.usage, logprobs), headers=headers)
+        failed = [sample for sample in (out.samples or [out]) if sample.finish_reason == pb.FINISH_REASON_ERROR]
+        if failed:
+            raise GatewayError(500, await self._failure(caller, failed[0].request_id), code="generation_failed")
+        return JSONResponse(
+            reply.whole(out, lambda sample: _choice_logprobs(reply, parsed).shape(sample)), headers=headers
+        )
 
     async def _stream(
         self, request: Request, caller: Caller, parsed: Parsed, reply: Reply, headers: dict[str, str]
@@ -211,31 +215,38 @@ class Gateway:
         parsed: Parsed,
         reply: Reply,
     ) -> AsyncIterator[bytes]:
-        choice = _choice_logprobs(reply, parsed)
+        n = max(1, parsed.request.params.n)
+        usages: dict[int, pb.Usage] = {}  # each finished sample's; the stream ends when all have one
+        choices: dict[int, ChoiceLogprobs] = {}  # each sample's echo and logprobs, message by message
         try:
             if reply.chat:
-                yield _sse(reply.chunk("", role=True))
+                for index in range(n):
+                    yield _sse(reply.chunk("", role=True, index=index))
             message = first
             while True:
                 if message is grpc.aio.EOF:
                     yield _sse(GatewayError(502, "Baton's stream ended without a finish reason").body())
                     break
-                reason = message.finish_reason
+                reason, index = message.finish_reason, message.sample_index
                 if reason == pb.FINISH_REASON_ERROR:
-                    failure = GatewayError(500, await self._failure(caller, reply.request_id), code="generation_failed")
+                    failed = sample_id(reply.request_id, index)
+                    failure = GatewayError(500, await self._failure(caller, failed), code="generation_failed")
                     yield _sse(failure.body())
                     break
+                choice = choices.setdefault(index, _choice_logprobs(reply, parsed))
                 text, logprobs = choice.shape(message)
                 if reply.chat:
                     if text or message.logprobs:  # tokens whose text is held back still bring logprobs
-                        yield _sse(reply.chunk(text, logprobs=logprobs))
+                        yield _sse(reply.chunk(text, index=index, logprobs=logprobs))
                     if reason:
-                        yield _sse(reply.chunk(None, reason))
+                        yield _sse(reply.chunk(None, reason, index=index))
                 elif text or reason or message.logprobs:
-                    yield _sse(reply.chunk(text, reason, logprobs=logprobs))
+                    yield _sse(reply.chunk(text, reason, index=index, logprobs=logprobs))
                 if reason:
+                    usages[index] = message.usage
+                if len(usages) == n:
                     if parsed.include_usage:
-                        yield _sse(reply.usage_chunk(message.usage))
+                        yield _sse(reply.usage_chunk(samples_usage([usages[k] for k in sorted(usages)])))
                     break
                 message = await call.read()
         except grpc.aio.AioRpcError as exc:

@@ -1,8 +1,7 @@
 """OpenAI request bodies in, ``baton.v1`` messages out; Baton's answers back in OpenAI's shapes.
 
-Only what Baton can honour is accepted: asking for several choices, tools or JSON output is a 400
-rather than a silently different answer. Unknown fields are ignored, as OpenAI clients send ones
-that do not matter here.
+Only what Baton can honour is accepted: tools or JSON output is a 400 rather than a silently
+different answer. Unknown fields are ignored, as OpenAI clients send ones that do not matter here.
 
 Sampling: ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (token id -> bias) map to
 Baton's ``SamplingParams`` fields of the same names. Log probabilities (see ``openai_logprobs``):
@@ -10,6 +9,11 @@ completions' ``logprobs`` (0-20 alternatives) and ``echo`` (the prompt before th
 ``logprobs`` the prompt tokens' log probabilities first, the first one ``null``; ``max_tokens`` 0
 then scores the prompt without generating); chat's ``logprobs`` and ``top_logprobs`` (0-20). They
 are the model's raw distribution, before penalties, bias and temperature (vLLM's default).
+
+Several choices (``n``): Baton's ``SamplingParams.n``, so the choices are samples of one prompt
+sharing its KV (with ``seed``, choice i samples with seed + i). ``choices[i].index`` is the
+sample's; a stream interleaves the choices' chunks as their tokens come, each choice ends with its
+own finish reason, and the usage counts the prompt once and every choice's tokens.
 
 Extensions beyond OpenAI's schema (send them with the client's ``extra_body``): ``top_k``,
 ``ignore_eos``, ``stop_token_ids``, and vLLM's ``repetition_penalty``, ``min_tokens``, ``min_p``
@@ -34,7 +38,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -57,7 +61,6 @@ FINISH_REASON: dict[int, str] = {
 
 # Field -> values that mean "not asked for"; anything else is refused with a 400.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
     "best_of": (None, 1),
     "suffix": (None, ""),
     "tools": (None, []),
@@ -204,6 +207,7 @@ def _parsed(
         raise BadRequest("user must be a string", param="user")
     stream = _bool(body, "stream")
     request.params.CopyFrom(_sampling(body, default_max_tokens, min_max_tokens))
+    request.params.n = _int(body, "n", 1) or 1  # its upper bound is Baton's (request_level.max_samples)
     request.tenant = user or ""
     return Parsed(request, model, stream, _include_usage(body, stream))
 
@@ -306,6 +310,18 @@ def usage_dict(usage: pb.Usage) -> dict[str, int]:
     }
 
 
+def samples_usage(usages: Sequence[pb.Usage]) -> pb.Usage:
+    """A request's usage from its samples': the prompt once (they share it), every sample's output."""
+    return pb.Usage(
+        prompt_tokens=usages[0].prompt_tokens if usages else 0,
+        completion_tokens=sum(u.completion_tokens for u in usages),
+    )
+
+
+# One choice's text and logprobs object from its whole output (``openai_logprobs.ChoiceLogprobs.shape``).
+Shape = Callable[[pb.CompleteResponse], tuple[str, dict[str, Any] | None]]
+
+
 @dataclass(frozen=True)
 class Reply:
     """Builds the response objects of one request, whole or as stream chunks."""
@@ -329,23 +345,41 @@ class Reply:
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def whole(
-        self, text: str, finish_reason: int, usage: pb.Usage, logprobs: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": FINISH_REASON.get(finish_reason)}
+    def whole(self, out: pb.CompleteResponse, shape: Shape | None = None) -> dict[str, Any]:
+        """The whole response: a choice per sample (``out.samples``; ``out`` itself when it has none),
+        each choice's text and logprobs object as ``shape`` gives them (default: its text, none)."""
+        samples = list(out.samples) or [out]
+        choices = [self._whole_choice(sample, *(shape(sample) if shape else (sample.text, None))) for sample in samples]
+        body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
+        body["usage"] = usage_dict(samples_usage([sample.usage for sample in samples]))
+        return body
+
+    def _whole_choice(self, sample: pb.CompleteResponse, text: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": sample.sample_index,
+            "logprobs": logprobs,
+            "finish_reason": FINISH_REASON.get(sample.finish_reason),
+        }
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        out = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
-        out["usage"] = usage_dict(usage)
-        return out
+        return choice
 
     def chunk(
-        self, text: str | None, finish_reason: int = 0, role: bool = False, logprobs: dict[str, Any] | None = None
+        self,
+        text: str | None,
+        finish_reason: int = 0,
+        role: bool = False,
+        index: int = 0,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """One stream chunk; for chat, ``text=None`` is an empty delta (the finishing chunk)."""
-        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": FINISH_REASON.get(finish_reason)}
+        """One stream chunk of choice ``index``; for chat, ``text=None`` is an empty delta (the finishing chunk)."""
+        choice: dict[str, Any] = {
+            "index": index,
+            "logprobs": logprobs,
+            "finish_reason": FINISH_REASON.get(finish_reason),
+        }
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:

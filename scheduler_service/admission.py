@@ -1,11 +1,12 @@
 """One admission round: which queued requests join which executors' batches, and whom to preempt.
 
 The steps, each a pure function elsewhere:
-1. ``fair_share.fair_order``: the waiting tenants' queue heads, interleaved by virtual token counters.
+1. ``fair_share.fair_order``: the waiting tenants' queue heads, interleaved by virtual token counters
+   (a request's later samples wait for its sample 0's prefill, see ``samples``).
 2. ``batching``: hold a first batch at low load (``batch_timeout_ms``); length-aware reordering.
 3. ``placement.place``: each request to the executor with the least expected work, less the
    prefill its prefix cache saves (from the fleet's prefix-cache index), capacities shrunk under
-   load (``load_aware.min_admission_fraction``).
+   load (``load_aware.min_admission_fraction``); a later sample to its sample 0's executor.
 4. ``preemption.choose_victims``: when the head fits nowhere, evict running work it outranks.
 """
 
@@ -27,6 +28,7 @@ from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import Candidate, ExecutorCapacity, Placement, blocks_for, place, unplaceable
 from scheduler_service.preemption import choose_victims
 from scheduler_service.requests import TokenEvent
+from scheduler_service.samples import affinity, may_place
 from scheduler_service.scoring import RequestScorer
 from scheduler_service.store import Store
 from scheduler_service.store.queue import MalformedRecord
@@ -104,7 +106,10 @@ class Admission:
             return 0
         remaining = [r.remaining for link in links for r in link.requests.values()]
         ordered = merge_order(ordered, remaining, self.config.scheduler.batch_level.merge_window_ms)
-        candidates = [Candidate(r.request_id, r.num_tokens, r.num_tokens + r.expected_output) for r in ordered]
+        candidates = [
+            Candidate(r.request_id, r.num_tokens, r.num_tokens + r.expected_output, affinity=r.affinity)
+            for r in ordered
+        ]
         too_large = set(unplaceable(candidates, capacities))
         for request_id in too_large:
             await self._fail_unplaceable(request_id)
@@ -212,6 +217,8 @@ class Admission:
         for tenant, rows in heads_raw.items():
             heads[tenant] = []
             for rid, score in rows:
+                if _waits_for_first_sample(details[rid]):
+                    continue
                 queued = await self._parsed(rid, tenant, score, details[rid])
                 if queued is not None:
                     heads[tenant].append(queued)
@@ -292,6 +299,14 @@ class Admission:
             log.warning("request %s failed: %s", request_id, error)
 
 
+def _waits_for_first_sample(details: dict[str, str] | MalformedRecord | None) -> bool:
+    """A later sample of a request whose sample 0 has not finished its prefill: it waits, to reuse
+    the prompt's blocks (see ``samples``)."""
+    if not isinstance(details, dict) or "first_state" not in details:
+        return False
+    return not may_place(details["first_state"] or None, int(details["first_generated"]))
+
+
 def _queued(request_id: str, tenant: str, score: float, d: dict[str, str]) -> QueuedRequest:
     generated = int(d["generated"])
     expected = int(d["est_out"] or 0)
@@ -304,4 +319,5 @@ def _queued(request_id: str, tenant: str, score: float, d: dict[str, str]) -> Qu
         expected_output=max(1, expected - generated),
         cost=float(d["fair_cost"] or 0.0),
         arrival_ms=int(d["arrival_ms"] or 0),
+        affinity=affinity(d.get("first_state", ""), d.get("first_executor", "")),
     )

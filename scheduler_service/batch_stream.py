@@ -6,7 +6,8 @@ scheduler's and the client's CPU. A batch client (evaluation, offline jobs, a be
 sends its requests over one stream gets all of a step's tokens in one message instead.
 
 Each request runs exactly as under ``Generate``: it is submitted, then followed through
-``Frontend.events`` (which trims replays and repairs gaps), in a task of its own. Their events go
+``Frontend.sample_events`` (which trims replays and repairs gaps, and merges a request's samples),
+in a task of its own. Their events go
 into one outbox, and the stream sends the whole outbox whenever it is free to send, so a client
 that reads slowly gets larger messages, not a longer queue of small ones. A request that is
 refused or fails gets an error event of its own; the others go on.
@@ -20,6 +21,7 @@ tokens wait in Redis) until the client reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -34,7 +36,7 @@ from scheduler_service.requests import TokenEvent
 
 log = logging.getLogger(__name__)
 
-ResponseOf = Callable[[str, TokenEvent], Awaitable[pb.GenerateResponse]]
+ResponseOf = Callable[[str, TokenEvent, int], Awaitable[pb.GenerateResponse]]  # request id, event, sample index
 
 
 class BatchStream:
@@ -93,14 +95,16 @@ class BatchStream:
             self._news.set()
 
     async def _follow(self, position: int, msg: Any) -> None:
-        request_id, finished = "", False
+        request_id, unfinished = "", 0
         try:
             check_decoded(msg)
-            request_id = (await self._frontend.submit(msg)).request_id
-            async for event in self._frontend.events(request_id):
-                finished = event.finish_reason is not FinishReason.NONE
-                response = await self._response_of(request_id, event)
-                await self._post(pb.BatchEvent(position=position, response=response))
+            req = await self._frontend.submit(msg)
+            request_id, unfinished = req.request_id, req.n
+            async with contextlib.aclosing(self._frontend.sample_events(request_id, req.n)) as events:
+                async for k, event in events:
+                    unfinished -= event.finish_reason is not FinishReason.NONE
+                    response = await self._response_of(request_id, event, k)
+                    await self._post(pb.BatchEvent(position=position, response=response))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # this request's failure, told to the client; the others go on
@@ -109,7 +113,7 @@ class BatchStream:
                 log.exception("request at position %d of a batch stream failed", position, exc_info=exc)
             await self._post(pb.BatchEvent(position=position, error_code=code.value[0], error_message=message))
         finally:
-            if request_id and not finished:
+            if request_id and unfinished:
                 self._abandon(request_id)
             self._followers.discard(asyncio.current_task())  # type: ignore[arg-type]
             self._news.set()

@@ -26,6 +26,7 @@ class QueuedRequest:
     expected_output: int  # output tokens still expected (the estimator's guess, else max_tokens)
     cost: float  # the tenant counter's charge on admission; 0 once charged (a re-queued request)
     arrival_ms: int = 0
+    affinity: str = ""  # the executor it should join when that has room (a later sample's sample 0's)
 
 
 def fair_order(

@@ -6,9 +6,10 @@ The gRPC servicer only converts protobuf at the edge; tests can drive this class
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -16,6 +17,7 @@ from redis.exceptions import ResponseError
 
 from common.config import BatonConfig
 from common.errors import DataLoss, InvalidRequest, NotFound, Overloaded, PermissionDenied
+from common.keys import sample_id, split_sample_id
 from common.lifecycle import FinishReason, RequestState
 from common.pb import generate_pb2 as pb
 from common.redis_client import with_redis_retry
@@ -27,6 +29,7 @@ from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.priority import shed_limit
 from scheduler_service.prompt_prefix import prefix_fields
 from scheduler_service.requests import NewRequest, TokenEvent, join_runs
+from scheduler_service.samples import merged_events, sample_requests, samples_of
 from scheduler_service.scoring import RequestScorer
 from scheduler_service.store import Store
 from scheduler_service.token_texts import TokenTexts
@@ -51,6 +54,13 @@ class RequestStatus:
     finish_reason: FinishReason
     prompt_tokens: int
     error: str
+    sample_index: int = 0  # which sample of its request this describes
+    samples: tuple[RequestStatus, ...] = ()  # with n > 1 asked by the request's id: every sample's
+
+
+def _expired(request_id: str, index: int) -> RequestStatus:
+    """A sample whose record expired (it ended long enough ago): described as ended, no more."""
+    return RequestStatus(request_id, RequestState.UNSPECIFIED, "", 0, None, FinishReason.NONE, 0, "", index)
 
 
 class Frontend:
@@ -117,14 +127,27 @@ class Frontend:
         else:
             prompt_ids = await self.tokenize(msg.prompt) if msg.prompt else []
         request_level = self.config.scheduler.request_level
-        req = validate(msg, lambda _text: prompt_ids, limits, request_level, render_chat=lambda _chat: prompt_ids)
+        # A request's samples share one executor's batch (see ``samples``).
+        max_samples = min(request_level.max_samples, self.config.scheduler.batch_level.max_batch_size)
+        req = validate(
+            msg,
+            lambda _text: prompt_ids,
+            limits,
+            request_level,
+            render_chat=lambda _chat: prompt_ids,
+            max_samples=max_samples,
+        )
         scored = self.scorer.score(req)
         tag_current_span(req.request_id)
         limit = shed_limit(req.priority, request_level)
+        if req.n > limit:  # each sample counts against the queue's limit: these would never fit
+            raise InvalidRequest(f"n={req.n} samples exceed the queue's limit for priority {req.priority} ({limit})")
         # The prompt's block names, for placement where an executor caches its start.
         fields = {**scored.fields, **prefix_fields(req.prompt_ids, limits.block_size)}
         try:
-            await self.store.requests.enqueue(req, scored.score, limit, current_traceparent(), fields)
+            await self.store.requests.enqueue_samples(
+                sample_requests(req), scored.score, limit, current_traceparent(), fields
+            )
         except Overloaded as exc:
             self.metrics.shed.labels(str(req.priority)).inc()
             raise Overloaded(
@@ -132,15 +155,28 @@ class Frontend:
                 request_level.retry_after_ms,
             ) from exc
         log.info(
-            "request %s queued: %d prompt tokens, priority %d, tenant %s, expected output %d",
+            "request %s queued: %d prompt tokens, priority %d, tenant %s, expected output %d, %d samples",
             req.request_id,
             len(req.prompt_ids),
             req.priority,
             req.tenant,
             scored.expected_output,
+            req.n,
         )
         self.dispatcher.work_queued()
         return req
+
+    def sample_events(
+        self, request_id: str, n: int, from_index: int = 0
+    ) -> AsyncGenerator[tuple[int, TokenEvent], None]:
+        """Every sample's events (``events`` of each), tagged with its index, until all have
+        finished; with n = 1 the request's own."""
+        return merged_events(lambda sample: self.events(sample, from_index), request_id, n)
+
+    async def samples(self, request_id: str) -> int:
+        """How many samples ``request_id`` names: its request's n for a request's own id, 1 for a
+        later sample's (``ID~k``); NotFound or PermissionDenied as ``authorize``."""
+        return samples_of(await self.authorize(request_id))
 
     async def events(self, request_id: str, from_index: int = 0) -> AsyncIterator[TokenEvent]:
         """The request's events from output index ``from_index`` on, ending with its finish event.
@@ -234,7 +270,15 @@ class Frontend:
         return record
 
     async def cancel(self, request_id: str) -> RequestState:
-        await self.authorize(request_id)
+        """Cancel the request; with n > 1 every sample of it (the state returned is sample 0's)."""
+        n = samples_of(await self.authorize(request_id))
+        state = await self._cancel_one(request_id)
+        for k in range(1, n):
+            with contextlib.suppress(NotFound):  # it expired before sample 0: nothing left to cancel
+                await self._cancel_one(sample_id(request_id, k))
+        return state
+
+    async def _cancel_one(self, request_id: str) -> RequestState:
         outcome = await self.store.requests.cancel(request_id)
         if outcome.state is None:
             raise NotFound(f"request {request_id} does not exist or has expired")
@@ -247,7 +291,23 @@ class Frontend:
         return outcome.state
 
     async def status(self, request_id: str) -> RequestStatus:
+        """The request's state; for a request's own id with n > 1, each sample's too (``samples``)."""
         record = await self.authorize(request_id)
+        own = await self._status_of(request_id, record)
+        n = samples_of(record)
+        if n == 1:
+            return own
+        samples = [own]
+        for k in range(1, n):
+            sample = sample_id(request_id, k)
+            sample_record = await self.store.requests.get(sample)
+            if sample_record is None:  # expired before sample 0
+                samples.append(_expired(sample, k))
+            else:
+                samples.append(await self._status_of(sample, sample_record))
+        return replace(own, samples=tuple(samples))
+
+    async def _status_of(self, request_id: str, record: dict[str, str]) -> RequestStatus:
         state = RequestState[record["state"]]
         position = await self.store.queue.position(request_id) if state is RequestState.QUEUED else None
         reason = record.get("finish_reason", "")
@@ -260,6 +320,7 @@ class Frontend:
             finish_reason=FinishReason[reason] if reason else FinishReason.NONE,
             prompt_tokens=_count(record.get("prompt_len")),
             error=record.get("error", ""),
+            sample_index=split_sample_id(request_id)[1],
         )
 
     async def alive_executors(self) -> int:

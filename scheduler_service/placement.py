@@ -22,6 +22,11 @@ with no free slot or KV room is never chosen, and as its free KV falls below
 ``FULL_CREDIT_FREE_KV`` the saving counts for less and less (none when full): there it is about to
 evict cached blocks and preempt running work, and a much lighter executor wins.
 
+A later sample of a multi-sample request (``Candidate.affinity``) goes to its sample 0's executor
+whenever that one has a slot and the KV room: the prompt's blocks are cached there, and sharing
+them is the point of placing the samples together. Only when it has no room does the sample go
+where the rules above say, to be computed there in full rather than wait.
+
 Ties (equal work, free KV and slots: executors idle, say, or a prompt no one holds) go round the
 executors from a ``rotation`` the caller moves on each round, and each placement moves it one
 further: a deterministic order would send every miss to one executor (sglang#32983).
@@ -54,6 +59,7 @@ class Candidate:
     expected_tokens: int = 0  # what it will add to its executor's work: num_tokens + expected output
     # executor id -> leading tokens of it that executor's prefix cache holds (absent: none)
     cached_tokens: Mapping[str, int] = field(default_factory=dict)
+    affinity: str = ""  # the executor it goes to whenever that has room ("": none)
 
     def hit_on(self, executor_id: str) -> int:
         """Tokens its prefill may skip on ``executor_id``: never all of them, as the last token
@@ -91,7 +97,8 @@ def place(
             if slots[eid] > 0 and blocks[eid] >= need:
                 credit = cand.hit_on(eid) * min(1.0, blocks[eid] / size / FULL_CREDIT_FREE_KV)
                 turn = -((i - rotation) % n)  # the tie-break: the next executor in the rotation
-                fits.append((-(work[eid] - credit) / size, blocks[eid] / size, slots[eid], turn, eid, need))
+                pinned = eid == cand.affinity
+                fits.append((pinned, -(work[eid] - credit) / size, blocks[eid] / size, slots[eid], turn, eid, need))
         if not fits:
             break
         *_, executor_id, need = max(fits)

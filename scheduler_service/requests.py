@@ -23,6 +23,9 @@ class NewRequest:
     deadline_ms: int
     arrival_ms: int
     ttft_target_ms: int = 0
+    # Samples of the prompt the client asked for; ``samples.sample_requests`` makes them requests
+    # of their own, each with n = 1 but sample 0, whose record keeps the count.
+    n: int = 1
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
 import grpc
 
+from common.keys import sample_id, split_sample_id
 from common.lifecycle import FinishReason
 from common.logprobs import Logprobs
 from common.pb import generate_pb2 as pb
@@ -22,7 +24,9 @@ from scheduler_service.token_texts import TokenTexts
 log = logging.getLogger(__name__)
 
 
-def response_pb(request_id: str, event: TokenEvent, texts: TokenTexts | None = None) -> pb.GenerateResponse:
+def response_pb(
+    request_id: str, event: TokenEvent, sample_index: int = 0, texts: TokenTexts | None = None
+) -> pb.GenerateResponse:
     """``texts`` names the tokens of an event's log probabilities (needed only when it has some)."""
     msg = pb.GenerateResponse(
         request_id=request_id,
@@ -30,6 +34,7 @@ def response_pb(request_id: str, event: TokenEvent, texts: TokenTexts | None = N
         token_ids=event.token_ids,
         text=event.text,
         finish_reason=int(event.finish_reason),  # type: ignore[arg-type]
+        sample_index=sample_index,
     )
     if event.finish_reason is not FinishReason.NONE:
         msg.usage.CopyFrom(usage_pb(event.usage))
@@ -74,10 +79,37 @@ def status_pb(status: RequestStatus) -> pb.GetRequestResponse:
         finish_reason=int(status.finish_reason),  # type: ignore[arg-type]
         prompt_tokens=status.prompt_tokens,
         error=status.error,
+        sample_index=status.sample_index,
     )
     if status.queue_position is not None:
         msg.queue_position = status.queue_position
+    msg.samples.extend(status_pb(sample) for sample in status.samples)
     return msg
+
+
+def complete_pb(request_id: str, chunks: list[pb.GenerateResponse]) -> pb.CompleteResponse:
+    """A request's whole output from its stream's messages: sample 0's at the top level, and with
+    several samples every sample's in ``samples``."""
+    by_sample: dict[int, pb.CompleteResponse] = {}
+    text: dict[int, list[str]] = {}
+    for chunk in chunks:
+        k = chunk.sample_index
+        out = by_sample.setdefault(k, pb.CompleteResponse(request_id=sample_id(request_id, k), sample_index=k))
+        out.token_ids.extend(chunk.token_ids)
+        out.logprobs.extend(chunk.logprobs)
+        out.prompt_logprobs.extend(chunk.prompt_logprobs)
+        text.setdefault(k, []).append(chunk.text)
+        if chunk.finish_reason:
+            out.finish_reason = chunk.finish_reason
+            out.usage.CopyFrom(chunk.usage)
+    for k, out in by_sample.items():
+        out.text = "".join(text[k])
+    whole = pb.CompleteResponse()
+    if 0 in by_sample:
+        whole.CopyFrom(by_sample[0])
+    if len(by_sample) > 1:
+        whole.samples.extend(by_sample[k] for k in sorted(by_sample))
+    return whole
 
 
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
@@ -90,13 +122,14 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         req = await self._frontend.submit(request)
-        finished = False
+        unfinished = req.n
         try:
-            async for event in self._frontend.events(req.request_id):
-                finished = event.finish_reason is not FinishReason.NONE
-                yield await self._response(req.request_id, event)
+            async with contextlib.aclosing(self._frontend.sample_events(req.request_id, req.n)) as events:
+                async for k, event in events:
+                    unfinished -= event.finish_reason is not FinishReason.NONE
+                    yield await self._response(req.request_id, event, k)
         finally:
-            if not finished:  # the client went away or its deadline passed: free the executor's KV blocks
+            if unfinished:  # the client went away or its deadline passed: free the executor's KV blocks
                 self._abandon(req.request_id)
 
     async def GenerateBatch(
@@ -105,9 +138,10 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         async for message in BatchStream(self._frontend, self._response, self._abandon).run(request_iterator):
             yield message
 
-    async def _response(self, request_id: str, event: TokenEvent) -> pb.GenerateResponse:
+    async def _response(self, request_id: str, event: TokenEvent, sample_index: int = 0) -> pb.GenerateResponse:
         has_logprobs = event.logprobs is not None or event.prompt_logprobs is not None
-        return response_pb(request_id, event, await self._frontend.token_texts() if has_logprobs else None)
+        texts = await self._frontend.token_texts() if has_logprobs else None
+        return response_pb(request_id, event, sample_index, texts)
 
     def _abandon(self, request_id: str) -> None:
         """Cancel a request its client left unfinished, without holding up the handler's exit."""
@@ -120,24 +154,18 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     async def Resume(
         self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
-        await self._frontend.status(request.request_id)  # NOT_FOUND before the stream starts
-        async for event in self._frontend.events(request.request_id, request.from_index):
-            yield await self._response(request.request_id, event)
+        n = await self._frontend.samples(request.request_id)  # NOT_FOUND before the stream starts
+        # A later sample's own id follows that sample alone; its index is in the id.
+        offset = split_sample_id(request.request_id)[1]
+        async with contextlib.aclosing(
+            self._frontend.sample_events(request.request_id, n, request.from_index)
+        ) as events:
+            async for k, event in events:
+                yield await self._response(request.request_id, event, offset + k)
 
     async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
-        out = pb.CompleteResponse()
-        text: list[str] = []
-        async for chunk in self.Generate(request, context):
-            out.request_id = chunk.request_id
-            out.token_ids.extend(chunk.token_ids)
-            out.logprobs.extend(chunk.logprobs)
-            out.prompt_logprobs.extend(chunk.prompt_logprobs)
-            text.append(chunk.text)
-            if chunk.finish_reason:
-                out.finish_reason = chunk.finish_reason
-                out.usage.CopyFrom(chunk.usage)
-        out.text = "".join(text)
-        return out
+        chunks = [chunk async for chunk in self.Generate(request, context)]
+        return complete_pb(chunks[0].request_id if chunks else request.request_id, chunks)
 
     async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
         state = await self._frontend.cancel(request.request_id)

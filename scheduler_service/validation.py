@@ -12,6 +12,7 @@ from common.keys import MAX_NAME_CHARS, NAME_ALPHABET, is_safe_name
 from common.pb import generate_pb2 as pb
 from common.sampling_params import SamplingParams
 from scheduler_service.requests import NewRequest
+from scheduler_service.samples import check_samples
 from scheduler_service.tokenizer_source import ModelLimits
 
 MAX_STREAM_INTERVAL_TOKENS = 1024
@@ -83,9 +84,11 @@ def validate(
     config: RequestLevelConfig,
     now_ms: int | None = None,
     render_chat: Callable[[pb.Chat], list[int]] | None = None,
+    max_samples: int | None = None,
 ) -> NewRequest:
     """``tokenize`` gives a text prompt's ids, ``render_chat`` a conversation's (None: conversations
-    are refused); each is called only once the prompt's own checks have passed."""
+    are refused); each is called only once the prompt's own checks have passed. ``max_samples``
+    bounds ``n`` (default: ``config.max_samples``)."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     request_id = msg.request_id or uuid.uuid4().hex
     # Ids and tenants become parts of Redis keys: their alphabet keeps them from aliasing one.
@@ -116,6 +119,7 @@ def validate(
     if len(prompt_ids) >= limits.max_model_len:
         raise InvalidRequest(f"prompt has {len(prompt_ids)} tokens; max_model_len is {limits.max_model_len}")
     params = _params(msg.params, len(prompt_ids), limits, config)
+    n = check_samples(msg.params.n, params.seed, config.max_samples if max_samples is None else max_samples)
     return NewRequest(
         request_id=request_id,
         prompt_ids=tuple(prompt_ids),
@@ -125,4 +129,5 @@ def validate(
         deadline_ms=msg.deadline_ms,
         arrival_ms=now,
         ttft_target_ms=msg.ttft_target_ms,
+        n=n,
     )

@@ -11,7 +11,7 @@ from typing import cast
 
 import redis.asyncio as aioredis
 
-from common.keys import KeySchema
+from common.keys import KeySchema, split_sample_id
 
 
 @dataclass(frozen=True)
@@ -47,15 +47,23 @@ class PendingQueue:
         return {t: [(str(m), float(sc)) for m, sc in row] for t, row in zip(tenants, rows, strict=True)}
 
     async def queued_details(self, request_ids: Sequence[str]) -> list[dict[str, str] | MalformedRecord | None]:
-        """What admission needs of each queued request; None for one that is gone."""
+        """What admission needs of each queued request; None for one that is gone. A later sample
+        of a request (``ID~k``) also gets its sample 0's ``first_state`` ("" when its record is
+        gone), ``first_executor`` and ``first_generated``, read in the same round trip."""
         fields = ("prompt_len", "priority", "est_out", "fair_cost", "arrival_ms", "tenant")
+        firsts = [split_sample_id(rid)[0] if split_sample_id(rid)[1] else None for rid in request_ids]
         async with self._redis.pipeline(transaction=False) as pipe:
-            for rid in request_ids:
+            for rid, first in zip(request_ids, firsts, strict=True):
                 pipe.hmget(self._keys.request(rid), *fields)
                 pipe.llen(self._keys.tokens(rid))
-            raw = await pipe.execute(raise_on_error=False)  # one bad record must not hide the rest
+                if first is not None:
+                    pipe.hmget(self._keys.request(first), "state", "executor")
+                    pipe.llen(self._keys.tokens(first))
+            raw = iter(await pipe.execute(raise_on_error=False))  # one bad record must not hide the rest
         out: list[dict[str, str] | MalformedRecord | None] = []
-        for values, generated in zip(raw[::2], raw[1::2], strict=True):
+        for first in firsts:
+            values, generated = next(raw), next(raw)
+            first_values, first_generated = (next(raw), next(raw)) if first is not None else (None, 0)
             if isinstance(values, Exception) or isinstance(generated, Exception):
                 out.append(MalformedRecord(str(values if isinstance(values, Exception) else generated)))
                 continue
@@ -64,6 +72,12 @@ class PendingQueue:
                 continue
             row = {k: v or "" for k, v in zip(fields, values, strict=True)}
             row["generated"] = str(generated)
+            if first is not None:
+                # Sample 0's record unreadable counts as gone: its own admission ends it.
+                state, executor = first_values if isinstance(first_values, list) else (None, None)
+                row["first_state"] = state or ""
+                row["first_executor"] = executor or ""
+                row["first_generated"] = str(first_generated if isinstance(first_generated, int) else 0)
             out.append(row)
         return out
 

@@ -19,6 +19,7 @@ from common.keys import KeySchema
 from common.lifecycle import FinishReason, RequestState, terminal_state_for
 from common.sampling_params import SamplingParams
 from scheduler_service.requests import ClaimedRequest, NewRequest, TokenEvent, parse_ids
+from scheduler_service.samples import SAMPLES_FIELD
 from scheduler_service.store import request_scripts
 from scheduler_service.store.script_batcher import ScriptBatcher
 from scheduler_service.store.token_streams import TokenStreams
@@ -76,38 +77,42 @@ class RequestRecords:
 
         ``scheduling`` adds the fairness and estimator fields (``fair_cost``, ``est_out``, ...).
         """
-        fields = {
-            "state": RequestState.QUEUED.name,
-            "prompt_ids": ",".join(map(str, req.prompt_ids)),
-            "prompt_len": str(len(req.prompt_ids)),
-            "params": req.params.to_json(),
-            "priority": str(req.priority),
-            "deadline_ms": str(req.deadline_ms),
-            "arrival_ms": str(req.arrival_ms),
-            "score": repr(score),
-            "executor": "",
-            "traceparent": traceparent,
-            **(scheduling or {}),
-        }
-        flat = [item for pair in fields.items() for item in pair]
-        keys = [
-            self.keys.request(req.request_id),
-            self.keys.pending,
-            self.keys.tenants_waiting,
-            self.keys.tenant_counters,
-            self.keys.tenant_vclock,
-        ]
-        args: list[EncodableT] = [
-            max_pending,
-            repr(score),
-            req.request_id,
-            self.keys.tenant_queue_prefix,
-            req.tenant,
-            *flat,
-        ]
+        await self.enqueue_samples([req], score, max_pending, traceparent, scheduling)
+
+    async def enqueue_samples(
+        self,
+        samples: Sequence[NewRequest],
+        score: float,
+        max_pending: int,
+        traceparent: str = "",
+        scheduling: Mapping[str, str] | None = None,
+    ) -> None:
+        """Queue the samples of one request (``scheduler_service.samples``) in one script: all or
+        none. Sample 0's record keeps their count; each counts against ``max_pending``."""
+        first = samples[0]
+        keys = [self.keys.pending, self.keys.tenants_waiting, self.keys.tenant_counters, self.keys.tenant_vclock]
+        args: list[EncodableT] = [max_pending, self.keys.tenant_queue_prefix, first.tenant]
+        for req in samples:
+            fields = {
+                "state": RequestState.QUEUED.name,
+                "prompt_ids": ",".join(map(str, req.prompt_ids)),
+                "prompt_len": str(len(req.prompt_ids)),
+                "params": req.params.to_json(),
+                "priority": str(req.priority),
+                "deadline_ms": str(req.deadline_ms),
+                "arrival_ms": str(req.arrival_ms),
+                "score": repr(score),
+                "executor": "",
+                "traceparent": traceparent,
+                **(scheduling or {}),
+            }
+            if req.n > 1:
+                fields[SAMPLES_FIELD] = str(req.n)
+            keys.append(self.keys.request(req.request_id))
+            args += [req.request_id, repr(score), 2 * len(fields), *(item for pair in fields.items() for item in pair)]
         result = await self._enqueue(keys, args)
         if result == -1:
-            raise AlreadyExists(f"request_id {req.request_id!r} was already submitted")
+            raise AlreadyExists(f"request_id {first.request_id!r} was already submitted")
         if result == -2:
             raise Overloaded(f"the queue is full ({max_pending} pending requests); retry later")
 

@@ -45,17 +45,27 @@ end
 """
 MALFORMED = -9
 
-# KEYS: req, pending, waiting, counters, vclock. ARGV: shed_limit, score, id, tenant_queue_prefix,
-# tenant, field, value, ... The whole queue is refused at the request's shed limit (lower for
-# lower priorities), so room stays for important work and nothing accepted is ever dropped.
+# Queue one request, or all the samples of one (all or none). KEYS: pending, waiting, counters,
+# vclock, then req_i per request. ARGV: shed_limit, tenant_queue_prefix, tenant, then per request:
+# id, score, m, then m field/value strings. Refused (-1) when any of the records exists, and (-2)
+# when the requests would take the queue past the shed limit (lower for lower priorities), so
+# room stays for important work and nothing accepted is ever dropped.
 ENQUEUE = (
     _TENANT_LIB
     + """
-if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
-if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[1]) then return -2 end
-redis.call('HSET', KEYS[1], 'tenant', ARGV[5], unpack(ARGV, 6))
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-join_tenant(ARGV[4] .. ARGV[5], KEYS[3], KEYS[4], KEYS[5], ARGV[5], ARGV[2], ARGV[3], true)
+local count = #KEYS - 4
+for i = 1, count do
+  if redis.call('EXISTS', KEYS[4 + i]) == 1 then return -1 end
+end
+if redis.call('ZCARD', KEYS[1]) + count > tonumber(ARGV[1]) then return -2 end
+local a = 4
+for i = 1, count do
+  local id, score, m = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
+  redis.call('HSET', KEYS[4 + i], 'tenant', ARGV[3], unpack(ARGV, a + 3, a + 2 + m))
+  redis.call('ZADD', KEYS[1], score, id)
+  join_tenant(ARGV[2] .. ARGV[3], KEYS[2], KEYS[3], KEYS[4], ARGV[3], score, id, true)
+  a = a + 3 + m
+end
 return 1
 """
 )

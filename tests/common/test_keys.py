@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.keys import KeySchema
+from common.keys import KeySchema, is_safe_name, sample_id, split_sample_id
 
 SLOTS = 16384
 
@@ -149,6 +149,21 @@ def test_the_schema_owns_every_key_it_builds_and_nothing_else() -> None:
     assert all(keys.owns(key) for key in built), [key for key in built if not keys.owns(key)]
     for stray in ("{baton}:prefix:executor:", "{baton}:prefix:E", "{other}:prefix:executor:E", "{baton}:prefix:x:E"):
         assert not keys.owns(stray), stray
+    sample = sample_id("R" * 128, 127)
+    assert all(keys.owns(key) for key in (keys.request(sample), keys.tokens(sample), keys.output(sample)))
+    for stray in ("{baton}:req:R~0", "{baton}:req:R~01", "{baton}:req:R~", "{baton}:req:~1", "{baton}:req:R~1~2"):
+        assert not keys.owns(stray), stray
+    assert not keys.owns(keys.tenant_queue("t~1")) and not keys.owns(keys.executor("E~1"))
+
+
+def test_sample_ids_derive_from_the_request_id_and_no_client_can_choose_one() -> None:
+    assert sample_id("job.1", 0) == "job.1" and sample_id("job.1", 2) == "job.1~2"
+    assert split_sample_id("job.1~2") == ("job.1", 2)
+    for own in ("job.1", "job~0", "job~x", "~3", "a~1~2", "job~01"):
+        assert split_sample_id(own) == (own, 0), own
+    assert not is_safe_name("job~2")  # a client's id never holds the separator
+    with pytest.raises(ValueError):
+        sample_id("job", 1024)
 
 
 def test_custom_prefix_is_used_in_every_key() -> None:

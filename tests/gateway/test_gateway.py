@@ -205,6 +205,55 @@ async def test_include_usage_stream_shape(served: Served, path: str) -> None:
     assert last["usage"]["total_tokens"] == last["usage"]["prompt_tokens"] + 4
 
 
+SAMPLED: dict[str, Any] = {"n": 3, "seed": 11, "temperature": 1.0, "max_tokens": 10}
+
+
+async def test_n_completions_are_reproducible_choices(client: openai.AsyncOpenAI) -> None:
+    first = await client.completions.create(model="tiny", prompt="Once upon", extra_body=NO_EOS, **SAMPLED)
+    again = await client.completions.create(model="tiny", prompt="Once upon", extra_body=NO_EOS, **SAMPLED)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    texts = [c.text for c in first.choices]
+    assert texts == [c.text for c in again.choices], "a seed makes the choices reproducible"
+    assert len(set(texts)) == 3, "choice i samples with seed + i"
+    assert all(c.finish_reason == "length" for c in first.choices)
+    assert first.usage is not None and first.usage.completion_tokens == 30  # the prompt counts once
+    assert first.usage.total_tokens == first.usage.prompt_tokens + 30
+    stream = await client.completions.create(
+        model="tiny",
+        prompt="Once upon",
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=NO_EOS,
+        **SAMPLED,
+    )
+    chunks = [chunk async for chunk in stream]
+    joined = {k: "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == k) for k in range(3)}
+    assert list(joined.values()) == texts
+    finishes = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason == "length"]
+    assert sorted(finishes) == [0, 1, 2]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 30
+
+
+async def test_n_chat_completions_are_reproducible_choices(client: openai.AsyncOpenAI) -> None:
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story"}]
+    first = await client.chat.completions.create(model="tiny", messages=messages, extra_body=NO_EOS, **SAMPLED)
+    again = await client.chat.completions.create(model="tiny", messages=messages, extra_body=NO_EOS, **SAMPLED)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    contents = [c.message.content for c in first.choices]
+    assert contents == [c.message.content for c in again.choices] and len(set(contents)) == 3
+    assert first.usage is not None and first.usage.completion_tokens == 30
+    stream = await client.chat.completions.create(
+        model="tiny", messages=messages, stream=True, extra_body=NO_EOS, **SAMPLED
+    )
+    chunks = [chunk async for chunk in stream]
+    roles = [c.choices[0].index for c in chunks if c.choices[0].delta.role == "assistant"]
+    assert roles == [0, 1, 2]  # each choice opens with its role, as OpenAI's do
+    joined = {k: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices[0].index == k) for k in range(3)}
+    assert list(joined.values()) == contents
+    finishes = [c.choices[0].index for c in chunks if c.choices[0].finish_reason == "length"]
+    assert sorted(finishes) == [0, 1, 2]
+
+
 async def test_a_wrong_model_is_404_and_no_model_means_the_served_one(
     served: Served, client: openai.AsyncOpenAI
 ) -> None:
@@ -271,8 +320,10 @@ async def test_bad_requests_are_400_with_openai_body(client: openai.AsyncOpenAI)
     assert isinstance(bad.value.body, dict) and bad.value.body["code"] == "invalid_argument"
     with pytest.raises(openai.BadRequestError):  # refused before the stream starts, so still a 400
         await client.completions.create(model="tiny", prompt="Hello", max_tokens=4, temperature=-1, stream=True)
-    with pytest.raises(openai.BadRequestError, match="n=2"):
-        await client.completions.create(model="tiny", prompt="Hello", n=2)
+    with pytest.raises(openai.BadRequestError, match="n must lie in"):  # Baton's bound (max_samples)
+        await client.completions.create(model="tiny", prompt="Hello", n=129)
+    with pytest.raises(openai.BadRequestError, match="best_of"):
+        await client.completions.create(model="tiny", prompt="Hello", n=2, best_of=3)
     with pytest.raises(openai.BadRequestError, match="priority"):
         await client.completions.create(model="tiny", prompt="Hello", extra_headers={"x-baton-priority": "high"})
     with pytest.raises(openai.BadRequestError, match="priority"):  # Baton's own bound
@@ -383,12 +434,16 @@ async def test_echo_scores_a_prompt_as_lm_eval_asks(served: Served, client: open
     """lm-eval's loglikelihood: token ids, echo, logprobs=1, max_tokens=1; it reads the prompt's
     token_logprobs and checks the continuation is greedy against top_logprobs."""
     context = list((await served.stack.stub.Tokenize(pb.TokenizeRequest(text="The river"))).token_ids)
-    greedy = await client.completions.create(model=ALIAS, prompt=context, max_tokens=3, temperature=0, extra_body=NO_EOS)
+    greedy = await client.completions.create(
+        model=ALIAS, prompt=context, max_tokens=3, temperature=0, extra_body=NO_EOS
+    )
     ids = list(
         (await served.stack.stub.Tokenize(pb.TokenizeRequest(text="The river" + greedy.choices[0].text))).token_ids
     )
     prompt = context + ids[len(context) :]
-    out = await client.completions.create(model=ALIAS, prompt=prompt, echo=True, logprobs=1, max_tokens=1, temperature=0)
+    out = await client.completions.create(
+        model=ALIAS, prompt=prompt, echo=True, logprobs=1, max_tokens=1, temperature=0
+    )
     logprobs = out.choices[0].logprobs
     assert logprobs is not None and logprobs.token_logprobs is not None and logprobs.top_logprobs is not None
     assert len(logprobs.token_logprobs) == len(prompt) + 1 and logprobs.token_logprobs[0] is None
@@ -503,3 +558,20 @@ async def test_bad_sampling_fields_are_400(client: openai.AsyncOpenAI) -> None:
         await client.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "Hi"}], top_logprobs=2)
     with pytest.raises(openai.BadRequestError, match="max_tokens"):  # 0 only with echo
         await client.completions.create(model=ALIAS, prompt="Hi", max_tokens=0)
+
+
+async def test_n_choices_each_carry_their_own_logprobs(client: openai.AsyncOpenAI) -> None:
+    kwargs: dict[str, Any] = {"model": ALIAS, "prompt": "Once upon", "max_tokens": 5, "logprobs": 2, "n": 2}
+    out = await client.completions.create(temperature=1.0, seed=3, extra_body=NO_EOS, **kwargs)
+    assert sorted(c.index for c in out.choices) == [0, 1]
+    for choice in out.choices:
+        assert choice.logprobs is not None and choice.logprobs.tokens is not None
+        assert "".join(choice.logprobs.tokens) == choice.text and len(choice.logprobs.tokens) == 5
+    stream = await client.completions.create(temperature=1.0, seed=3, extra_body=NO_EOS, stream=True, **kwargs)
+    tokens: dict[int, list[str]] = {0: [], 1: []}
+    async for chunk in stream:
+        for choice in chunk.choices:
+            if choice.logprobs is not None and choice.logprobs.tokens:
+                tokens[choice.index] += choice.logprobs.tokens
+    for choice in out.choices:  # the same seeds: the same samples, whole or streamed
+        assert tokens[choice.index] == choice.logprobs.tokens  # type: ignore[union-attr]

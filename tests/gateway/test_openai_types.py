@@ -61,6 +61,7 @@ def test_completion_fields_map_to_sampling_params() -> None:
     assert (params.min_tokens, params.min_p, params.include_stop_str_in_output) == (3, 0.125, True)
     assert dict(params.logit_bias) == {7: -100.0, 12: 2.5}
     assert not params.HasField("logprobs") and not params.HasField("prompt_logprobs") and not parsed.logprobs
+    assert request.params.n == 1
 
 
 def test_unset_controls_stay_unset() -> None:
@@ -145,6 +146,15 @@ def test_echo_goes_before_the_first_message_only() -> None:
     )
 
 
+def test_n_asks_baton_for_samples() -> None:
+    assert parse_completion({"prompt": "a", "n": 3}).request.params.n == 3
+    chat = parse_chat({"messages": [{"role": "user", "content": "Hi"}], "n": 4, "seed": 7})
+    assert chat.request.params.n == 4 and chat.request.params.seed == 7
+    assert parse_completion({"prompt": "a", "n": None}).request.params.n == 1
+    # The upper bound is Baton's (request_level.max_samples): it answers INVALID_ARGUMENT, a 400.
+    assert parse_completion({"prompt": "a", "n": 100_000}).request.params.n == 100_000
+
+
 def test_chat_defaults_to_batons_max_tokens() -> None:
     parsed = parse_chat({"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 3})
     assert parsed.request.params.max_tokens == 3
@@ -154,7 +164,8 @@ def test_chat_defaults_to_batons_max_tokens() -> None:
 @pytest.mark.parametrize(
     "body,param",
     [
-        ({"prompt": "a", "n": 2}, "n"),
+        ({"prompt": "a", "n": 0}, "n"),
+        ({"prompt": "a", "n": 1.5}, "n"),
         ({"prompt": "a", "best_of": 3}, "best_of"),
         ({"prompt": "a", "echo": "yes"}, "echo"),
         ({"prompt": "a", "logprobs": 21}, "logprobs"),
@@ -250,7 +261,8 @@ def test_headers_override_body() -> None:
 def test_reply_shapes() -> None:
     usage = pb.Usage(prompt_tokens=3, completion_tokens=2)
     text = Reply(chat=False, request_id="r", model="m", created=1)
-    assert text.whole("ab", pb.FINISH_REASON_LENGTH, usage) == {
+    whole = pb.CompleteResponse(text="ab", finish_reason=pb.FINISH_REASON_LENGTH, usage=usage)
+    assert text.whole(whole) == {
         "id": "cmpl-r",
         "object": "text_completion",
         "created": 1,
@@ -259,7 +271,8 @@ def test_reply_shapes() -> None:
         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
     }
     chat = Reply(chat=True, request_id="r", model="m", created=1)
-    assert chat.whole("ab", pb.FINISH_REASON_STOP, usage)["choices"][0]["message"] == {
+    whole.finish_reason = pb.FINISH_REASON_STOP
+    assert chat.whole(whole)["choices"][0]["message"] == {
         "role": "assistant",
         "content": "ab",
     }
@@ -270,6 +283,31 @@ def test_reply_shapes() -> None:
     assert "usage" not in chat.chunk("a")
     counted = Reply(chat=True, request_id="r", model="m", created=1, include_usage=True)
     assert counted.chunk("a")["usage"] is None and counted.usage_chunk(usage)["usage"]["total_tokens"] == 5
+
+
+def test_reply_has_a_choice_per_sample_and_counts_the_prompt_once() -> None:
+    samples = [
+        pb.CompleteResponse(
+            request_id="r" if k == 0 else f"r~{k}",
+            sample_index=k,
+            text=f"s{k}",
+            finish_reason=pb.FINISH_REASON_STOP if k == 1 else pb.FINISH_REASON_LENGTH,
+            usage=pb.Usage(prompt_tokens=3, completion_tokens=k + 1),
+        )
+        for k in range(3)
+    ]
+    out = pb.CompleteResponse()
+    out.CopyFrom(samples[0])
+    out.samples.extend(samples)
+    body = Reply(chat=True, request_id="r", model="m", created=1).whole(out)
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, "s0", "length"),
+        (1, "s1", "stop"),
+        (2, "s2", "length"),
+    ]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
+    text = Reply(chat=False, request_id="r", model="m", created=1)
+    assert text.chunk("x", index=2)["choices"][0] == {"index": 2, "logprobs": None, "finish_reason": None, "text": "x"}
 
 
 @pytest.mark.parametrize(

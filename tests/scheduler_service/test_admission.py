@@ -8,7 +8,7 @@ admission touches; the Redis side is real. The races are forced by wrapping the 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import pytest
@@ -21,16 +21,17 @@ from scheduler_service.admission import Admission
 from scheduler_service.executor_link import ExecutorLink
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.requests import ClaimedRequest
+from scheduler_service.samples import sample_requests
 from scheduler_service.scoring import RequestScorer
 from scheduler_service.store import Store
-from tests.scheduler_service.store_helpers import new_request
+from tests.scheduler_service.store_helpers import append, new_request
 
 CONFIG = BatonConfig()
 
 
-def open_link(store: Store) -> ExecutorLink:
-    link = ExecutorLink("exec-1", "127.0.0.1:1", store, CONFIG.scheduler, lambda _queue_moved: None)
-    link.info = pb.InfoResponse(executor_id="exec-1", kv_blocks_total=100, block_size=16, max_batch_size=8)
+def open_link(store: Store, executor_id: str = "exec-1") -> ExecutorLink:
+    link = ExecutorLink(executor_id, "127.0.0.1:1", store, CONFIG.scheduler, lambda _queue_moved: None)
+    link.info = pb.InfoResponse(executor_id=executor_id, kv_blocks_total=100, block_size=16, max_batch_size=8)
     link.fence(())  # nothing stale on the executor: ready at once
     return link
 
@@ -185,3 +186,19 @@ async def test_a_link_says_whether_the_queue_moved_when_its_requests_leave(
     await link._on_reports([pb.StepReport(preempted=["evicted"])])
     assert moves == [False, True], "a preempted request went back to the queue"
     assert await store.queue.position("evicted") == 0
+
+
+async def test_later_samples_wait_for_the_first_samples_prefill_then_join_its_executor(store: Store) -> None:
+    scorer = RequestScorer(CONFIG)
+    admission = Admission(store, CONFIG, scorer, SchedulerMetrics())
+    req = replace(new_request("m"), n=3)
+    scored = scorer.score(req)
+    await store.requests.enqueue_samples(sample_requests(req), scored.score, 100, "", scored.fields)
+    links = [open_link(store, "exec-1"), open_link(store, "exec-2")]
+    assert await admission.run(links) == 1, "sample 0 alone: the others wait for its prefill"
+    (holder,) = [link for link in links if "m" in link.requests]
+    assert await admission.run(links) == 0 and await store.queue.position("m~1") is not None
+    assert await append(store, "m", holder.owner, 0, (5,)) == 1  # its first token: the prefill is done
+    # The other executor is idle, yet both samples go where the prompt's blocks are.
+    assert await admission.run(links, queue_moved=True) == 2
+    assert set(holder.requests) == {"m", "m~1", "m~2"}

@@ -7,7 +7,7 @@ full of waiting tokens would), and the reader takes one message at a time, slowl
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ EVENTS_PER_REQUEST = 20
 @dataclass
 class _Submitted:
     request_id: str
+    n: int = 1
 
 
 class _EagerFrontend:
@@ -37,11 +38,11 @@ class _EagerFrontend:
     async def submit(self, msg: pb.GenerateRequest) -> _Submitted:
         return _Submitted(msg.request_id)
 
-    async def events(self, request_id: str) -> AsyncIterator[TokenEvent]:
+    async def sample_events(self, request_id: str, n: int) -> AsyncGenerator[tuple[int, TokenEvent], None]:
         for i in range(EVENTS_PER_REQUEST):
             self.produced += 1
             last = i == EVENTS_PER_REQUEST - 1
-            yield TokenEvent(i, (i,), "", FinishReason.LENGTH if last else FinishReason.NONE)
+            yield 0, TokenEvent(i, (i,), "", FinishReason.LENGTH if last else FinishReason.NONE)
 
 
 async def _requests(count: int) -> AsyncIterator[Any]:

@@ -281,3 +281,18 @@ def test_ties_are_broken_by_load_before_the_rotation() -> None:
     # Equal work: the one with more free KV wins whatever the rotation says.
     for rotation in range(3):
         assert place([Candidate("r", 10, 20)], [loaded("a", 0, 50), loaded("b", 0, 90)], rotation)[0].executor_id == "b"
+
+
+def test_a_later_sample_joins_its_first_samples_executor_while_that_has_room() -> None:
+    # The holder is busier, and no cached prefix is known yet: only the affinity sends it there.
+    holder = ExecutorCapacity("holder", 2, 50, 100, block_size=16, outstanding_tokens=5_000)
+    idle = ExecutorCapacity("idle", 8, 50, 100, block_size=16)
+    samples = [Candidate(f"r~{k}", 40, 80, affinity="holder") for k in (1, 2, 3)]
+    placements = place(samples, [idle, holder])
+    # Two slots there; the third sample goes where the usual rules say rather than wait.
+    assert [(p.request_id, p.executor_id) for p in placements] == [
+        ("r~1", "holder"),
+        ("r~2", "holder"),
+        ("r~3", "idle"),
+    ]
+    assert place([Candidate("r~1", 40, 80, affinity="gone")], [idle, holder])[0].executor_id == "idle"

@@ -87,6 +87,9 @@ BAD: dict[str, tuple[pb.GenerateRequest, str]] = {
     "request id with a colon": (make(request_id="abc:tokens"), "request_id"),
     "request id with a newline": (make(request_id="abc\n"), "request_id"),
     "request id with a star": (make(request_id="a*"), "request_id"),
+    "request id naming a sample": (make(request_id="abc~1"), "request_id"),
+    "more samples than allowed": (make(params={"n": 129}), r"n must lie in \[1, 128\]"),
+    "samples past the seed range": (make(params={"n": 3, "seed": 2**64 - 2}), "seed \\+ n - 1 must fit in 64 bits"),
     "tenant too long": (make(tenant="t" * (MAX_NAME_CHARS + 1)), "tenant must be 1-128 characters"),
     "tenant with a newline": (make(tenant="x\ny"), "tenant must be 1-128 characters"),
     "tenant with a colon": (make(tenant="a:b"), "tenant"),
@@ -131,6 +134,16 @@ def test_too_many_stop_strings_follows_config() -> None:
     with pytest.raises(InvalidRequest, match="1 to 4 characters"):
         run(make(params={"stop": ["abcde"]}), config)
     assert run(make(params={"stop": ["a", "abcd"]}), config).params.stop == ("a", "abcd")
+
+
+def test_n_counts_samples_within_the_given_limit() -> None:
+    assert run(make()).n == 1  # unset means one
+    assert run(make(params={"n": 1})).n == 1
+    assert run(make(params={"n": 128, "seed": 2**64 - 128})).n == 128
+    with pytest.raises(InvalidRequest, match=r"\[1, 8\]"):  # the frontend passes the batch size's bound
+        validate(make(params={"n": 9}), fake_tokenize, LIMITS, CONFIG, now_ms=NOW, max_samples=8)
+    with pytest.raises(InvalidRequest, match=r"\[1, 2\]"):
+        run(make(params={"n": 3}), RequestLevelConfig(max_samples=2))
 
 
 def test_request_id_with_trailing_newline_is_rejected() -> None:

@@ -4,6 +4,7 @@ requeues, cancels and hand-backs. Recording steps: test_step_publisher.py."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -12,6 +13,7 @@ from common.lifecycle import FinishReason, RequestState
 from common.redis_client import connect
 from common.sampling_params import SamplingParams
 from scheduler_service.requests import TokenEvent
+from scheduler_service.samples import sample_requests
 from scheduler_service.store import Store
 from tests.scheduler_service.store_helpers import (
     ARRIVAL,
@@ -78,6 +80,41 @@ async def test_enqueues_made_together_share_round_trips_and_each_is_judged_alone
     assert isinstance(results[4], AlreadyExists)
     assert await store.queue.peek(10) == [("a", 0.0), ("b", 1.0)]
     assert store.requests._enqueue.round_trips <= 2  # five calls: the first alone, the rest together
+
+
+async def test_the_samples_of_a_request_are_queued_together_or_not_at_all(store: Store) -> None:
+    samples = sample_requests(replace(new_request("multi"), n=3))
+    await store.requests.enqueue_samples(samples, 7.0, 100)
+    assert await store.queue.peek(10) == [("multi", 7.0), ("multi~1", 7.0), ("multi~2", 7.0)]
+    first, second = await store.requests.get("multi"), await store.requests.get("multi~2")
+    assert first is not None and second is not None
+    assert first["n"] == "3" and "n" not in second  # sample 0's record keeps the count
+    assert [SamplingParams.from_json(r["params"]).seed for r in (first, second)] == [3, 5]  # seed + k
+    assert second["tenant"] == "acme" and second["prompt_ids"] == "11,12,13"
+    # Sample 0's id taken: none of the samples is queued.
+    with pytest.raises(AlreadyExists, match="'multi'"):
+        await store.requests.enqueue_samples(sample_requests(replace(new_request("multi"), n=4)), 1.0, 100)
+    assert await store.requests.get("multi~3") is None
+    # Each sample counts against the shed limit: 3 queued + 3 more would pass 5.
+    with pytest.raises(Overloaded):
+        await store.requests.enqueue_samples(sample_requests(replace(new_request("more"), n=3)), 1.0, 5)
+    assert await store.requests.get("more") is None and await store.queue.length() == 3
+
+
+async def test_queued_details_of_a_later_sample_carry_its_first_samples_progress(store: Store) -> None:
+    await store.requests.enqueue_samples(sample_requests(replace(new_request("m"), n=2)), 1.0, 100)
+    first, later = await store.queue.queued_details(["m", "m~1"])
+    assert isinstance(first, dict) and "first_state" not in first
+    assert isinstance(later, dict)
+    assert (later["first_state"], later["first_executor"], later["first_generated"]) == ("QUEUED", "", "0")
+    await store.requests.claim("m", "exec-1")
+    assert await append(store, "m", "exec-1", 0, (5,)) == 1
+    (later,) = await store.queue.queued_details(["m~1"])
+    assert isinstance(later, dict)
+    assert (later["first_state"], later["first_executor"], later["first_generated"]) == ("RUNNING", "exec-1", "1")
+    await store.redis.delete(KEYS.request("m"), KEYS.tokens("m"))
+    (later,) = await store.queue.queued_details(["m~1"])
+    assert isinstance(later, dict) and later["first_state"] == "" and later["first_generated"] == "0"
 
 
 async def test_peek_pending_returns_lowest_scores_first(store: Store) -> None:
