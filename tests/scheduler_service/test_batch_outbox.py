@@ -54,8 +54,8 @@ async def test_a_slow_reader_gets_bounded_messages_and_every_event() -> None:
     config = with_overrides(BatonConfig(), scheduler={"request_level": {"batch_stream_outbox_events": 3}})
     frontend = _EagerFrontend(config)
 
-    async def response_of(request_id: str, event: TokenEvent) -> pb.GenerateResponse:
-        return response_pb(request_id, event)
+    async def response_of(request_id: str, event: TokenEvent, sample_index: int) -> pb.GenerateResponse:
+        return response_pb(request_id, event, sample_index)
 
     stream = BatchStream(frontend, response_of, lambda request_id: None)  # type: ignore[arg-type]
     got: dict[int, list[int]] = {}
