@@ -31,7 +31,7 @@ from executor_service.model_runner import ModelRunner
 from executor_service.prefix_cache import PrefixCache
 from executor_service.sampling import Sampler, make_generator
 from executor_service.sequence import Sequence
-from executor_service.step_scheduler import ScheduledChunk, StepScheduler
+from executor_service.step_scheduler import ScheduledChunk, StepPlan, StepScheduler
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,11 @@ class Engine:
         self.prefix_cache = PrefixCache(allocator)
         self.step_scheduler: StepScheduler[Sequence] = StepScheduler(allocator, self._drop)
         self.running: dict[str, Sequence] = {}
+        # Step bookkeeping kept between steps, so a step costs no pass over the running set it can skip:
+        # the running sequences in rank order (None: re-sort, after a sequence joined or left), and
+        # those not decoding yet (whose uncomputed tokens are the pending prefill).
+        self._by_rank: list[Sequence] | None = None
+        self._prefilling: set[Sequence] = set()
         self.iteration = 0
         self.plan_seq = 0
         self._grants: dict[str, int] = {}
@@ -139,6 +144,8 @@ class Engine:
             detokenizer=detok,
         )
         self.running[spec.request_id] = seq
+        self._by_rank = None
+        self._prefilling.add(seq)
         if len(spec.output_ids) >= spec.params.max_tokens:
             self._finish(seq, FinishReason.LENGTH, "")
             return
@@ -147,28 +154,57 @@ class Engine:
     def _drop(self, seq: Sequence) -> None:
         self.allocator.release(seq.block_table)
         seq.reset_cache()
+        self.runner.release(seq)
         self.running.pop(seq.request_id, None)
+        self._by_rank = None
+        self._prefilling.discard(seq)
 
     # ---- one iteration -----------------------------------------------------------------
     def step(self) -> StepOutput:
         started = time.perf_counter_ns()
-        ordered = sorted(self.running.values(), key=lambda s: s.rank)
-        plan = self.step_scheduler.schedule(ordered, self.token_budget, self._grants)
+        plan = self.step_scheduler.schedule(self._ranked(), self.token_budget, self._grants)
         self._grants = {}
         self._preempted.extend(s.request_id for s in plan.preempted)
-        tokens: list[TokenOut] = []
-        if plan.chunks:
-            logits = self._forward(plan.chunks)
-            completing = [c.seq for c in plan.chunks if c.completes]
-            for chunk in plan.chunks:
-                chunk.seq.num_computed += chunk.num_tokens
-                self.prefix_cache.name_computed(chunk.seq)
-            if completing:
-                generators = [self._generator_for(s) for s in completing]
-                sampled = self.sampler.sample(logits, [s.params for s in completing], generators)
-                tokens = self._postprocess(completing, sampled.tolist())
+        tokens = self._compute(plan) if plan.chunks else []
         self.iteration += 1
         return self._output(tokens, plan.num_tokens, time.perf_counter_ns() - started)
+
+    def _ranked(self) -> list[Sequence]:
+        """The running sequences, most important first; sorted again only after the set changed."""
+        if self._by_rank is None:
+            self._by_rank = sorted(self.running.values(), key=lambda s: s.rank)
+        return self._by_rank
+
+    def _compute(self, plan: StepPlan[Sequence]) -> list[TokenOut]:
+        """Run the plan's chunks, sample, and postprocess the completed sequences' tokens.
+
+        The order keeps the host off the device's critical path where the device is asynchronous
+        (CUDA): forward, sampling and the write of the sampled tokens into the decode rows are
+        queued first, then the bookkeeping that needs no token runs while the device computes,
+        and the one device-to-host copy of the step (the tokens, for postprocessing) comes last.
+        """
+        chunks = plan.chunks
+        decodes = plan.num_decodes  # the first chunks, each a one-token decode that completes
+        completing = [c.seq for c in chunks[:decodes]]
+        if decodes < len(chunks):
+            completing += [c.seq for c in chunks[decodes:] if c.completes]
+        logits = self._forward(chunks)
+        sampled = None
+        if completing:
+            generators = [self._generator_for(s) for s in completing]
+            sampled = self.sampler.sample(logits, [s.params for s in completing], generators)
+            self.runner.commit(sampled)
+        block_size = self.allocator.block_size
+        for chunk in chunks:
+            seq = chunk.seq
+            seq.num_computed += chunk.num_tokens
+            if seq.num_computed >= (seq.num_named + 1) * block_size:  # a block filled: name it
+                self.prefix_cache.name_computed(seq)
+        if self._prefilling:
+            self._prefilling.difference_update(completing)  # decoding from now on, or about to finish
+        if sampled is None:
+            return []
+        return self._postprocess(completing, sampled.tolist())
 
     def _forward(self, chunks: Seq[ScheduledChunk[Sequence]]) -> torch.Tensor:
         if self.threads is None:
@@ -233,7 +269,7 @@ class Engine:
             num_running=len(self.running),
             kv_blocks_used=self.allocator.num_used,
             kv_blocks_total=self.allocator.num_blocks,
-            pending_prefill_tokens=sum(s.num_uncomputed for s in self.running.values() if not s.is_decoding),
+            pending_prefill_tokens=sum(s.num_uncomputed for s in self._prefilling if not s.is_decoding),
             kv_events=self._kv_events(),
             prefix_cache_queries=self.prefix_cache.queries,
             prefix_cache_hits=self.prefix_cache.hits,

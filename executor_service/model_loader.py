@@ -114,7 +114,16 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         config.block_size,
         limits.max_model_len,
     )
-    runner = ModelRunner(backend, pool, allocator, device)
+    runner = ModelRunner(
+        backend,
+        pool,
+        allocator,
+        device,
+        max_seqs=config.max_batch_size,
+        max_model_len=limits.max_model_len,
+        cuda_graphs=config.cuda_graphs,
+    )
+    log.info("%s", runner.describe())
     engine = Engine(runner, allocator, tokenizer, limits, threads)
     vocab = int(model.get_output_embeddings().weight.shape[0])
     return LoadedModel(engine, tokenizer, config.model, device, config.dtype, vocab, backend.name)
