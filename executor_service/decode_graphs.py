@@ -8,10 +8,15 @@ What is captured is ``DecodeStep.forward`` for one ``(batch, width)`` and nothin
 function the CPU tests run eagerly, token for token against ``model.generate``. Its inputs are
 tensors at fixed addresses (the decode rows, the step's row list, the KV pool, the weights), which
 the eager ``prepare`` writes before each replay; its logits land in one output buffer all graphs
-share. Graphs are captured on first use of their shape, as steps reach it (a capture runs the
-step eagerly first, on its real inputs: the K/V it writes are the ones the replay writes again),
-and share one memory pool, as nano-vllm's do: replays never overlap, and each graph's
-intermediates are dead once its logits are copied out.
+share. All graphs share one memory pool, as nano-vllm's do: replays never overlap, and each
+graph's intermediates are dead once its logits are copied out.
+
+When: before serving, every batch bucket at every table width up to a context length
+(``ModelRunner.capture_decode_graphs``), largest first so the pool is sized once, with every row
+the scratch row (a capture runs the step eagerly first; padding writes only the scratch block).
+A step of a shape not captured yet (a longer context) captures it on first use, on its real
+inputs (the K/V the eager run writes are the ones a replay would write again): a one-off pause of
+a few tens of milliseconds, since torch empties its allocator's cache for each capture.
 
 A capture that fails (an op the installed torch cannot capture) is logged and turns graphs off
 for the run; the step it was for returns the logits of its eager run, so serving goes on eagerly.
@@ -50,18 +55,20 @@ class DecodeGraphs:
             return self._forward(batch, width)
         graph, out = self._graphs.get((batch, width)), self._logits
         if graph is None or out is None:  # the first capture sets both
-            return self._capture(batch, width)
+            return self.capture(batch, width)
         graph.replay()
         return out[:batch]
 
-    def _capture(self, batch: int, width: int) -> torch.Tensor:
+    def capture(self, batch: int, width: int) -> torch.Tensor:
+        """Run ``forward(batch, width)`` eagerly, then capture it; return the eager run's logits."""
         started = time.perf_counter()
         logits = self._forward(batch, width)  # warm-up on the live inputs; also this step's answer
         if self._logits is None:
             self._logits = logits.new_empty((self._max_batch, logits.shape[1]))
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the executor's other threads (gRPC, load metrics) may touch CUDA meanwhile.
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 self._logits[:batch].copy_(self._forward(batch, width))
         except RuntimeError as exc:
             self.disabled = f"capturing the decode step (batch {batch}, width {width}) failed: {exc}"

@@ -57,6 +57,11 @@ class DecodeState:
         self._free = list(range(max_seqs - 1, -1, -1))  # pop() hands out the lowest row first
 
     # ---- rows ------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Rows no sequence holds."""
+        return len(self._free)
+
     def row_of(self, seq: Sequence) -> int:
         """The sequence's row, assigned on first use."""
         row = seq.decode_row

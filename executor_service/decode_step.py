@@ -65,6 +65,11 @@ def width_bucket(width: int, max_width: int) -> int:
     return min(1 << max(width - 1, 0).bit_length(), max_width)
 
 
+def width_buckets(max_width: int) -> tuple[int, ...]:
+    """Every width ``width_bucket`` gives, up to ``max_width``."""
+    return tuple(sorted({width_bucket(w, max_width) for w in range(1, max_width + 1)}))
+
+
 @dataclass(frozen=True)
 class DecodeShape:
     """What one decode step computes."""

@@ -22,7 +22,7 @@ import torch
 from executor_service.backends.base import Backend, DecodeRead
 from executor_service.block_allocator import BlockAllocator
 from executor_service.decode_graphs import DecodeGraphs
-from executor_service.decode_step import DecodeShape, DecodeStep
+from executor_service.decode_step import DecodeShape, DecodeStep, width_bucket, width_buckets
 from executor_service.kernels.decode_attention import PagedDecodes
 from executor_service.kv_cache import KVPool
 from executor_service.paged_attention import AttentionBatch, DecodeGroup, DecodeView, PrefillSegment
@@ -30,6 +30,11 @@ from executor_service.sequence import Sequence
 from executor_service.step_scheduler import ScheduledChunk
 
 log = logging.getLogger(__name__)
+
+# Decode graphs captured before serving cover contexts up to this many tokens, most requests' (a chat
+# turn, a benchmark's prompt and output): 7 widths per batch bucket; the widest gathers 256 x 1024
+# tokens' K and V a layer (about 0.5 GB in bf16 for 8 KV heads of 64, in the graphs' shared pool).
+GRAPH_CONTEXT_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,22 @@ class ModelRunner:
         buckets = self.decode.buckets
         how = "captured as CUDA graphs" if self.graphs is not None else "eager"
         return f"decode steps from persistent rows, padded to batch buckets {buckets[0]}..{buckets[-1]}, {how}"
+
+    def capture_decode_graphs(self, max_context: int = GRAPH_CONTEXT_TOKENS) -> int:
+        """Before serving: capture the decode step at every batch bucket and every table width up to
+        ``max_context`` tokens (longer contexts capture on first use). Returns the graphs captured."""
+        graphs = self.graphs
+        if graphs is None:
+            return 0
+        state = self.decode.state
+        widest = width_bucket(self.allocator.blocks_for(max_context), state.max_blocks)
+        state.step_rows.fill_(state.scratch_row)  # every row padding: the captures write the scratch block only
+        with torch.inference_mode():
+            for batch in reversed(self.decode.buckets):
+                for width in reversed(width_buckets(widest)):
+                    if not graphs.disabled:
+                        graphs.capture(batch, width)
+        return len(graphs.captured)
 
     def release(self, seq: Sequence) -> None:
         """The sequence left the batch (or dropped its cache): its decode row is free."""
