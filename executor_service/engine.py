@@ -191,7 +191,7 @@ class Engine:
         logits = self._forward(chunks)
         sampled = None
         if completing:
-            generators = [self._generator_for(s) for s in completing]
+            generators = [None if s.generator is None else self._generator_for(s) for s in completing]
             sampled = self.sampler.sample(logits, [s.params for s in completing], generators)
             self.runner.commit(sampled)
         block_size = self.allocator.block_size
