@@ -6,8 +6,8 @@ its KV slot and where its context lies in the paged cache. Built from Python lis
 that is a loop over the running requests and a host-to-device copy of every block table. Here:
 
 - the next token and position are written on the device by the step that sampled the token
-  (``commit``): a decode step reads them without the host knowing the token yet, which is what
-  lets the host prepare a step while the device still computes the one before;
+  (``commit``): a decode step's inputs never wait for the last step's tokens to reach the host,
+  which is what preparing a step while the device computes the one before needs;
 - the block table is mirrored incrementally: only the blocks appended since the row's last step
   are written, about one entry per request every ``block_size`` steps;
 - a step uploads the rows it runs (and those few entries) in one host-to-device copy, and the

@@ -194,11 +194,11 @@ class Engine:
             generators = [None if s.generator is None else self._generator_for(s) for s in completing]
             sampled = self.sampler.sample(logits, [s.params for s in completing], generators)
             self.runner.commit(sampled)
-        block_size = self.allocator.block_size
+        naming, block_size = self.prefix_cache.enabled, self.allocator.block_size
         for chunk in chunks:
             seq = chunk.seq
             seq.num_computed += chunk.num_tokens
-            if seq.num_computed >= (seq.num_named + 1) * block_size:  # a block filled: name it
+            if naming and seq.num_computed >= (seq.num_named + 1) * block_size:  # a block filled: name it
                 self.prefix_cache.name_computed(seq)
         if self._prefilling:
             self._prefilling.difference_update(completing)  # decoding from now on, or about to finish

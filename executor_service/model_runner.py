@@ -13,7 +13,6 @@ decode step needs nothing from the host but which rows run.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -28,8 +27,6 @@ from executor_service.kv_cache import KVPool
 from executor_service.paged_attention import AttentionBatch, DecodeGroup, DecodeView, PrefillSegment
 from executor_service.sequence import Sequence
 from executor_service.step_scheduler import ScheduledChunk
-
-log = logging.getLogger(__name__)
 
 # Decode graphs captured before serving cover contexts up to this many tokens, most requests' (a chat
 # turn, a benchmark's prompt and output): 7 widths per batch bucket; the widest gathers 256 x 1024
