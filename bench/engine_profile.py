@@ -1,14 +1,17 @@
-"""The engine's host time per decode step: everything a step spends outside the model forward.
+"""The engine's host time per decode step: everything a step spends outside the device's work.
 
 Loads the executor's engine in process (no scheduler, Redis or gRPC), fills it with N requests
-that only decode (short prompts, long outputs, EOS ignored), and times each decode step in
-three parts:
+that only decode (short prompts, long outputs, EOS ignored), and times each decode step in parts:
 
-- inputs: ``ModelRunner.run`` before the forward (ids, positions, slots, block tables);
-- forward: the model's forward pass itself (``ModelRunner._forward``: layers, attention, logits);
-- after: the rest of ``Engine.step`` (planning, sampling, detokenising, the step's report).
+- forward: the decode step's device part (``ModelRunner._forward_decodes``: the gathers from the
+  decode rows, layers, attention, logits; a graph replay where CUDA graphs are on);
+- sample: ``Sampler.sample`` (device work on a GPU; on the CPU the host computes it);
+- inputs: the rest of ``ModelRunner.run`` (the decode rows' upload);
+- engine: the rest of ``Engine.step`` but postprocessing (planning, bookkeeping, the step's report);
+- post: ``Engine._postprocess`` (detokenising, stop checks; per request by nature).
 
-host = inputs + after: the per-step cost a GPU would wait on while the host works. Printed per
+host = inputs + engine + post: the per-step cost a GPU would wait on while the host works. On
+CUDA the forward and sample timers synchronise, so device time stays in their columns. Printed per
 running count, with its growth per request, so a fixed cost and a per-request cost read apart::
 
     python -m bench.engine_profile --running 64 256 --steps 40
@@ -25,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from baton.make_model import SIZES, make_model
 from common.config import ExecutorConfig
 from common.sampling_params import SamplingParams
@@ -39,27 +44,37 @@ class StepProfile:
 
     running: int
     step_ms: float
-    inputs_ms: float
     forward_ms: float
-    after_ms: float
+    sample_ms: float
+    inputs_ms: float
+    engine_ms: float  # planning, bookkeeping and the report: the rest of the step but postprocessing
+    post_ms: float
 
     @property
     def host_ms(self) -> float:
-        return self.inputs_ms + self.after_ms
+        return self.inputs_ms + self.engine_ms + self.post_ms
+
+    @property
+    def after_ms(self) -> float:
+        """Everything in ``Engine.step`` after ``ModelRunner.run``."""
+        return self.sample_ms + self.engine_ms + self.post_ms
 
 
 class _Timer:
-    """Wraps a callable and records the seconds each call took."""
+    """Wraps a callable and records the seconds each call took; ``device`` CUDA: waits for its work first."""
 
-    def __init__(self, inner: Callable[..., Any]) -> None:
+    def __init__(self, inner: Callable[..., Any], device: torch.device | None = None) -> None:
         self.inner = inner
         self.seconds: list[float] = []
+        self.sync = device is not None and device.type == "cuda"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
             return self.inner(*args, **kwargs)
         finally:
+            if self.sync:
+                torch.cuda.synchronize()
             self.seconds.append(time.perf_counter() - started)
 
 
@@ -72,8 +87,11 @@ def profile_decode(engine: Engine, running: int, steps: int, prompt_len: int = 1
     engine.apply(PlanUpdate(seq=engine.plan_seq + 1, admit=specs))
     while any(not seq.is_decoding for seq in engine.running.values()):
         engine.step()
-    run, forward = _Timer(runner.run), _Timer(runner._forward)
-    runner.run, runner._forward = run, forward  # type: ignore[method-assign]
+    device = runner.device
+    run, forward = _Timer(runner.run), _Timer(runner._forward_decodes, device)
+    sample, post = _Timer(engine.sampler.sample, device), _Timer(engine._postprocess)
+    runner.run, runner._forward_decodes = run, forward  # type: ignore[method-assign]
+    engine.sampler.sample, engine._postprocess = sample, post  # type: ignore[method-assign]
     totals: list[float] = []
     try:
         for _ in range(steps):
@@ -83,19 +101,27 @@ def profile_decode(engine: Engine, running: int, steps: int, prompt_len: int = 1
             if len(out.tokens) != running:
                 raise RuntimeError(f"expected {running} decodes a step, got {len(out.tokens)}")
     finally:
-        del runner.run, runner._forward  # back to the class's methods
+        del runner.run, runner._forward_decodes, engine.sampler.sample, engine._postprocess  # the classes' own
         engine.apply(PlanUpdate(seq=engine.plan_seq + 1, abort=tuple(s.request_id for s in specs)))
         engine.drain()
-    ms = 1000.0
+    if len(forward.seconds) != steps:
+        raise RuntimeError(f"{steps - len(forward.seconds)} of {steps} steps were not decode-only steps")
     inputs = [r - f for r, f in zip(run.seconds, forward.seconds, strict=True)]
     after = [t - r for t, r in zip(totals, run.seconds, strict=True)]
+    rest = [a - s - p for a, s, p in zip(after, sample.seconds, post.seconds, strict=True)]
     return StepProfile(
         running=running,
-        step_ms=statistics.median(totals) * ms,
-        inputs_ms=statistics.median(inputs) * ms,
-        forward_ms=statistics.median(forward.seconds) * ms,
-        after_ms=statistics.median(after) * ms,
+        step_ms=_median_ms(totals),
+        forward_ms=_median_ms(forward.seconds),
+        sample_ms=_median_ms(sample.seconds),
+        inputs_ms=_median_ms(inputs),
+        engine_ms=_median_ms(rest),
+        post_ms=_median_ms(post.seconds),
     )
+
+
+def _median_ms(seconds: list[float]) -> float:
+    return statistics.median(seconds) * 1000.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--running", type=int, nargs="+", default=[64, 256], help="running counts (default 64 256)")
     parser.add_argument("--steps", type=int, default=40, help="decode steps timed per count (default 40)")
     parser.add_argument("--kv-cache-mb", type=int, default=1024, help="KV cache size (default 1024)")
+    parser.add_argument(
+        "--cuda-graphs", choices=("on", "off"), default="on", help="executor.cuda_graphs (default on; CUDA only)"
+    )
+    parser.add_argument(
+        "--static",
+        action="store_true",
+        help="pad decode steps to batch buckets as on CUDA, run eagerly (the CPU backends run them unpadded)",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(args.model) if args.model else Path(scratch) / args.size
@@ -119,22 +153,34 @@ def main(argv: list[str] | None = None) -> int:
             kv_cache_memory_mb=args.kv_cache_mb,
             max_batch_size=max(args.running),
             token_budget=max(2048, max(args.running)),
+            cuda_graphs=args.cuda_graphs == "on",
         )
         engine = load_engine(config).engine
+        if args.static:
+            engine.runner.backend.static_shapes = True
+        print(engine.runner.describe())
         profile_decode(engine, min(args.running), 5)  # warm-up: first calls build kernels and caches
         rows = [profile_decode(engine, n, args.steps) for n in args.running]
-    print(f"{'running':>8} {'step ms':>9} {'forward':>9} {'inputs':>8} {'after':>8} {'host ms':>8} {'host/req us':>12}")
+    print_rows(rows)
+    return 0
+
+
+def print_rows(rows: list[StepProfile]) -> None:
+    columns = ("running", "step ms", "forward", "sample", "inputs", "engine", "post", "host ms", "host/req us")
+    print(" ".join(f"{c:>{max(8, len(c))}}" for c in columns))
     for row in rows:
+        cells = (row.step_ms, row.forward_ms, row.sample_ms, row.inputs_ms, row.engine_ms, row.post_ms, row.host_ms)
         per_request = row.host_ms * 1000 / row.running
-        print(
-            f"{row.running:>8} {row.step_ms:>9.2f} {row.forward_ms:>9.2f} {row.inputs_ms:>8.2f} "
-            f"{row.after_ms:>8.2f} {row.host_ms:>8.2f} {per_request:>12.1f}"
-        )
+        print(f"{row.running:>8} " + " ".join(f"{v:>8.2f}" for v in cells) + f" {per_request:>11.1f}")
     if len(rows) > 1:
         first, last = rows[0], rows[-1]
-        slope = (last.host_ms - first.host_ms) * 1000 / (last.running - first.running)
-        print(f"host time grows by {slope:.1f} us per running request ({first.running} -> {last.running})")
-    return 0
+        span = last.running - first.running
+        for label, before, after in (
+            ("host time", first.host_ms, last.host_ms),
+            ("inputs + engine", first.inputs_ms + first.engine_ms, last.inputs_ms + last.engine_ms),
+        ):
+            slope = (after - before) * 1000 / span
+            print(f"{label} grows by {slope:.1f} us per running request ({first.running} -> {last.running})")
 
 
 if __name__ == "__main__":

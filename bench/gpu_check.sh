@@ -10,14 +10,24 @@
 #                                                        # pins; <cuda> as the driver allows, e.g. cu128
 # and redis-server on PATH (e.g. `apt-get install redis-server`).
 #
-# Run from anywhere: `bash bench/gpu_check.sh`. It takes a few minutes: phase (a) over one
-# GenerateBatch stream, every request's tokens 8 at a time; then (a) again over a Generate stream per
-# request, token by token. Results and logs go to $OUT (default /tmp/gpu-check): results.json,
-# results-per-request.json, log.txt and the tails of the services' logs.
+# Run from anywhere: `bash bench/gpu_check.sh`. It takes a few minutes:
+#   1. phases (a), (b), (c) with CUDA graphs on (executor.cuda_graphs, the default): (a) over one
+#      GenerateBatch stream, every request's tokens 8 at a time -> results.json;
+#   2. phases (a) and (b) again with CUDA graphs off (the same padded decode steps, eager)
+#      -> results-graphs-off.json;
+#   3. (a) again over a Generate stream per request, token by token -> results-per-request.json;
+#   4. the engine's host time per decode step at 64 and 256 running requests, graphs on and off
+#      (bench/engine_profile.py) -> engine-profile-graphs-on.txt, engine-profile-graphs-off.txt;
+#   5. where pytest is installed, the tests that need a GPU: graph replays against eager steps and
+#      model.generate (tests/executor_service/test_decode_graphs.py) -> tests-gpu.txt.
+# Results and logs go to $OUT (default /tmp/gpu-check), with log.txt and the tails of the
+# services' logs. Each results file holds the device load (NVML: utilisation, memory, power)
+# sampled during (a) and (b).
 #
-# GPU_CHECK_DRY=1 runs the same path on CPU (tiny model, float32, 16 requests) to test the script
-# itself. PY overrides the interpreter (default python3), GPU_SIZE the model size, GPU_WORKDIR
-# where the generated model and the services' logs go (default /tmp/baton-gpu).
+# GPU_CHECK_DRY=1 runs the same path on CPU (tiny model, float32, 16 requests; graphs are a CUDA
+# setting, so "on" and "off" run alike there) to test the script itself. PY overrides the
+# interpreter (default python3), GPU_SIZE the model size, GPU_WORKDIR where the generated model
+# and the services' logs go (default /tmp/baton-gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
@@ -28,9 +38,12 @@ say() { echo "[gpu_check $(date +%T)] $*"; }
 PY=${PY:-python3}
 WORK=${GPU_WORKDIR:-/tmp/baton-gpu}
 if [ "${GPU_CHECK_DRY:-0}" = 1 ]; then
+  # The engine profile reads the model phase (a) generated (bench/throughput.py names its directory).
+  DEVICE=cpu DTYPE=float32 MODEL_DIR="$WORK/model-${GPU_SIZE:-tiny}" RUNNING=(4 16) KV_MB=256
   ARGS=(--sizes "${GPU_SIZE:-tiny}" --device cpu --dtype float32 --num-requests 16 --max-batch 16
     --rpc batch --request-stream-interval 8)
 else
+  DEVICE=cuda DTYPE=bfloat16 MODEL_DIR="$WORK/model-${GPU_SIZE:-1b}-bfloat16" RUNNING=(64 256) KV_MB=4096
   # 256 requests, all admitted at once; prefill takes 2048-token steps. The KV cache is sized
   # from the workload (about 5.5 GiB in bf16). (d) generate_batch is left out: (c) is the HF
   # baseline. --short-warmup: a whole untimed pass per phase would double the run's length.
@@ -57,15 +70,30 @@ if sys.argv[1] != "1" and not torch.cuda.is_available():
 EOF
 nproc
 
-say "benchmark: ${ARGS[*]}"
-$PY -m bench.throughput "${ARGS[@]}" --phases a b c --workdir "$WORK" --json "$OUT/results.json"
+say "benchmark, CUDA graphs on: ${ARGS[*]}"
+$PY -m bench.throughput "${ARGS[@]}" --phases a b c --cuda-graphs on --workdir "$WORK" --json "$OUT/results.json"
 status=$?
-# Then (a) again the way a serving client streams: a Generate stream per request, each token on its
-# own (the last --rpc and --request-stream-interval win).
 if [ "$status" = 0 ]; then
+  say "phases (a) and (b) again with CUDA graphs off"
+  $PY -m bench.throughput "${ARGS[@]}" --phases a b --cuda-graphs off --workdir "$WORK" \
+    --json "$OUT/results-graphs-off.json" || say "the graphs-off run failed (exit $?)"
+  # Then (a) again the way a serving client streams: a Generate stream per request, each token on its
+  # own (the last --rpc and --request-stream-interval win).
   say "phase (a) again over a Generate stream per request, token by token"
   $PY -m bench.throughput "${ARGS[@]}" --phases a --rpc generate --request-stream-interval 0 \
     --workdir "$WORK" --json "$OUT/results-per-request.json" || say "the per-request run failed (exit $?)"
+  for graphs in on off; do
+    say "engine host time per decode step, CUDA graphs $graphs (running ${RUNNING[*]})"
+    $PY -m bench.engine_profile --model "$MODEL_DIR" --device "$DEVICE" --dtype "$DTYPE" \
+      --running "${RUNNING[@]}" --steps 40 --kv-cache-mb "$KV_MB" --cuda-graphs "$graphs" 2>&1 \
+      | grep -v '^Loading weights' | tee "$OUT/engine-profile-graphs-$graphs.txt" \
+      || say "the engine profile (graphs $graphs) failed"
+  done
+  if [ "${GPU_CHECK_DRY:-0}" != 1 ] && $PY -c "import pytest" 2>/dev/null; then
+    say "the tests that need a GPU"
+    $PY -m pytest -q tests/executor_service/test_decode_graphs.py 2>&1 | tee "$OUT/tests-gpu.txt" \
+      || say "GPU tests failed"
+  fi
 fi
 for f in "$WORK"/logs-*/executor.log "$WORK"/logs-*/scheduler.log; do
   [ -f "$f" ] && tail -n 40 "$f" > "$OUT/$(basename "$(dirname "$f")")-$(basename "$f")"

@@ -182,6 +182,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1,
         help="(a): the executors' report_every_steps, decode steps merged into one step report (default 1)",
     )
+    parser.add_argument(
+        "--cuda-graphs",
+        choices=("on", "off"),
+        default="on",
+        help="(a) and (b): executor.cuda_graphs, decode steps replayed as CUDA graphs (default on; CUDA only)",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -216,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         args.request_stream_interval,
         args.report_every_steps,
         not args.short_warmup,
+        args.cuda_graphs == "on",
     )
     report: dict[str, Any] = {"requests": len(wl.prompts), "seed": args.seed, "wanted_tokens": sum(wl.max_tokens)}
     report |= {"torch": torch.__version__, "transformers": transformers.__version__, "torch_threads": threads}

@@ -37,6 +37,7 @@ def stack_env(setup: Setup, kv_mb: int, metrics_port: int) -> dict[str, str]:
     env["BATON_MONITORING__EXECUTOR_METRICS_PORT"] = str(metrics_port)
     env["BATON_DISTRIBUTED__STREAM_INTERVAL_TOKENS"] = str(setup.stream_interval)
     env["BATON_EXECUTOR__REPORT_EVERY_STEPS"] = str(setup.report_every_steps)
+    env["BATON_EXECUTOR__CUDA_GRAPHS"] = "true" if setup.cuda_graphs else "false"
     return env
 
 

@@ -44,6 +44,7 @@ class Setup:
     # warms both sides): what is timed is a warm server, not its first minute. False: one short
     # request only.
     warm_workload: bool = True
+    cuda_graphs: bool = True  # (a) and (b): executor.cuda_graphs (decode steps replayed as CUDA graphs; CUDA only)
 
     @property
     def torch_device(self) -> torch.device:

@@ -288,6 +288,10 @@ class ExecutorConfig:
     # same way starts from them instead of recomputing them. Cached blocks count as free and are
     # evicted least recently used first. False frees every block as soon as its request ends.
     prefix_caching: bool = True
+    # On CUDA, decode-only steps of a backend with static shapes (the cuda backend) are captured as
+    # CUDA graphs, one per batch bucket and table width, and replayed (executor_service/decode_graphs.py).
+    # False runs the same padded steps eagerly. Ignored on the CPU, where nothing is captured.
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.executor_id:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from common.lifecycle import FinishReason
-from common.logprobs import NO_LOGPROBS
+from common.logprobs import NO_LOGPROBS, Logprobs
 from executor_service import prompt_logprobs
 from executor_service.batch_admission import Admission, judge_admission
 from executor_service.block_allocator import BlockAllocator
@@ -33,7 +33,7 @@ from executor_service.model_runner import ModelRunner
 from executor_service.prefix_cache import PrefixCache
 from executor_service.sampling import Sampled, Sampler, make_generator
 from executor_service.sequence import Sequence
-from executor_service.step_scheduler import ScheduledChunk, StepScheduler
+from executor_service.step_scheduler import ScheduledChunk, StepPlan, StepScheduler
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,11 @@ class Engine:
         self.prefix_cache = PrefixCache(allocator)
         self.step_scheduler: StepScheduler[Sequence] = StepScheduler(allocator, self._drop)
         self.running: dict[str, Sequence] = {}
+        # Step bookkeeping kept between steps, so a step costs no pass over the running set it can skip:
+        # the running sequences in rank order (None: re-sort, after a sequence joined or left), and
+        # those not decoding yet (whose uncomputed tokens are the pending prefill).
+        self._by_rank: list[Sequence] | None = None
+        self._prefilling: set[Sequence] = set()
         self.iteration = 0
         self.plan_seq = 0
         self._grants: dict[str, int] = {}
@@ -147,6 +152,8 @@ class Engine:
             detokenizer=detok,
         )
         self.running[spec.request_id] = seq
+        self._by_rank = None
+        self._prefilling.add(seq)
         if params.prompt_logprobs is not None and not spec.output_ids:
             # Its prompt's log probabilities need every prompt position's logits: no prefix cache.
             seq.prompt_logprobs = NO_LOGPROBS
@@ -159,31 +166,63 @@ class Engine:
     def _drop(self, seq: Sequence) -> None:
         self.allocator.release(seq.block_table)
         seq.reset_cache()
+        self.runner.release(seq)
         self.running.pop(seq.request_id, None)
         self.sampler.release(seq.request_id)
+        self._by_rank = None
+        self._prefilling.discard(seq)
 
     # ---- one iteration -----------------------------------------------------------------
     def step(self) -> StepOutput:
         started = time.perf_counter_ns()
-        ordered = self.prefix_cache.share(sorted(self.running.values(), key=lambda s: s.rank))
-        plan = self.step_scheduler.schedule(ordered, self.token_budget, self._grants)
+        plan = self.step_scheduler.schedule(self.prefix_cache.share(self._ranked()), self.token_budget, self._grants)
         self._grants = {}
         self._preempted.extend(s.request_id for s in plan.preempted)
-        tokens: list[TokenOut] = []
-        if plan.chunks:
-            scoring = any(c.seq.prompt_logprobs is not None for c in plan.chunks)
-            leading = [prompt_logprobs.rows_wanted(c) for c in plan.chunks] if scoring else None
-            logits = self._forward(plan.chunks, leading)
-            completing = [c.seq for c in plan.chunks if c.completes]
-            if leading is not None:
-                prompt_logprobs.gather(plan.chunks, leading, logits[len(completing) :])
-            for chunk in plan.chunks:
-                chunk.seq.num_computed += chunk.num_tokens
-                self.prefix_cache.name_computed(chunk.seq)
-            if completing:
-                tokens = self._sample(completing, logits[: len(completing)])
+        tokens = self._compute(plan) if plan.chunks else []
         self.iteration += 1
         return self._output(tokens, plan.num_tokens, time.perf_counter_ns() - started)
+
+    def _ranked(self) -> list[Sequence]:
+        """The running sequences, most important first; sorted again only after the set changed."""
+        if self._by_rank is None:
+            self._by_rank = sorted(self.running.values(), key=lambda s: s.rank)
+        return self._by_rank
+
+    def _compute(self, plan: StepPlan[Sequence]) -> list[TokenOut]:
+        """Run the plan's chunks, sample, and postprocess the completed sequences' tokens.
+
+        The order keeps the host off the device's critical path where the device is asynchronous
+        (CUDA): forward, sampling and the write of the sampled tokens into the decode rows are
+        queued first, then the bookkeeping that needs no token runs while the device computes,
+        and the one device-to-host copy of the step (the tokens, for postprocessing) comes last.
+        """
+        chunks = plan.chunks
+        decodes = plan.num_decodes  # the first chunks, each a one-token decode that completes
+        completing = [c.seq for c in chunks[:decodes]]
+        if decodes < len(chunks):
+            completing += [c.seq for c in chunks[decodes:] if c.completes]
+        prefills = chunks[decodes:]
+        scoring = any(c.seq.prompt_logprobs is not None for c in prefills)
+        leading = [prompt_logprobs.rows_wanted(c) for c in chunks] if scoring else None
+        logits = self._forward(chunks, leading)
+        if leading is not None:
+            prompt_logprobs.gather(chunks, leading, logits[len(completing) :])
+        sampled = None
+        if completing:
+            generators = [None if s.generator is None else self._generator_for(s) for s in completing]
+            sampled = self.sampler.sample(logits[: len(completing)], completing, generators)
+            self.runner.commit(sampled.on_device)
+        naming, block_size = self.prefix_cache.enabled, self.allocator.block_size
+        for chunk in chunks:
+            seq = chunk.seq
+            seq.num_computed += chunk.num_tokens
+            if naming and seq.num_computed >= (seq.num_named + 1) * block_size:  # a block filled: name it
+                self.prefix_cache.name_computed(seq)
+        if self._prefilling:
+            self._prefilling.difference_update(completing)  # decoding from now on, or about to finish
+        if sampled is None:
+            return []
+        return self._emit(completing, sampled)
 
     def _forward(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None) -> torch.Tensor:
         if self.threads is None:
@@ -198,22 +237,21 @@ class Engine:
         # Only prompt-logprob steps pass ``leading``: any other step calls the runner as it always has.
         return self.runner.run(chunks) if leading is None else self.runner.run(chunks, leading)
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[TokenOut]:
-        """The next token of each sequence whose every token is now computed (``logits``: their last
-        positions'). A request that only scores its prompt (max_tokens 0) ends here instead."""
+    def _emit(self, seqs: list[Sequence], sampled: Sampled) -> list[TokenOut]:
+        """Each completed sequence's new token (the step's one copy of them to the host happens
+        here). A request that only scores its prompt (max_tokens 0) ends instead, its sampled
+        token unused."""
+        tokens, logprobs = sampled.tokens, sampled.logprobs
+        if not any(s.params.max_tokens == 0 for s in seqs):
+            return self._postprocess(seqs, tokens, logprobs)
         out: list[TokenOut] = []
-        if any(s.params.max_tokens == 0 for s in seqs):
-            keep = [i for i, s in enumerate(seqs) if s.params.max_tokens > 0]
-            for seq in seqs:
-                if seq.params.max_tokens == 0:
-                    out.append(TokenOut(seq.request_id, (), "", 0, prompt_logprobs=prompt_logprobs.take(seq)))
-                    self._finish(seq, FinishReason.LENGTH, "")
-            seqs = [seqs[i] for i in keep]
-            logits = logits[keep]
-            if not seqs:
-                return out
-        generators = [self._generator_for(s) for s in seqs]
-        return out + self._postprocess(seqs, self.sampler.sample(logits, seqs, generators))
+        keep = [i for i, s in enumerate(seqs) if s.params.max_tokens > 0]
+        for seq in seqs:
+            if seq.params.max_tokens == 0:
+                out.append(TokenOut(seq.request_id, (), "", 0, prompt_logprobs=prompt_logprobs.take(seq)))
+                self._finish(seq, FinishReason.LENGTH, "")
+        kept = [seqs[i] for i in keep]
+        return out + self._postprocess(kept, [tokens[i] for i in keep], [logprobs[i] for i in keep])
 
     @staticmethod
     def _generator_for(seq: Sequence) -> torch.Generator | None:
@@ -227,9 +265,11 @@ class Engine:
         """Report news (aborts, rejections) without running a step."""
         return self._output([], 0, 0)
 
-    def _postprocess(self, seqs: Seq[Sequence], sampled: Sampled) -> list[TokenOut]:
+    def _postprocess(
+        self, seqs: Seq[Sequence], tokens: list[int], token_logprobs: list[Logprobs | None]
+    ) -> list[TokenOut]:
         out: list[TokenOut] = []
-        for seq, token, logprobs in zip(seqs, sampled.tokens, sampled.logprobs, strict=True):
+        for seq, token, logprobs in zip(seqs, tokens, token_logprobs, strict=True):
             first = prompt_logprobs.take(seq)  # the prompt's, with the request's first token (if asked)
             seq.output_ids.append(token)
             delta = seq.detokenizer.push([token])
@@ -274,7 +314,7 @@ class Engine:
             num_running=len(self.running),
             kv_blocks_used=self.allocator.num_used,
             kv_blocks_total=self.allocator.num_blocks,
-            pending_prefill_tokens=sum(s.num_uncomputed for s in self.running.values() if not s.is_decoding),
+            pending_prefill_tokens=sum(s.num_uncomputed for s in self._prefilling if not s.is_decoding),
             kv_events=self._kv_events(),
             prefix_cache_queries=self.prefix_cache.queries,
             prefix_cache_hits=self.prefix_cache.hits,

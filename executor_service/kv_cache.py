@@ -5,6 +5,10 @@ slots. A sequence owns a list of blocks (its block table); token ``t`` of the se
 in slot ``block_table[t // block_size] * block_size + t % block_size``. Memory is allocated
 once at start, sized from a memory setting, so the executor never grows past it. Which blocks
 each sequence owns is ``executor_service.block_allocator``'s bookkeeping.
+
+One block more than the allocator hands out is the scratch block: the padded rows of a
+static-shape decode step (``decode_step.py``) write their K/V there and read it back, so padding
+never touches a request's cache.
 """
 
 from __future__ import annotations
@@ -41,11 +45,12 @@ class KVPool:
     """The K/V tensors of every layer, indexed by flat token slot."""
 
     def __init__(self, geometry: KVGeometry, num_blocks: int, block_size: int, device: torch.device) -> None:
-        slots = num_blocks * block_size
+        slots = (num_blocks + 1) * block_size  # the allocator's blocks, then the scratch block
         shape = (geometry.num_layers, slots, geometry.num_kv_heads, geometry.head_dim)
         self.keys = torch.zeros(shape, dtype=geometry.dtype, device=device)
         self.values = torch.zeros(shape, dtype=geometry.dtype, device=device)
         self.block_size = block_size
+        self.scratch_block = num_blocks  # never handed out by the allocator, which has num_blocks
 
     def slots(self, block_table: Sequence[int], start: int, end: int) -> list[int]:
         """Flat slots of tokens ``start..end-1`` of a sequence with this block table."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import cast
 
@@ -114,7 +115,20 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         config.block_size,
         limits.max_model_len,
     )
-    runner = ModelRunner(backend, pool, allocator, device)
+    runner = ModelRunner(
+        backend,
+        pool,
+        allocator,
+        device,
+        max_seqs=config.max_batch_size,
+        max_model_len=limits.max_model_len,
+        cuda_graphs=config.cuda_graphs,
+    )
+    log.info("%s", runner.describe())
+    if runner.graphs is not None:
+        started = time.perf_counter()
+        count = runner.capture_decode_graphs()
+        log.info("captured %d decode graphs in %.1f s", count, time.perf_counter() - started)
     engine = Engine(runner, allocator, tokenizer, limits, threads)
     vocab = int(model.get_output_embeddings().weight.shape[0])
     return LoadedModel(engine, tokenizer, config.model, device, config.dtype, vocab, backend.name)

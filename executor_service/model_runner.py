@@ -1,24 +1,63 @@
-"""Runs one packed forward pass over the step's chunks and returns the logits to sample."""
+"""Runs one forward pass over the step's chunks and returns the logits to sample.
+
+Two ways in. A step of one-token decodes only (most steps once prompts are in) runs from the
+persistent decode rows (``decode_step.py``): the host uploads the rows it runs, the device
+gathers the rest, and on a backend with static shapes the step is padded to a batch bucket and,
+on CUDA with ``executor.cuda_graphs``, replayed from a captured graph (``decode_graphs.py``).
+Any other step (a prompt's chunk among the decodes) is packed from the sequences' lists, request
+by request, as below: those steps are dominated by the prefill's compute.
+
+After sampling, ``commit`` writes the sampled tokens into the rows on the device, so the next
+decode step needs nothing from the host but which rows run.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 import torch
 
 from executor_service.backends.base import Backend, DecodeRead
 from executor_service.block_allocator import BlockAllocator
+from executor_service.decode_graphs import DecodeGraphs
+from executor_service.decode_step import DecodeShape, DecodeStep, width_bucket, width_buckets
 from executor_service.kernels.decode_attention import PagedDecodes
 from executor_service.kv_cache import KVPool
 from executor_service.paged_attention import AttentionBatch, DecodeGroup, DecodeView, PrefillSegment
 from executor_service.sequence import Sequence
 from executor_service.step_scheduler import ScheduledChunk
 
+# Decode graphs captured before serving cover contexts up to this many tokens, most requests' (a chat
+# turn, a benchmark's prompt and output): 7 widths per batch bucket; the widest gathers 256 x 1024
+# tokens' K and V a layer (about 0.5 GB in bf16 for 8 KV heads of 64, in the graphs' shared pool).
+GRAPH_CONTEXT_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class _Uncommitted:
+    """What ``commit`` writes once the step's tokens are sampled."""
+
+    seqs: Seq[Sequence]  # the step's completing sequences, in sampling order
+    rows: torch.Tensor | None  # their decode rows; None: a decode step's (``DecodeState.step_rows``)
+    positions: torch.Tensor | None  # the position after each; None: a decode step's (one on)
+
 
 class ModelRunner:
     """Owns the KV pool and the backend (which holds the model); turns chunks into one forward pass."""
 
-    def __init__(self, backend: Backend, pool: KVPool, allocator: BlockAllocator, device: torch.device) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        pool: KVPool,
+        allocator: BlockAllocator,
+        device: torch.device,
+        *,
+        max_seqs: int,
+        max_model_len: int,
+        cuda_graphs: bool = False,
+    ) -> None:
+        """``max_seqs``: running sequences at most; ``cuda_graphs``: capture static decode steps (CUDA only)."""
         self.backend = backend
         self.model = backend.model
         self.pool = pool
@@ -26,6 +65,90 @@ class ModelRunner:
         self.device = device
         # How decodes read their contexts is the backend's choice (backends/base.py, DecodeRead).
         self.decode_read = backend.decode_read
+        self.decode = DecodeStep(pool, max_seqs, allocator.blocks_for(max_model_len), device)
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs and device.type == "cuda" and backend.static_shapes:
+            self.graphs = DecodeGraphs(self._decode_forward, self.decode.buckets[-1])
+        self._uncommitted: _Uncommitted | None = None
+
+    def describe(self) -> str:
+        """How decode steps run, for the log."""
+        if self.decode_read is DecodeRead.IN_PLACE:
+            return "decode steps packed per request (in-place context views)"
+        if not self.backend.static_shapes:
+            return "decode steps from persistent rows, unpadded"
+        buckets = self.decode.buckets
+        how = "captured as CUDA graphs" if self.graphs is not None else "eager"
+        return f"decode steps from persistent rows, padded to batch buckets {buckets[0]}..{buckets[-1]}, {how}"
+
+    def capture_decode_graphs(self, max_context: int = GRAPH_CONTEXT_TOKENS) -> int:
+        """Before serving: capture the decode step at every batch bucket and every table width up to
+        ``max_context`` tokens (longer contexts capture on first use). Returns the graphs captured."""
+        graphs = self.graphs
+        if graphs is None:
+            return 0
+        state = self.decode.state
+        widest = width_bucket(self.allocator.blocks_for(max_context), state.max_blocks)
+        state.step_rows.fill_(state.scratch_row)  # every row padding: the captures write the scratch block only
+        with torch.inference_mode():
+            for batch in reversed(self.decode.buckets):
+                for width in reversed(width_buckets(widest)):
+                    if not graphs.disabled:
+                        graphs.capture(batch, width)
+        return len(graphs.captured)
+
+    def release(self, seq: Sequence) -> None:
+        """The sequence left the batch (or dropped its cache): its decode row is free."""
+        self.decode.state.release(seq)
+
+    def commit(self, sampled: torch.Tensor) -> None:
+        """Record the last step's sampled tokens [completing chunks] in the decode rows, on the device."""
+        pending, self._uncommitted = self._uncommitted, None
+        if pending is None:
+            return
+        if sampled.shape[0] != len(pending.seqs):
+            raise ValueError(f"{sampled.shape[0]} sampled tokens for {len(pending.seqs)} completed sequences")
+        state = self.decode.state
+        if pending.rows is None or pending.positions is None:
+            state.commit_decodes(len(pending.seqs), sampled)
+        else:
+            state.commit(pending.seqs, pending.rows, sampled, pending.positions)
+
+    @torch.inference_mode()
+    def run(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None = None) -> torch.Tensor:
+        """Compute the chunks' K/V into the pool; return float32 logits [num completing chunks, vocab].
+
+        ``leading[i]``: also keep the logits of chunk i's first that many positions, after the
+        completing chunks' rows (see ``_run_packed``); such a step always takes the packed path.
+        """
+        if self._uncommitted is not None:  # the last step's tokens never reached its rows
+            self.decode.state.forget(self._uncommitted.seqs)
+            self._uncommitted = None
+        # A live row is a decoding sequence's, whose one-token chunk completes: most steps read no more.
+        if (
+            not leading
+            and self.decode_read is not DecodeRead.IN_PLACE
+            and all(c.num_tokens == 1 and (c.seq.decode_live or c.completes) for c in chunks)
+        ):
+            return self._run_decodes([chunk.seq for chunk in chunks])
+        return self._run_packed(chunks, leading)
+
+    def _run_decodes(self, seqs: list[Sequence]) -> torch.Tensor:
+        """A step of one-token chunks (decodes, or one-token prompts): every one completes."""
+        shape = self.decode.prepare(seqs, self.backend.static_shapes)
+        self._uncommitted = _Uncommitted(seqs, None, None)
+        return self._forward_decodes(shape)[: shape.count]
+
+    def _forward_decodes(self, shape: DecodeShape) -> torch.Tensor:
+        """The decode step's device part, logits [shape.batch, vocab]: replayed from its graph, or eager."""
+        graphs = self.graphs
+        if graphs is not None and self.backend.static_shapes:
+            return graphs.run(shape.batch, shape.width)
+        return self._decode_forward(shape.batch, shape.width)
+
+    def _decode_forward(self, batch: int, width: int) -> torch.Tensor:
+        """The decode step's forward for ``(batch, width)``, eagerly: what a graph captures."""
+        return self.decode.forward(self._forward, self.decode_read, batch, width)
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -51,9 +174,8 @@ class ModelRunner:
         context = first * self.pool.block_size if first is not None else self._context_slots(seq.block_table, end)
         return PrefillSegment(start=row, end=row + end - start, context=context, context_len=end, mask=keys <= queries)
 
-    @torch.inference_mode()
-    def run(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None = None) -> torch.Tensor:
-        """Compute the chunks' K/V into the pool; return float32 logits [num completing chunks, vocab].
+    def _run_packed(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None = None) -> torch.Tensor:
+        """Any step: every chunk's tokens packed side by side, built from the sequences' lists.
 
         ``leading[i]``: also keep the logits of chunk i's first that many positions (prompt log
         probabilities need every position's); those rows follow the completing chunks', in chunk order.
@@ -70,6 +192,8 @@ class ModelRunner:
         native_tables: list[list[int]] = []
         sample_rows: list[int] = []
         leading_rows: list[int] = []
+        completing: list[Sequence] = []
+        next_positions: list[int] = []
         block_size = self.pool.block_size
         for i, chunk in enumerate(chunks):
             seq, row = chunk.seq, len(input_ids)
@@ -95,6 +219,8 @@ class ModelRunner:
                 prefills.append(self._prefill_segment(row, seq, start, end, first))
             if chunk.completes:
                 sample_rows.append(row + chunk.num_tokens - 1)
+                completing.append(seq)
+                next_positions.append(end)
             if leading:
                 leading_rows += range(row, row + leading[i])
         batch = AttentionBatch(
@@ -108,6 +234,9 @@ class ModelRunner:
         kept = sample_rows + leading_rows
         keep = self._tensor(kept or [0])
         logits = self._forward(self._tensor(input_ids), self._tensor(positions), keep, batch)
+        if completing:
+            rows = self._tensor([self.decode.state.row_of(seq) for seq in completing])
+            self._uncommitted = _Uncommitted(completing, rows, self._tensor(next_positions))
         return logits.float() if kept else logits[:0].float()
 
     def _forward(

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from typing import cast
 
 import torch
 
@@ -50,8 +52,13 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
 class Sampled:
     """One step's choices: a token per row, and its log probabilities where the request asked."""
 
-    tokens: list[int]
+    on_device: torch.Tensor  # [rows] int64, where the logits were: the next decode step reads them there
     logprobs: list[Logprobs | None]
+
+    @cached_property
+    def tokens(self) -> list[int]:
+        """The tokens on the host: the step's one device-to-host copy of them, made when first asked."""
+        return cast(list[int], self.on_device.tolist())
 
 
 class Sampler:
@@ -93,7 +100,7 @@ class Sampler:
             gathered = token_logprobs.gather(raw, tokens.index_select(0, asking_idx), max(counts))
             for row, (i, count) in enumerate(zip(asking, counts, strict=True)):
                 logprobs[i] = gathered.take(row, row + 1, count)
-        return Sampled(tokens.tolist(), logprobs)
+        return Sampled(tokens, logprobs)
 
     def choose(
         self,

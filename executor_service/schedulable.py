@@ -56,6 +56,11 @@ class KVBlocks(Protocol):
         """Blocks in the whole cache."""
         ...
 
+    @property
+    def block_size(self) -> int:
+        """Tokens a block holds."""
+        ...
+
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
         ...

@@ -34,6 +34,12 @@ class Sequence:
     # The prompt's log probabilities gathered so far, chunk by chunk, while the request wants them
     # (it asked, and has no output yet: a resumed request's were delivered); None otherwise.
     prompt_logprobs: Logprobs | None = None
+    # Its row in the model runner's persistent decode state (``decode_state.py``), which the runner
+    # owns: the row's index, how many of its block-table entries the row mirrors, and whether the
+    # row holds its next token and position (written on the device by the step that sampled it).
+    decode_row: int | None = None
+    decode_blocks: int = 0
+    decode_live: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -46,11 +52,13 @@ class Sequence:
 
     @property
     def num_uncomputed(self) -> int:
-        return self.num_tokens - self.num_computed
+        return len(self.prompt_ids) + len(self.output_ids) - self.num_computed
 
     @property
     def is_decoding(self) -> bool:
-        return self.num_computed > 0 and self.num_uncomputed == 1
+        # Read every step for every running sequence: spelled out rather than through num_uncomputed.
+        computed = self.num_computed
+        return computed > 0 and len(self.prompt_ids) + len(self.output_ids) - computed == 1
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Token ids ``start..end-1`` of prompt + output."""

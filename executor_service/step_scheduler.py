@@ -40,6 +40,8 @@ class ScheduledChunk(Generic[S]):
 class StepPlan(Generic[S]):
     chunks: tuple[ScheduledChunk[S], ...]
     preempted: tuple[S, ...]
+    # The first ``num_decodes`` chunks are the running decodes: one token each, each completing.
+    num_decodes: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -56,14 +58,23 @@ class StepScheduler(Generic[S]):
         queue = list(running)
         chunks: list[ScheduledChunk[S]] = []
         preempted: list[S] = []
-        for seq in [s for s in queue if s.is_decoding]:
-            if seq not in queue:  # preempted to make room for someone more important
-                continue
-            if not self._fit(seq, seq.num_tokens, queue, chunks, preempted):
+        decoding: list[S] = []
+        waiting: list[S] = []
+        for seq in queue:
+            (decoding if seq.is_decoding else waiting).append(seq)
+        block_size = self.allocator.block_size
+        for seq in decoding:
+            if preempted and any(victim is seq for victim in preempted):
+                continue  # preempted to make room for someone more important
+            # Most decodes have room in their last block: one in block_size needs another.
+            if len(seq.block_table) * block_size < seq.num_tokens and not self._fit(seq, queue, chunks, preempted):
                 continue
             chunks.append(ScheduledChunk(seq, 1))
-            budget -= 1
-        for seq in [s for s in queue if not s.is_decoding]:
+        num_decodes = len(chunks)
+        budget -= num_decodes
+        if preempted:
+            waiting = [seq for seq in waiting if not any(victim is seq for victim in preempted)]
+        for seq in waiting:
             if budget <= 0:
                 break
             size = min(seq.num_uncomputed, budget, grants.get(seq.request_id, budget))
@@ -80,20 +91,13 @@ class StepScheduler(Generic[S]):
             victim = queue[-1]
             self._preempt(victim)
             preempted.append(victim)
-        return StepPlan(tuple(chunks), tuple(preempted))
+        return StepPlan(tuple(chunks), tuple(preempted), num_decodes)
 
-    def _fit(
-        self,
-        seq: S,
-        num_tokens: int,
-        queue: list[S],
-        chunks: list[ScheduledChunk[S]],
-        preempted: list[S],
-    ) -> bool:
-        """Grow ``seq`` to ``num_tokens``, preempting from the back of ``queue`` until it fits."""
+    def _fit(self, seq: S, queue: list[S], chunks: list[ScheduledChunk[S]], preempted: list[S]) -> bool:
+        """Grow ``seq`` to its tokens, preempting from the back of ``queue`` until it fits."""
         while True:
             try:
-                self.allocator.grow(seq.block_table, num_tokens, seq.final_len)
+                self.allocator.grow(seq.block_table, seq.num_tokens, seq.final_len)
                 return True
             except OutOfBlocks:
                 scheduled = {id(c.seq) for c in chunks}

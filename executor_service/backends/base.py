@@ -99,6 +99,11 @@ class Backend(ABC):
       never their values.
     - ``decode_read`` is fixed at construction: the model runner builds each step's
       ``AttentionBatch`` for it.
+    - ``static_shapes`` True: decode-only steps reach ``forward`` padded to a few fixed batch sizes
+      and table widths (``decode_step.py``), with no host synchronisation inside ``forward``, so the
+      model runner may capture them as CUDA graphs (``executor.cuda_graphs``). False (the default):
+      each step with its own shapes. Set it on any backend to run the padded path eagerly (tests do,
+      on the CPU).
     - ``forward`` writes every row's K/V into the pool at ``batch.slot_mapping`` and returns the logits
       of the ``keep`` rows, [len(keep), vocab], in the model's dtype or float32.
     - Exactness: for any model its support covers, greedy output in float32 equals ``model.generate``
@@ -117,6 +122,7 @@ class Backend(ABC):
         self.device = device
         self.dtype = dtype
         self.decode_read = DecodeRead.GATHERED
+        self.static_shapes = False
 
     @abstractmethod
     def forward(

@@ -5,6 +5,10 @@ reference backend (``torch_reference``). Nothing here is CUDA-specific code: the
 torch path and the gathered decodes are the ones the tests run on the CPU (``tests/executor_service/
 backends``), so its declared support is no wider than what they check. CUDA kernels of Baton's own
 (a paged decode kernel, fused layer ops) would go here, with their own declared support.
+
+Static shapes: decode-only steps are padded to batch buckets and table-width buckets
+(``decode_step.py``), so the model runner captures them as CUDA graphs (``decode_graphs.py``,
+``executor.cuda_graphs``); the tests run the same padded path eagerly on the CPU.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class CudaBackend(Backend):
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, private_torch: bool = True) -> None:
         super().__init__(model, device, dtype, private_torch)
         self.decode_read = DecodeRead.GATHERED
+        self.static_shapes = True
         self.lean = FastLlamaForward(model)
 
     def forward(
@@ -44,4 +49,7 @@ class CudaBackend(Backend):
         return self.lean(input_ids, positions, keep, batch)
 
     def describe(self) -> str:
-        return f"lean Llama forward (torch ops), decode attention {self.decode_read.value} (torch SDPA)"
+        return (
+            f"lean Llama forward (torch ops), decode attention {self.decode_read.value} (torch SDPA), "
+            "static-shape decode steps"
+        )

@@ -16,13 +16,16 @@ SUPPORTED_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 class PagedDecodes:
     """Every single-token decode of a step, with the block tables to read their contexts through.
 
-    Built once per step and used by every layer. All int64 tensors on the CPU.
+    Built once per step and used by every layer. All int64 tensors on the CPU. The kernel reads
+    decode i's table from ``tables[table_offsets[i]]`` on, as many blocks as its length needs, so
+    the tables may lie one after another (``build``) or be rows of a fixed-width matrix (the
+    persistent decode rows, ``decode_step.py``, which pass the rows' starts only).
     """
 
     rows: torch.Tensor  # [D] query row of each decode in the packed step
     lengths: torch.Tensor  # [D] context length, the new token included
-    table_offsets: torch.Tensor  # [D + 1] where each block table starts in ``tables``
-    tables: torch.Tensor  # the block tables, one after another
+    table_offsets: torch.Tensor  # [D] (or [D + 1]) where each block table starts in ``tables``
+    tables: torch.Tensor  # the block tables
 
     @classmethod
     def build(cls, rows: list[int], lengths: list[int], tables: list[list[int]]) -> PagedDecodes:
