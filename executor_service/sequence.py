@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from common.logprobs import Logprobs
 from common.sampling_params import SamplingParams
 from executor_service.detokenizer import IncrementalDetokenizer
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 
 @dataclass(eq=False)
@@ -34,6 +38,8 @@ class Sequence:
     # The prompt's log probabilities gathered so far, chunk by chunk, while the request wants them
     # (it asked, and has no output yet: a resumed request's were delivered); None otherwise.
     prompt_logprobs: Logprobs | None = None
+    # Its structured output's matcher, at the end of its output so far (grammar_masks.py); None: free text.
+    grammar: xgr.GrammarMatcher | None = None
 
     @property
     def num_tokens(self) -> int:
