@@ -11,7 +11,7 @@ request's log probabilities are those of the masked distribution.
 A matcher's state is the output so far, and the engine keeps nothing else: a request re-admitted
 after a preemption or a migration (it comes back with every token it generated) gets a new matcher
 that replays its output (``resume_matcher``), so the constraint continues exactly where it was.
-Tokens are never taken back in this engine once sampled, so matchers keep no rollback history.
+Tokens are never taken back in this engine once sampled, so nothing calls the matchers' rollback.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class GrammarBroken(ValueError):
 
 def resume_matcher(compiled: xgr.CompiledGrammar, output_ids: Sequence[int]) -> xgr.GrammarMatcher:
     """A matcher for ``compiled`` that has accepted ``output_ids`` (a resumed request's output)."""
-    matcher = xgr.GrammarMatcher(compiled, max_rollback_tokens=0)
+    matcher = xgr.GrammarMatcher(compiled)
     for i, token in enumerate(output_ids):
         if matcher.is_terminated() or not matcher.accept_token(token):
             raise GrammarBroken(f"output token {i} (id {token}) does not follow the structured output's grammar")
