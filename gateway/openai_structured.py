@@ -67,18 +67,19 @@ def _from_vllm(options: Mapping[str, Any], param: str) -> pb.StructuredOutput:
         raise BadRequest(f"{param} must set exactly one of {', '.join(_KINDS)}", param=param)
     kind = kinds[0]
     value = options[kind]
+    where = param if param in _GUIDED else f"{param}.{kind}"  # what the client named
     if kind == "json":
-        return pb.StructuredOutput(json_schema=_schema_text(value, f"{param}.json"))
+        return pb.StructuredOutput(json_schema=_schema_text(value, where))
     if kind == "json_object":
         if value is not True:
-            raise BadRequest(f"{param}.json_object must be true", param=param)
+            raise BadRequest(f"{where} must be true", param=where)
         return pb.StructuredOutput(json_object=True)
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
-            raise BadRequest(f"{param}.choice must be a non-empty list of strings", param=param)
+            raise BadRequest(f"{where} must be a non-empty list of strings", param=where)
         return pb.StructuredOutput(choice=pb.StructuredChoice(choices=value))
     if not isinstance(value, str):
-        raise BadRequest(f"{param}.{kind} must be a string", param=param)
+        raise BadRequest(f"{where} must be a string", param=where)
     return pb.StructuredOutput(regex=value) if kind == "regex" else pb.StructuredOutput(grammar=value)
 
 

@@ -176,7 +176,9 @@ def _sampling(body: Mapping[str, Any], default_max_tokens: int, min_max_tokens: 
     max_tokens = _int(body, "max_tokens", min_max_tokens)
     if max_tokens is None:
         max_tokens = _int(body, "max_completion_tokens", 1)  # the chat API's newer name
-    params.max_tokens = default_max_tokens if max_tokens is None else max_tokens
+    if max_tokens is not None or default_max_tokens:
+        params.max_tokens = default_max_tokens if max_tokens is None else max_tokens
+    # else unset: Baton's default (an explicit 0 would be refused as "no tokens")
     temperature = _number(body, "temperature")
     # OpenAI's default temperature is 1; Baton's proto default (0) means greedy.
     params.temperature = 1.0 if temperature is None else temperature
