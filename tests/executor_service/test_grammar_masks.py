@@ -9,7 +9,7 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from executor_service.grammar_masks import GrammarBroken, GrammarMasks, resume_matcher
+from executor_service.grammar_masks import _SPARSE_WORDS, GrammarBroken, GrammarMasks, resume_matcher
 
 VOCAB = [chr(c) for c in range(97, 123)] + ["0", "1", "</s>"]  # a-z, 0, 1, EOS (id 28)
 EOS = 28
@@ -55,3 +55,24 @@ def test_resuming_replays_the_output_or_says_where_it_broke() -> None:
     assert resume_matcher(grammar, [0, 1, EOS]).is_terminated()
     with pytest.raises(GrammarBroken, match=r"output token 1 \(id 2\)"):
         resume_matcher(grammar, [0, 2])
+
+
+@pytest.mark.parametrize("width", [768, 700, 800])  # the grammars' 24 words exactly, fewer logits, more
+def test_sparse_and_dense_rows_mask_as_xgrammars_kernel(width: int) -> None:
+    """Rows allowing few tokens take the whole-row path, the others the kernel: the same logits."""
+    generator = torch.Generator().manual_seed(0)
+    words = 3 * _SPARSE_WORDS  # 768 tokens: a sparse row allows tokens in at most 3 words
+    bitmask = torch.zeros(6, words, dtype=torch.int32)
+    bitmask[0, 5] = 1 << 7  # one token
+    bitmask[1, [0, 2, 23]] = torch.tensor([-1, 0x00F0F0F0, -(2**31)], dtype=torch.int32)  # three words; bit 31 too
+    bitmask[2] = -1  # everything
+    bitmask[3] = torch.randint(-(2**31), 2**31 - 1, (words,), dtype=torch.int32, generator=generator)
+    bitmask[4, 21] = 1 << 30  # token 702, past narrower logits
+    logits = torch.randn(6, width, generator=generator)
+    covered = min(width, words * 32)
+    expected = logits.clone()
+    rows = [0, 1, 2, 3, 4]
+    xgr.apply_token_bitmask_inplace(expected, bitmask, vocab_size=covered, indices=rows)
+    GrammarMasks._mask_on_host(logits, bitmask, rows, covered)
+    assert torch.equal(logits[:, :covered], expected[:, :covered])
+    assert torch.equal(logits[5], expected[5])  # a row not asked about
