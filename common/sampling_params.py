@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from common.errors import InvalidRequest
 from common.logprobs import MAX_LOGPROBS
 from common.pb import executor_pb2 as pb
+from common.structured_output import StructuredOutput
 
 # torch.Generator.manual_seed accepts exactly this range (negative values wrap around).
 SEED_MIN = -(1 << 63)
@@ -53,6 +54,8 @@ class SamplingParams:
     # Alternatives per position for the output's and the prompt's log probabilities; None: none.
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # The form the output must take (a grammar masks the logits at every step); None: free text.
+    structured_output: StructuredOutput | None = None
     # Derived once: the sampler asks every row of every step whether its logits need adjusting.
     adjusts_logits: bool = field(init=False, repr=False, compare=False)
 
@@ -99,6 +102,9 @@ class SamplingParams:
             count = getattr(self, name)
             if count is not None and not 0 <= count <= MAX_LOGPROBS:
                 raise InvalidRequest(f"{name} must lie in [0, {MAX_LOGPROBS}], got {count}")
+        if self.structured_output is not None and self.min_tokens > 0:
+            # The grammar may allow nothing but the end once its form is complete, which min_tokens forbids.
+            raise InvalidRequest("min_tokens must be 0 with structured_output: the form decides where the output ends")
         # Whether anything changes this request's logits before the choice (penalties, bias, min_tokens).
         adjusts = self.has_penalties or bool(self.logit_bias) or self.min_tokens > 0
         object.__setattr__(self, "adjusts_logits", adjusts)
@@ -117,13 +123,20 @@ class SamplingParams:
 
     # ---- Redis (JSON, never pickle) ------------------------------------------------------
     def to_json(self) -> str:
-        # Every field is a number, a string or a tuple of them: a shallow dict is enough
+        # Every other field is a number, a string or a tuple of them: a shallow dict is enough
         # (``asdict`` deep-copies, and this runs once per submit).
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self) if f.init}, separators=(",", ":"))
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        if self.structured_output is not None:
+            out["structured_output"] = self.structured_output.to_dict()
+        return json.dumps(out, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: str) -> SamplingParams:
-        return cls(**json.loads(raw))
+        values = json.loads(raw)
+        structured = values.get("structured_output")
+        if structured is not None:
+            values["structured_output"] = StructuredOutput.from_dict(structured)
+        return cls(**values)
 
     # ---- the scheduler -> executor wire --------------------------------------------------
     def to_pb(self) -> pb.ExecSampling:
@@ -149,6 +162,8 @@ class SamplingParams:
             msg.logprobs = self.logprobs
         if self.prompt_logprobs is not None:
             msg.prompt_logprobs = self.prompt_logprobs
+        if self.structured_output is not None:
+            msg.structured_output.CopyFrom(self.structured_output.to_pb())
         return msg
 
     @classmethod
@@ -171,4 +186,5 @@ class SamplingParams:
             include_stop_str_in_output=msg.include_stop_str_in_output,
             logprobs=msg.logprobs if msg.HasField("logprobs") else None,
             prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
+            structured_output=StructuredOutput.from_pb(msg.structured_output),
         )

@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence as Seq
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
+import xgrammar as xgr
 
 from common.lifecycle import FinishReason
 from common.logprobs import NO_LOGPROBS, Logprobs
@@ -29,6 +31,8 @@ from executor_service.engine_io import (
     StepOutput,
     TokenOut,
 )
+from executor_service.grammar_cache import GrammarCache
+from executor_service.grammar_masks import GrammarBroken, GrammarMasks, resume_matcher
 from executor_service.model_runner import ModelRunner
 from executor_service.prefix_cache import PrefixCache
 from executor_service.sampling import Sampled, Sampler, make_generator
@@ -54,7 +58,9 @@ class Engine:
         tokenizer: object,
         limits: EngineLimits,
         threads: ThreadGovernor | None = None,
+        grammars: GrammarCache | None = None,
     ) -> None:
+        """``grammars``: compiles structured outputs' grammars (None: such requests end with an error)."""
         self.runner = runner
         self.allocator = allocator
         self.tokenizer = tokenizer
@@ -77,10 +83,15 @@ class Engine:
         self._preempted: list[str] = []
         self._rejected: list[FinishOut] = []
         self._reported_seq = 0
+        self.grammars = grammars
+        self.grammar_masks = GrammarMasks(grammars.vocab_size) if grammars is not None else None
+        # Admissions waiting for their structured output's grammar to compile, in arrival order.
+        self._compiling: dict[str, tuple[AdmitSpec, Future[xgr.CompiledGrammar]]] = {}
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running)
+        # A compile still running is no work: the worker idles on its inbox meanwhile, then admits.
+        return bool(self.running) or any(future.done() for _, future in self._compiling.values())
 
     @property
     def has_news(self) -> bool:
@@ -92,16 +103,21 @@ class Engine:
         if plan.abort_all:
             for active in list(self.running.values()):
                 self._drop(active)
+            self._compiling.clear()
             return
         for request_id in plan.abort:
             seq = self.running.get(request_id)
             if seq is not None:
                 self._drop(seq)
                 self._finished.append(FinishOut(request_id, FinishReason.CANCELLED, seq.detokenizer.flush()))
+            elif self._compiling.pop(request_id, None) is not None:
+                self._finished.append(FinishOut(request_id, FinishReason.CANCELLED))
         for request_id in plan.preempt:
             seq = self.running.get(request_id)
             if seq is not None:
                 self._drop(seq)
+                self._preempted.append(request_id)
+            elif self._compiling.pop(request_id, None) is not None:
                 self._preempted.append(request_id)
         for spec in plan.admit:
             self._admit(spec)
@@ -117,6 +133,34 @@ class Engine:
             # whatever this executor computed since, which no client has seen.
             log.info("request %s re-admitted; restarting it from %d tokens", spec.request_id, len(spec.output_ids))
             self._drop(previous)
+        self._compiling.pop(spec.request_id, None)  # a re-admission replaces one still waiting
+        structured = spec.params.structured_output
+        if structured is None:
+            self._join(spec, None)
+        elif self.grammars is None:
+            error = "this executor serves no structured output"
+            self._finished.append(FinishOut(spec.request_id, FinishReason.ERROR, error=error))
+        else:
+            future = self.grammars.get(structured)
+            if future.done():
+                self._join(spec, future)
+            else:  # joins once compiled (``_admit_compiled``): the engine thread never waits for a compile
+                self._compiling[spec.request_id] = (spec, future)
+
+    def _admit_compiled(self) -> None:
+        """Admit the requests whose grammars have compiled since the last step."""
+        for request_id, (spec, future) in list(self._compiling.items()):
+            if future.done():
+                del self._compiling[request_id]
+                self._join(spec, future)
+
+    def _join(self, spec: AdmitSpec, grammar: Future[xgr.CompiledGrammar] | None) -> None:
+        """Add the request to the batch (``grammar``: its structured output's, compiled)."""
+        if grammar is not None and grammar.exception() is not None:
+            # The scheduler checked the constraint; only a compile that fails here lands on this path.
+            error = str(grammar.exception())
+            self._finished.append(FinishOut(spec.request_id, FinishReason.ERROR, error=error))
+            return
         total = len(spec.prompt_ids) + len(spec.output_ids)
         verdict = judge_admission(
             total,
@@ -154,6 +198,15 @@ class Engine:
         self.running[spec.request_id] = seq
         self._by_rank = None
         self._prefilling.add(seq)
+        if grammar is not None:
+            try:
+                seq.grammar = resume_matcher(grammar.result(), spec.output_ids)
+            except GrammarBroken as exc:
+                self._finish(seq, FinishReason.ERROR, "", str(exc))
+                return
+            if seq.grammar.is_terminated():  # its output was already complete
+                self._finish(seq, FinishReason.STOP, "")
+                return
         if params.prompt_logprobs is not None and not spec.output_ids:
             # Its prompt's log probabilities need every prompt position's logits: no prefix cache.
             seq.prompt_logprobs = NO_LOGPROBS
@@ -175,6 +228,7 @@ class Engine:
     # ---- one iteration -----------------------------------------------------------------
     def step(self) -> StepOutput:
         started = time.perf_counter_ns()
+        self._admit_compiled()
         plan = self.step_scheduler.schedule(self.prefix_cache.share(self._ranked()), self.token_budget, self._grants)
         self._grants = {}
         self._preempted.extend(s.request_id for s in plan.preempted)
@@ -210,7 +264,10 @@ class Engine:
         sampled = None
         if completing:
             generators = [None if s.generator is None else self._generator_for(s) for s in completing]
-            sampled = self.sampler.sample(logits[: len(completing)], completing, generators)
+            rows = logits[: len(completing)]
+            if self.grammar_masks is not None and any(s.grammar is not None for s in completing):
+                self.grammar_masks.apply(rows, [s.grammar for s in completing])  # in place, before sampling
+            sampled = self.sampler.sample(rows, completing, generators)
             self.runner.commit(sampled.on_device)
         naming, block_size = self.prefix_cache.enabled, self.allocator.block_size
         for chunk in chunks:
@@ -271,6 +328,11 @@ class Engine:
         out: list[TokenOut] = []
         for seq, token, logprobs in zip(seqs, tokens, token_logprobs, strict=True):
             first = prompt_logprobs.take(seq)  # the prompt's, with the request's first token (if asked)
+            if seq.grammar is not None and not seq.grammar.accept_token(token):
+                # The mask allows only accepted tokens, so this is a fault: end this request alone.
+                error = f"sampled token {token} breaks the structured output's grammar"
+                self._finish(seq, FinishReason.ERROR, seq.detokenizer.flush(), error)
+                continue
             seq.output_ids.append(token)
             delta = seq.detokenizer.push([token])
             index = len(seq.output_ids) - 1
@@ -284,6 +346,10 @@ class Engine:
         params = seq.params
         if stop_string_hit:  # the detokenizer already waits for min_tokens
             return FinishReason.STOP
+        if seq.grammar is not None and seq.grammar.is_terminated():
+            # Its form is complete and it took a stop token (EOS), the only one the mask then allowed;
+            # ignore_eos cannot keep it going, as its grammar allows nothing after.
+            return FinishReason.STOP
         if len(seq.output_ids) > params.min_tokens:  # before that, stop tokens were masked (logits_processing)
             if token in params.stop_token_ids:
                 return FinishReason.STOP
@@ -293,9 +359,9 @@ class Engine:
             return FinishReason.LENGTH
         return FinishReason.NONE
 
-    def _finish(self, seq: Sequence, reason: FinishReason, text: str) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, text: str, error: str = "") -> None:
         self._drop(seq)
-        self._finished.append(FinishOut(seq.request_id, reason, text))
+        self._finished.append(FinishOut(seq.request_id, reason, text, error))
 
     def _kv_events(self) -> KvCacheEvents:
         stored, removed = self.allocator.drain_changes()

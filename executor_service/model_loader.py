@@ -15,6 +15,7 @@ from executor_service.backends.registry import select_backend
 from executor_service.block_allocator import BlockAllocator
 from executor_service.cpu_threads import OtherLoad, ThreadGovernor, usable_cores
 from executor_service.engine import Engine, EngineLimits
+from executor_service.grammar_cache import GrammarCache
 from executor_service.host_allocator import keep_freed_memory
 from executor_service.kv_cache import KVGeometry, KVPool
 from executor_service.model_runner import ModelRunner
@@ -129,6 +130,7 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         started = time.perf_counter()
         count = runner.capture_decode_graphs()
         log.info("captured %d decode graphs in %.1f s", count, time.perf_counter() - started)
-    engine = Engine(runner, allocator, tokenizer, limits, threads)
     vocab = int(model.get_output_embeddings().weight.shape[0])
+    grammars = GrammarCache(tokenizer, vocab, limits.eos_token_ids)  # compiles nothing until asked
+    engine = Engine(runner, allocator, tokenizer, limits, threads, grammars)
     return LoadedModel(engine, tokenizer, config.model, device, config.dtype, vocab, backend.name)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from common.logprobs import Logprobs
 from common.sampling_params import SamplingParams
 from executor_service.detokenizer import IncrementalDetokenizer
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 
 @dataclass(eq=False)
@@ -40,6 +44,8 @@ class Sequence:
     decode_row: int | None = None
     decode_blocks: int = 0
     decode_live: bool = False
+    # Its structured output's matcher, at the end of its output so far (grammar_masks.py); None: free text.
+    grammar: xgr.GrammarMatcher | None = None
 
     @property
     def num_tokens(self) -> int:

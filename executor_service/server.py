@@ -59,6 +59,8 @@ class RunningExecutor:
         await self.registration.stop()
         await self.server.stop(grace)
         await asyncio.to_thread(self.worker.stop)
+        if self.loaded.engine.grammars is not None:
+            self.loaded.engine.grammars.close()
 
 
 def _info(executor_id: str, loaded: LoadedModel, config: BatonConfig) -> pb.InfoResponse:

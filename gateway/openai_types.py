@@ -1,7 +1,7 @@
 """OpenAI request bodies in, ``baton.v1`` messages out; Baton's answers back in OpenAI's shapes.
 
-Only what Baton can honour is accepted: tools or JSON output is a 400 rather than a silently
-different answer. Unknown fields are ignored, as OpenAI clients send ones that do not matter here.
+Only what Baton can honour is accepted: tools are a 400 rather than a silently different answer.
+Unknown fields are ignored, as OpenAI clients send ones that do not matter here.
 
 Sampling: ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (token id -> bias) map to
 Baton's ``SamplingParams`` fields of the same names. Log probabilities (see ``openai_logprobs``):
@@ -14,6 +14,9 @@ Several choices (``n``): Baton's ``SamplingParams.n``, so the choices are sample
 sharing its KV (with ``seed``, choice i samples with seed + i). ``choices[i].index`` is the
 sample's; a stream interleaves the choices' chunks as their tokens come, each choice ends with its
 own finish reason, and the usage counts the prompt once and every choice's tokens.
+
+Structured output (``response_format``, and vLLM's ``structured_outputs`` and ``guided_*``
+fields): see ``openai_structured``.
 
 Extensions beyond OpenAI's schema (send them with the client's ``extra_body``): ``top_k``,
 ``ignore_eos``, ``stop_token_ids``, and vLLM's ``repetition_penalty``, ``min_tokens``, ``min_p``
@@ -45,6 +48,7 @@ from typing import Any
 from common.logprobs import MAX_LOGPROBS
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest
+from gateway.openai_structured import structured_output
 
 PRIORITY_HEADER = "x-baton-priority"
 TENANT_HEADER = "x-baton-tenant"
@@ -65,7 +69,6 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
     "tools": (None, []),
     "functions": (None, []),
-    "response_format": (None, {"type": "text"}),
 }
 
 
@@ -173,7 +176,9 @@ def _sampling(body: Mapping[str, Any], default_max_tokens: int, min_max_tokens: 
     max_tokens = _int(body, "max_tokens", min_max_tokens)
     if max_tokens is None:
         max_tokens = _int(body, "max_completion_tokens", 1)  # the chat API's newer name
-    params.max_tokens = default_max_tokens if max_tokens is None else max_tokens
+    if max_tokens is not None or default_max_tokens:
+        params.max_tokens = default_max_tokens if max_tokens is None else max_tokens
+    # else unset: Baton's default (an explicit 0 would be refused as "no tokens")
     temperature = _number(body, "temperature")
     # OpenAI's default temperature is 1; Baton's proto default (0) means greedy.
     params.temperature = 1.0 if temperature is None else temperature
@@ -207,6 +212,8 @@ def _parsed(
         raise BadRequest("user must be a string", param="user")
     stream = _bool(body, "stream")
     request.params.CopyFrom(_sampling(body, default_max_tokens, min_max_tokens))
+    if (structured := structured_output(body)) is not None:
+        request.params.structured_output.CopyFrom(structured)
     request.params.n = _int(body, "n", 1) or 1  # its upper bound is Baton's (request_level.max_samples)
     request.tenant = user or ""
     return Parsed(request, model, stream, _include_usage(body, stream))

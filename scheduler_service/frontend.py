@@ -25,6 +25,7 @@ from common.security import current_principal
 from common.tracing import current_traceparent, tag_current_span
 from scheduler_service.chat import Chat, chat_prompt_ids
 from scheduler_service.dispatcher import Dispatcher
+from scheduler_service.grammar_check import GrammarCheck
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.priority import shed_limit
 from scheduler_service.prompt_prefix import prefix_fields
@@ -81,6 +82,7 @@ class Frontend:
         self.scorer = scorer
         self.metrics = metrics
         self._texts: TokenTexts | None = None
+        self.grammar_check = GrammarCheck()
 
     async def tokenize(self, text: str) -> list[int]:
         limit = self.config.scheduler.request_level.max_prompt_chars
@@ -137,6 +139,8 @@ class Frontend:
             render_chat=lambda _chat: prompt_ids,
             max_samples=max_samples,
         )
+        if req.params.structured_output is not None:  # a bad schema is refused here, not by an executor
+            await self.grammar_check.check(req.params.structured_output)
         scored = self.scorer.score(req)
         tag_current_span(req.request_id)
         limit = shed_limit(req.priority, request_level)

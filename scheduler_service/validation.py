@@ -11,6 +11,7 @@ from common.errors import InvalidRequest
 from common.keys import MAX_NAME_CHARS, NAME_ALPHABET, is_safe_name
 from common.pb import generate_pb2 as pb
 from common.sampling_params import SamplingParams
+from common.structured_output import StructuredOutput
 from scheduler_service.requests import NewRequest
 from scheduler_service.samples import check_samples
 from scheduler_service.tokenizer_source import ModelLimits
@@ -18,6 +19,9 @@ from scheduler_service.tokenizer_source import ModelLimits
 MAX_STREAM_INTERVAL_TOKENS = 1024
 # Biased tokens per request: each costs a little on every step of the request.
 MAX_LOGIT_BIAS_ENTRIES = 1024
+# Characters of a structured output's schema, expression, grammar or choices: the executor compiles
+# it against the whole vocabulary, and Redis keeps it with the request.
+MAX_STRUCTURED_OUTPUT_CHARS = 65536
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
@@ -55,6 +59,10 @@ def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config
     if len(msg.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
         raise InvalidRequest(f"logit_bias may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {len(msg.logit_bias)}")
     _check_ids(sorted(msg.logit_bias), limits.vocab_size, "logit_bias")
+    structured = StructuredOutput.from_pb(msg.structured_output) if msg.HasField("structured_output") else None
+    if structured is not None and structured.size > MAX_STRUCTURED_OUTPUT_CHARS:
+        limit = MAX_STRUCTURED_OUTPUT_CHARS
+        raise InvalidRequest(f"structured_output has {structured.size} characters of specification; at most {limit}")
     return SamplingParams(
         max_tokens=msg.max_tokens if msg.HasField("max_tokens") else min(config.default_max_tokens, room),
         temperature=float(msg.temperature),
@@ -74,6 +82,7 @@ def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config
         include_stop_str_in_output=msg.include_stop_str_in_output,
         logprobs=int(msg.logprobs) if msg.HasField("logprobs") else None,
         prompt_logprobs=int(msg.prompt_logprobs) if msg.HasField("prompt_logprobs") else None,
+        structured_output=structured,
     )
 
 

@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from . import generate_pb2 as baton_dot_v1_dot_generate__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x62\x61ton/v1/executor.proto\x12\x08\x62\x61ton.v1\"\x86\x04\n\x0c\x45xecSampling\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0b \x01(\x02\x12\x12\n\nmin_tokens\x18\x0c \x01(\r\x12\r\n\x05min_p\x18\r \x01(\x02\x12\x39\n\nlogit_bias\x18\x0e \x03(\x0b\x32%.baton.v1.ExecSampling.LogitBiasEntry\x12\"\n\x1ainclude_stop_str_in_output\x18\x0f \x01(\x08\x12\x15\n\x08logprobs\x18\x10 \x01(\rH\x01\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x11 \x01(\rH\x02\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\xdf\x01\n\x0c\x41\x64mitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x18\n\x10output_token_ids\x18\x03 \x03(\r\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.baton.v1.ExecSampling\x12\x0c\n\x04rank\x18\x05 \x01(\x01\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x12\x1e\n\x16stream_interval_tokens\x18\x07 \x01(\r\x12\x1a\n\x12stream_interval_ms\x18\x08 \x01(\r\"6\n\x0cPrefillGrant\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\xac\x01\n\x04Plan\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x11\n\titeration\x18\x02 \x01(\x04\x12%\n\x05\x61\x64mit\x18\x03 \x03(\x0b\x32\x16.baton.v1.AdmitRequest\x12\r\n\x05\x61\x62ort\x18\x04 \x03(\t\x12\x0f\n\x07preempt\x18\x05 \x03(\t\x12\'\n\x07prefill\x18\x06 \x03(\x0b\x32\x16.baton.v1.PrefillGrant\x12\x14\n\x0ctoken_budget\x18\x07 \x01(\r\"r\n\rTokenLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0f\n\x07num_top\x18\x03 \x01(\r\x12\x15\n\rtop_token_ids\x18\x04 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x05 \x03(\x02\"\xad\x01\n\nTokenDelta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\r\x12)\n\x08logprobs\x18\x05 \x01(\x0b\x32\x17.baton.v1.TokenLogprobs\x12\x30\n\x0fprompt_logprobs\x18\x06 \x01(\x0b\x32\x17.baton.v1.TokenLogprobs\"Y\n\x0f\x46inishedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rfinish_reason\x18\x02 \x01(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xc4\x02\n\x04Load\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x02 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x03 \x01(\r\x12\x14\n\x0cstep_time_ns\x18\x04 \x01(\x04\x12\x12\n\nnum_tokens\x18\x05 \x01(\r\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x17\n\x0futilization_pct\x18\x07 \x01(\x02\x12\x19\n\x11memory_used_bytes\x18\x08 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\t \x01(\x04\x12\x13\n\x0bpower_watts\x18\n \x01(\x02\x12\x1e\n\x16pending_prefill_tokens\x18\x0b \x01(\r\x12\x1c\n\x14prefix_cache_queries\x18\x0c \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\r \x01(\x04\"A\n\rKvCacheEvents\x12\x0f\n\x07\x63leared\x18\x01 \x01(\x08\x12\x0e\n\x06stored\x18\x02 \x03(\x04\x12\x0f\n\x07removed\x18\x03 \x03(\x04\"\x8e\x02\n\nStepReport\x12\x11\n\titeration\x18\x01 \x01(\x04\x12\x10\n\x08plan_seq\x18\x02 \x01(\x04\x12$\n\x06tokens\x18\x03 \x03(\x0b\x32\x14.baton.v1.TokenDelta\x12+\n\x08\x66inished\x18\x04 \x03(\x0b\x32\x19.baton.v1.FinishedRequest\x12\x11\n\tpreempted\x18\x05 \x03(\t\x12\x1c\n\x04load\x18\x06 \x01(\x0b\x32\x0e.baton.v1.Load\x12+\n\x08rejected\x18\x07 \x03(\x0b\x32\x19.baton.v1.FinishedRequest\x12*\n\tkv_events\x18\x08 \x01(\x0b\x32\x17.baton.v1.KvCacheEvents\"\r\n\x0bInfoRequest\"\x97\x02\n\x0cInfoResponse\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x16\n\x0emax_batch_size\x18\x08 \x01(\r\x12\x14\n\x0ctoken_budget\x18\t \x01(\r\x12\x15\n\reos_token_ids\x18\n \x03(\r\x12\x12\n\nvocab_size\x18\x0b \x01(\r\x12\x16\n\x0eprefix_caching\x18\x0c \x01(\x08\x12\x0f\n\x07\x62\x61\x63kend\x18\r \x01(\t2r\n\x08\x45xecutor\x12/\n\x03Run\x12\x0e.baton.v1.Plan\x1a\x14.baton.v1.StepReport(\x01\x30\x01\x12\x35\n\x04Info\x12\x15.baton.v1.InfoRequest\x1a\x16.baton.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x62\x61ton/v1/executor.proto\x12\x08\x62\x61ton.v1\x1a\x17\x62\x61ton/v1/generate.proto\"\xbd\x04\n\x0c\x45xecSampling\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0b \x01(\x02\x12\x12\n\nmin_tokens\x18\x0c \x01(\r\x12\r\n\x05min_p\x18\r \x01(\x02\x12\x39\n\nlogit_bias\x18\x0e \x03(\x0b\x32%.baton.v1.ExecSampling.LogitBiasEntry\x12\"\n\x1ainclude_stop_str_in_output\x18\x0f \x01(\x08\x12\x15\n\x08logprobs\x18\x10 \x01(\rH\x01\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x11 \x01(\rH\x02\x88\x01\x01\x12\x35\n\x11structured_output\x18\x32 \x01(\x0b\x32\x1a.baton.v1.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\xdf\x01\n\x0c\x41\x64mitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x18\n\x10output_token_ids\x18\x03 \x03(\r\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.baton.v1.ExecSampling\x12\x0c\n\x04rank\x18\x05 \x01(\x01\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x12\x1e\n\x16stream_interval_tokens\x18\x07 \x01(\r\x12\x1a\n\x12stream_interval_ms\x18\x08 \x01(\r\"6\n\x0cPrefillGrant\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\xac\x01\n\x04Plan\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x11\n\titeration\x18\x02 \x01(\x04\x12%\n\x05\x61\x64mit\x18\x03 \x03(\x0b\x32\x16.baton.v1.AdmitRequest\x12\r\n\x05\x61\x62ort\x18\x04 \x03(\t\x12\x0f\n\x07preempt\x18\x05 \x03(\t\x12\'\n\x07prefill\x18\x06 \x03(\x0b\x32\x16.baton.v1.PrefillGrant\x12\x14\n\x0ctoken_budget\x18\x07 \x01(\r\"r\n\rTokenLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0f\n\x07num_top\x18\x03 \x01(\r\x12\x15\n\rtop_token_ids\x18\x04 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x05 \x03(\x02\"\xad\x01\n\nTokenDelta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\r\x12)\n\x08logprobs\x18\x05 \x01(\x0b\x32\x17.baton.v1.TokenLogprobs\x12\x30\n\x0fprompt_logprobs\x18\x06 \x01(\x0b\x32\x17.baton.v1.TokenLogprobs\"Y\n\x0f\x46inishedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rfinish_reason\x18\x02 \x01(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xc4\x02\n\x04Load\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x02 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x03 \x01(\r\x12\x14\n\x0cstep_time_ns\x18\x04 \x01(\x04\x12\x12\n\nnum_tokens\x18\x05 \x01(\r\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x17\n\x0futilization_pct\x18\x07 \x01(\x02\x12\x19\n\x11memory_used_bytes\x18\x08 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\t \x01(\x04\x12\x13\n\x0bpower_watts\x18\n \x01(\x02\x12\x1e\n\x16pending_prefill_tokens\x18\x0b \x01(\r\x12\x1c\n\x14prefix_cache_queries\x18\x0c \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\r \x01(\x04\"A\n\rKvCacheEvents\x12\x0f\n\x07\x63leared\x18\x01 \x01(\x08\x12\x0e\n\x06stored\x18\x02 \x03(\x04\x12\x0f\n\x07removed\x18\x03 \x03(\x04\"\x8e\x02\n\nStepReport\x12\x11\n\titeration\x18\x01 \x01(\x04\x12\x10\n\x08plan_seq\x18\x02 \x01(\x04\x12$\n\x06tokens\x18\x03 \x03(\x0b\x32\x14.baton.v1.TokenDelta\x12+\n\x08\x66inished\x18\x04 \x03(\x0b\x32\x19.baton.v1.FinishedRequest\x12\x11\n\tpreempted\x18\x05 \x03(\t\x12\x1c\n\x04load\x18\x06 \x01(\x0b\x32\x0e.baton.v1.Load\x12+\n\x08rejected\x18\x07 \x03(\x0b\x32\x19.baton.v1.FinishedRequest\x12*\n\tkv_events\x18\x08 \x01(\x0b\x32\x17.baton.v1.KvCacheEvents\"\r\n\x0bInfoRequest\"\x97\x02\n\x0cInfoResponse\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x16\n\x0emax_batch_size\x18\x08 \x01(\r\x12\x14\n\x0ctoken_budget\x18\t \x01(\r\x12\x15\n\reos_token_ids\x18\n \x03(\r\x12\x12\n\nvocab_size\x18\x0b \x01(\r\x12\x16\n\x0eprefix_caching\x18\x0c \x01(\x08\x12\x0f\n\x07\x62\x61\x63kend\x18\r \x01(\t2r\n\x08\x45xecutor\x12/\n\x03Run\x12\x0e.baton.v1.Plan\x1a\x14.baton.v1.StepReport(\x01\x30\x01\x12\x35\n\x04Info\x12\x15.baton.v1.InfoRequest\x1a\x16.baton.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,32 +34,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EXECSAMPLING_LOGITBIASENTRY']._loaded_options = None
   _globals['_EXECSAMPLING_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_EXECSAMPLING']._serialized_start=38
-  _globals['_EXECSAMPLING']._serialized_end=556
-  _globals['_EXECSAMPLING_LOGITBIASENTRY']._serialized_start=466
-  _globals['_EXECSAMPLING_LOGITBIASENTRY']._serialized_end=514
-  _globals['_ADMITREQUEST']._serialized_start=559
-  _globals['_ADMITREQUEST']._serialized_end=782
-  _globals['_PREFILLGRANT']._serialized_start=784
-  _globals['_PREFILLGRANT']._serialized_end=838
-  _globals['_PLAN']._serialized_start=841
-  _globals['_PLAN']._serialized_end=1013
-  _globals['_TOKENLOGPROBS']._serialized_start=1015
-  _globals['_TOKENLOGPROBS']._serialized_end=1129
-  _globals['_TOKENDELTA']._serialized_start=1132
-  _globals['_TOKENDELTA']._serialized_end=1305
-  _globals['_FINISHEDREQUEST']._serialized_start=1307
-  _globals['_FINISHEDREQUEST']._serialized_end=1396
-  _globals['_LOAD']._serialized_start=1399
-  _globals['_LOAD']._serialized_end=1723
-  _globals['_KVCACHEEVENTS']._serialized_start=1725
-  _globals['_KVCACHEEVENTS']._serialized_end=1790
-  _globals['_STEPREPORT']._serialized_start=1793
-  _globals['_STEPREPORT']._serialized_end=2063
-  _globals['_INFOREQUEST']._serialized_start=2065
-  _globals['_INFOREQUEST']._serialized_end=2078
-  _globals['_INFORESPONSE']._serialized_start=2081
-  _globals['_INFORESPONSE']._serialized_end=2360
-  _globals['_EXECUTOR']._serialized_start=2362
-  _globals['_EXECUTOR']._serialized_end=2476
+  _globals['_EXECSAMPLING']._serialized_start=63
+  _globals['_EXECSAMPLING']._serialized_end=636
+  _globals['_EXECSAMPLING_LOGITBIASENTRY']._serialized_start=546
+  _globals['_EXECSAMPLING_LOGITBIASENTRY']._serialized_end=594
+  _globals['_ADMITREQUEST']._serialized_start=639
+  _globals['_ADMITREQUEST']._serialized_end=862
+  _globals['_PREFILLGRANT']._serialized_start=864
+  _globals['_PREFILLGRANT']._serialized_end=918
+  _globals['_PLAN']._serialized_start=921
+  _globals['_PLAN']._serialized_end=1093
+  _globals['_TOKENLOGPROBS']._serialized_start=1095
+  _globals['_TOKENLOGPROBS']._serialized_end=1209
+  _globals['_TOKENDELTA']._serialized_start=1212
+  _globals['_TOKENDELTA']._serialized_end=1385
+  _globals['_FINISHEDREQUEST']._serialized_start=1387
+  _globals['_FINISHEDREQUEST']._serialized_end=1476
+  _globals['_LOAD']._serialized_start=1479
+  _globals['_LOAD']._serialized_end=1803
+  _globals['_KVCACHEEVENTS']._serialized_start=1805
+  _globals['_KVCACHEEVENTS']._serialized_end=1870
+  _globals['_STEPREPORT']._serialized_start=1873
+  _globals['_STEPREPORT']._serialized_end=2143
+  _globals['_INFOREQUEST']._serialized_start=2145
+  _globals['_INFOREQUEST']._serialized_end=2158
+  _globals['_INFORESPONSE']._serialized_start=2161
+  _globals['_INFORESPONSE']._serialized_end=2440
+  _globals['_EXECUTOR']._serialized_start=2442
+  _globals['_EXECUTOR']._serialized_end=2556
 # @@protoc_insertion_point(module_scope)

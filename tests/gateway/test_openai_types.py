@@ -176,7 +176,7 @@ def test_chat_defaults_to_batons_max_tokens() -> None:
         ({"prompt": "a", "logit_bias": {"5": "1"}}, "logit_bias"),
         ({"prompt": "a", "logit_bias": [5, 1]}, "logit_bias"),
         ({"prompt": "a", "include_stop_str_in_output": 1}, "include_stop_str_in_output"),
-        ({"prompt": "a", "response_format": {"type": "json_object"}}, "response_format"),
+        ({"prompt": "a", "response_format": {"type": "structural_tag"}}, "response_format"),
         ({"prompt": ["a", "b"]}, "prompt"),
         ({"prompt": [1, -1]}, "prompt"),
         ({"prompt": None}, "prompt"),

@@ -1,0 +1,147 @@
+"""The structured-output constraint: its shape checks, its encodings (Redis JSON inside the sampling
+parameters, the wire), and how each kind becomes an xgrammar grammar."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import xgrammar as xgr
+
+from common import structured_grammar
+from common.errors import InvalidRequest
+from common.pb import executor_pb2
+from common.pb import generate_pb2 as pb
+from common.sampling_params import SamplingParams
+from common.structured_output import StructuredKind, StructuredOutput
+
+EVERY_KIND = [
+    StructuredOutput(StructuredKind.JSON_SCHEMA, '{"type":"object","properties":{"a":{"type":"integer"}}}'),
+    StructuredOutput(StructuredKind.JSON_OBJECT),
+    StructuredOutput(StructuredKind.REGEX, r"[a-z]{2,4}\d"),
+    StructuredOutput(StructuredKind.GRAMMAR, 'root ::= "yes" | "no"'),
+    StructuredOutput(StructuredKind.CHOICE, choices=("red", 'a "quoted" \\ one', "é\n")),
+]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"kind": StructuredKind.JSON_SCHEMA},
+        {"kind": StructuredKind.REGEX, "spec": ""},
+        {"kind": StructuredKind.GRAMMAR},
+        {"kind": StructuredKind.JSON_OBJECT, "spec": "{}"},
+        {"kind": StructuredKind.CHOICE},
+        {"kind": StructuredKind.CHOICE, "spec": "x", "choices": ("a",)},
+        {"kind": StructuredKind.REGEX, "spec": "a", "choices": ("a",)},
+        {"kind": "xml", "spec": "a"},
+    ],
+)
+def test_malformed_constraints_raise(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        StructuredOutput(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("spec", EVERY_KIND, ids=[s.kind.value for s in EVERY_KIND])
+def test_encodings_round_trip(spec: StructuredOutput) -> None:
+    assert StructuredOutput.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    assert StructuredOutput.from_pb(pb.StructuredOutput.FromString(spec.to_pb().SerializeToString())) == spec
+    params = SamplingParams(max_tokens=5, structured_output=spec)
+    assert SamplingParams.from_json(params.to_json()) == params
+    wire = executor_pb2.ExecSampling.FromString(params.to_pb().SerializeToString())
+    assert SamplingParams.from_pb(wire) == params
+    hash(params)
+
+
+def test_unset_constraint_is_none_everywhere() -> None:
+    assert StructuredOutput.from_pb(pb.StructuredOutput()) is None
+    assert SamplingParams.from_pb(SamplingParams().to_pb()).structured_output is None
+    assert not SamplingParams().to_pb().HasField("structured_output")
+    assert json.loads(SamplingParams().to_json())["structured_output"] is None
+    assert SamplingParams.from_json('{"max_tokens": 3}').structured_output is None  # a record from before it
+
+
+def test_json_object_false_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match="json_object must be true"):
+        StructuredOutput.from_pb(pb.StructuredOutput(json_object=False))
+
+
+def test_min_tokens_cannot_hold_a_constrained_output_open() -> None:
+    with pytest.raises(InvalidRequest, match="min_tokens"):
+        SamplingParams(max_tokens=8, min_tokens=2, structured_output=EVERY_KIND[1])
+
+
+@pytest.mark.parametrize("spec", EVERY_KIND, ids=[s.kind.value for s in EVERY_KIND])
+def test_every_kind_parses(spec: StructuredOutput) -> None:
+    assert isinstance(structured_grammar.parse(spec), xgr.Grammar)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (StructuredOutput(StructuredKind.JSON_SCHEMA, "{not json"), "Failed to parse JSON"),
+        (StructuredOutput(StructuredKind.JSON_SCHEMA, '{"type": "nonsense"}'), 'Unsupported type "nonsense"'),
+        (StructuredOutput(StructuredKind.JSON_SCHEMA, "[1]"), "Schema should be an object or bool"),
+        (StructuredOutput(StructuredKind.REGEX, "(ab"), "parenthesis is not closed"),
+        (StructuredOutput(StructuredKind.GRAMMAR, 'start ::= "a"'), 'root rule with name "root" is not found'),
+        (StructuredOutput(StructuredKind.GRAMMAR, "root ::= other"), 'Rule "other" is not defined'),
+    ],
+)
+def test_invalid_specs_say_why_without_source_locations(spec: StructuredOutput, message: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        structured_grammar.parse(spec)
+    text = str(err.value)
+    assert text.startswith(f"structured_output {spec.kind}: ") and message in text
+    assert ".cc:" not in text and "Check failed" not in text
+
+
+def test_choices_match_exactly_themselves() -> None:
+    """Quotes, backslashes, newlines and non-ASCII text survive the EBNF literals."""
+    spec = EVERY_KIND[-1]
+    grammar = structured_grammar.parse(spec)
+    info = xgr.TokenizerInfo([chr(c) for c in range(32, 127)] + ["é", "\n", "</s>"], stop_token_ids=[98])
+    compiled = xgr.GrammarCompiler(info, max_threads=1).compile_grammar(grammar)
+    for text in [*spec.choices, "re", "red!", "é"]:
+        matcher = xgr.GrammarMatcher(compiled)
+        accepted = matcher.accept_string(text) and matcher.is_completed()
+        assert accepted == (text in spec.choices), text
+
+
+def test_json_schema_output_layout_is_fixed() -> None:
+    """One space after ',' and ':', no other whitespace; properties beyond the schema's are not generated."""
+    spec = StructuredOutput(StructuredKind.JSON_SCHEMA, '{"type":"object","properties":{"a":{"type":"integer"}}}')
+    info = xgr.TokenizerInfo([chr(c) for c in range(32, 127)] + ["</s>"], stop_token_ids=[95])
+    compiled = structured_grammar.compile_grammar(xgr.GrammarCompiler(info, max_threads=1), spec)
+    for text, ok in [('{"a": 1}', True), ('{"a":1}', False), ('{ "a": 1}', False), ('{"a": 1, "b": 2}', False)]:
+        matcher = xgr.GrammarMatcher(compiled)
+        assert (matcher.accept_string(text) and matcher.is_completed()) == ok, text
+
+
+def test_length_bounded_strings_become_patterns_outside_data() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "minLength": 1, "maxLength": 3},
+            "b": {"type": "array", "items": {"type": "string", "maxLength": 2}},
+            "c": {"type": "string", "minLength": 2, "pattern": "^x+$"},  # its own pattern wins
+            "d": {"enum": [{"type": "string", "maxLength": 1}]},  # data, not a schema
+        },
+    }
+    out = structured_grammar.bounded_strings_as_patterns(schema)
+    assert out["properties"]["a"] == {"type": "string", "pattern": "^.{1,3}$"}
+    assert out["properties"]["b"]["items"] == {"type": "string", "pattern": "^.{0,2}$"}
+    assert out["properties"]["c"] == schema["properties"]["c"]  # type: ignore[index]
+    assert out["properties"]["d"] == schema["properties"]["d"]  # type: ignore[index]
+    only_min = structured_grammar.bounded_strings_as_patterns({"type": "string", "minLength": 2})
+    assert only_min == {"type": "string", "pattern": "^.{2,}$"}
+
+
+def test_bounded_strings_never_hold_raw_control_characters() -> None:
+    """JSON forbids them inside strings; strict parsers refuse the output."""
+    info = xgr.TokenizerInfo([chr(c) for c in range(0, 127)] + ["é", "</s>"], stop_token_ids=[128])
+    compiler = xgr.GrammarCompiler(info, max_threads=1)
+    spec = StructuredOutput(StructuredKind.JSON_SCHEMA, '{"type": "string", "minLength": 1, "maxLength": 3}')
+    compiled = structured_grammar.compile_grammar(compiler, spec)
+    for text, ok in [('"a\tb"', False), ('"a\x01"', False), ('"abc"', True), ('"éa"', True), ('""', False)]:
+        matcher = xgr.GrammarMatcher(compiled)
+        assert (matcher.accept_string(text) and matcher.is_completed()) == ok, repr(text)

@@ -1,0 +1,320 @@
+"""Structured output in the engine, on the generated tiny model: its random weights make free text
+gibberish, so only the grammar's mask keeps the output in form.
+
+Constrained greedy outputs always parse and validate (JSON schemas drawn by hypothesis), match
+their regex, or are one of their choices; unconstrained rows batched with them still equal
+``model.generate``; a request preempted or migrated mid-output continues its constraint exactly;
+and the engine never waits for a compile.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import xgrammar as xgr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common.lifecycle import FinishReason
+from common.sampling_params import SamplingParams
+from common.structured_output import StructuredKind, StructuredOutput
+from executor_service.engine import Engine
+from executor_service.engine_io import AdmitSpec, PlanUpdate, StepOutput
+from executor_service.grammar_cache import GrammarCache
+from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
+from tests.executor_service.test_engine import make_engine, prompts
+
+_settings = settings(
+    max_examples=12, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> Engine:
+    return make_engine(tiny_model_dir)
+
+
+@dataclass
+class Result:
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    reason: FinishReason = FinishReason.NONE
+    error: str = ""
+
+
+def _collect(out: StepOutput, results: dict[str, Result]) -> None:
+    for delta in out.tokens:
+        result = results.setdefault(delta.request_id, Result())
+        result.tokens += delta.token_ids
+        result.text += delta.text
+    for finish in out.finished:
+        result = results.setdefault(finish.request_id, Result())
+        result.text += finish.text
+        result.reason, result.error = finish.reason, finish.error
+
+
+def generate(engine: Engine, specs: list[AdmitSpec], max_steps: int = 3000) -> dict[str, Result]:
+    """Run ``specs`` together to their ends; their grammars compiled first, so admission is at once."""
+    assert engine.grammars is not None
+    for spec in specs:
+        if spec.params.structured_output is not None:
+            engine.grammars.get(spec.params.structured_output).exception(timeout=60)  # compiled, or failed
+    engine.apply(PlanUpdate(seq=engine.plan_seq + 1, admit=tuple(specs)))
+    results: dict[str, Result] = {}
+    for _ in range(max_steps):
+        _collect(engine.step() if engine.has_work else engine.drain(), results)
+        if all(results.get(s.request_id, Result()).reason is not FinishReason.NONE for s in specs):
+            return results
+    raise AssertionError(f"unfinished after {max_steps} steps")
+
+
+def constrained(
+    request_id: str,
+    prompt: list[int],
+    spec: StructuredOutput | None,
+    max_tokens: int = 400,
+    output: tuple[int, ...] = (),
+) -> AdmitSpec:
+    # ignore_eos: only the grammar ends these outputs, with the EOS it then forces.
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, structured_output=spec)
+    return AdmitSpec(request_id, tuple(prompt), output, params, 0.0)
+
+
+def json_schema(schema: dict[str, Any]) -> StructuredOutput:
+    return StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(schema))
+
+
+# ---- JSON schemas: objects of bounded strings, integers, booleans, enums and arrays ------------
+_NAMES = ["id", "name", "ok", "tags", "n", "kind", "when"]
+
+
+def _leaves() -> st.SearchStrategy[dict[str, Any]]:
+    return st.one_of(
+        st.builds(
+            lambda lo, span: {"type": "string", "minLength": lo, "maxLength": lo + span},
+            st.integers(0, 2),
+            st.integers(0, 6),
+        ),
+        st.builds(
+            lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
+            st.integers(-50, 50),
+            st.integers(0, 1000),
+        ),
+        st.just({"type": "boolean"}),
+        st.lists(st.text("abcxyz -", min_size=1, max_size=6), min_size=1, max_size=4, unique=True).map(
+            lambda values: {"enum": values}
+        ),
+    )
+
+
+def _values() -> st.SearchStrategy[dict[str, Any]]:
+    arrays = st.builds(
+        lambda items, lo, span: {"type": "array", "items": items, "minItems": lo, "maxItems": lo + span},
+        _leaves(),
+        st.integers(0, 2),
+        st.integers(0, 3),
+    )
+    return st.one_of(_leaves(), arrays)
+
+
+@st.composite
+def object_schemas(draw: st.DrawFn, nested: bool = True) -> dict[str, Any]:
+    names = draw(st.lists(st.sampled_from(_NAMES), min_size=1, max_size=4, unique=True))
+    values = st.one_of(_values(), object_schemas(nested=False)) if nested else _values()
+    properties = {name: draw(values) for name in names}
+    required = draw(st.lists(st.sampled_from(names), unique=True))
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+@_settings
+@given(schemas=st.lists(object_schemas(), min_size=1, max_size=3), seed=st.integers(0, 10_000))
+def test_json_schema_outputs_parse_and_validate(engine: Engine, schemas: list[dict[str, Any]], seed: int) -> None:
+    batch = prompts(len(schemas), seed=seed)
+    specs = [constrained(f"j{i}", p, json_schema(s)) for i, (p, s) in enumerate(zip(batch, schemas, strict=True))]
+    results = generate(engine, specs)
+    for spec, schema in zip(specs, schemas, strict=True):
+        result = results[spec.request_id]
+        assert result.reason is FinishReason.STOP, (schema, result)
+        assert result.tokens[-1] in engine.limits.eos_token_ids  # the end the grammar forced
+        jsonschema.validate(json.loads(result.text), schema)
+
+
+REGEXES = [
+    r"[a-z]{3,6}-\d{2}",
+    r"\d{4}-\d{2}-\d{2}",
+    r"(yes|no|maybe)!?",
+    r"[A-Z][a-z]{0,5}( [A-Z][a-z]{0,5}){0,2}",
+    r"0x[0-9a-f]{1,8}",
+    r"(ab|cd){2,4}[.?]",
+]
+
+
+@_settings
+@given(pattern=st.sampled_from(REGEXES), seed=st.integers(0, 10_000))
+def test_regex_outputs_match(engine: Engine, pattern: str, seed: int) -> None:
+    spec = constrained("re", prompts(1, seed=seed)[0], StructuredOutput(StructuredKind.REGEX, pattern))
+    result = generate(engine, [spec])["re"]
+    assert result.reason is FinishReason.STOP
+    assert re.fullmatch(pattern, result.text), (pattern, result.text)
+
+
+def test_choice_grammar_and_json_object_outputs(engine: Engine) -> None:
+    choices = ("red", "green", "dark blue", 'say "hi"')
+    grammar = 'root ::= "(" digit ("+" digit){0,3} ")"\ndigit ::= [0-9]'
+    batch = prompts(9, seed=5)
+    specs = [
+        constrained(f"c{i}", p, StructuredOutput(StructuredKind.CHOICE, choices=choices))
+        for i, p in enumerate(batch[:3])
+    ]
+    specs += [
+        constrained(f"g{i}", p, StructuredOutput(StructuredKind.GRAMMAR, grammar)) for i, p in enumerate(batch[3:6])
+    ]
+    specs += [constrained(f"o{i}", p, StructuredOutput(StructuredKind.JSON_OBJECT)) for i, p in enumerate(batch[6:])]
+    results = generate(engine, specs)
+    assert all(r.reason is FinishReason.STOP for r in results.values()), results
+    for i in range(3):
+        assert results[f"c{i}"].text in choices
+        assert re.fullmatch(r"\(\d(\+\d){0,3}\)", results[f"g{i}"].text)
+        assert isinstance(json.loads(results[f"o{i}"].text), dict)
+
+
+def test_unconstrained_rows_batched_with_constrained_ones_equal_generate(engine: Engine, tiny_model_dir: Path) -> None:
+    model = load_reference_model(tiny_model_dir)
+    rng = random.Random(3)
+    batch = prompts(8, seed=11)
+    schema = json_schema({"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}}})
+    regex = StructuredOutput(StructuredKind.REGEX, r"[a-z ]{20,40}")
+    specs = [
+        constrained(f"r{i}", p, [None, schema, regex][i % 3], max_tokens=rng.randrange(8, 30))
+        for i, p in enumerate(batch)
+    ]
+    free = [s for s in specs if s.params.structured_output is None]
+    results = generate(engine, specs)
+    for spec in free:
+        reference = reference_greedy(model, list(spec.prompt_ids), spec.params.max_tokens)
+        assert_matches_reference(results[spec.request_id].tokens, reference, spec.request_id)
+
+
+LONG = StructuredOutput(StructuredKind.REGEX, r"[a-z]{4}( [a-z]{2,6}){30,40}\.")
+
+
+def _step_until(engine: Engine, request_id: str, count: int) -> list[int]:
+    got: list[int] = []
+    while len(got) < count:
+        got += [t for d in engine.step().tokens if d.request_id == request_id for t in d.token_ids]
+    return got
+
+
+def test_preempted_request_continues_its_constraint_exactly(engine: Engine) -> None:
+    prompt = prompts(1, seed=31)[0]
+    whole = generate(engine, [constrained("w", prompt, LONG)])["w"]
+    assert whole.reason is FinishReason.STOP and re.fullmatch(LONG.spec, whole.text)
+    engine.apply(PlanUpdate(seq=engine.plan_seq + 1, admit=(constrained("p", prompt, LONG),)))
+    got = _step_until(engine, "p", 17)
+    engine.apply(PlanUpdate(seq=engine.plan_seq + 1, preempt=("p",)))
+    assert engine.drain().preempted == ("p",)
+    rest = generate(engine, [constrained("p", prompt, LONG, output=tuple(got))])["p"]
+    assert got + rest.tokens == whole.tokens
+    assert rest.reason is FinishReason.STOP
+
+
+def test_migrated_request_continues_on_a_fresh_engine(engine: Engine, tiny_model_dir: Path) -> None:
+    """Another executor, with no grammar compiled yet: it compiles, replays the output, continues."""
+    prompt = prompts(1, seed=32)[0]
+    whole = generate(engine, [constrained("m", prompt, LONG)])["m"]
+    other = make_engine(tiny_model_dir)
+    rest = generate(other, [constrained("m", prompt, LONG, output=tuple(whole.tokens[:23]))])["m"]
+    assert whole.tokens[:23] + rest.tokens == whole.tokens
+
+
+def test_readmitted_over_itself_restarts_from_the_schedulers_tokens(engine: Engine) -> None:
+    prompt = prompts(1, seed=33)[0]
+    whole = generate(engine, [constrained("x", prompt, LONG)])["x"]
+    engine.apply(PlanUpdate(seq=engine.plan_seq + 1, admit=(constrained("x", prompt, LONG),)))
+    _step_until(engine, "x", 12)
+    rest = generate(engine, [constrained("x", prompt, LONG, output=tuple(whole.tokens[:5]))])["x"]
+    assert rest.tokens[-(len(whole.tokens) - 5) :] == whole.tokens[5:]
+
+
+def test_resumed_output_that_breaks_or_completes_the_grammar(engine: Engine) -> None:
+    tokenizer = engine.tokenizer
+    spec = StructuredOutput(StructuredKind.CHOICE, choices=("yes", "no"))
+    broken = tuple(tokenizer.encode("maybe", add_special_tokens=False))  # type: ignore[attr-defined]
+    done = (*tokenizer.encode("no", add_special_tokens=False), min(engine.limits.eos_token_ids))  # type: ignore[attr-defined]
+    results = generate(
+        engine, [constrained("b", [1, 5, 6], spec, output=broken), constrained("d", [1, 5, 6], spec, output=done)]
+    )
+    assert results["b"].reason is FinishReason.ERROR and "does not follow" in results["b"].error
+    assert results["d"].reason is FinishReason.STOP and not results["d"].tokens
+
+
+class GatedCache(GrammarCache):
+    """Compiles only once the test opens the gate: a compile that takes as long as the test likes."""
+
+    def __init__(self, base: GrammarCache) -> None:
+        super().__init__(base._tokenizer, base.vocab_size, base._stop_token_ids)
+        self.gate = threading.Event()
+
+    def _compile(self, spec: StructuredOutput) -> xgr.CompiledGrammar:
+        assert self.gate.wait(timeout=60)
+        return super()._compile(spec)
+
+
+@pytest.fixture
+def gated(tiny_model_dir: Path) -> Iterator[tuple[Engine, GatedCache]]:
+    engine = make_engine(tiny_model_dir)
+    assert engine.grammars is not None
+    cache = GatedCache(engine.grammars)
+    engine.grammars = cache
+    yield engine, cache
+    cache.gate.set()
+    cache.close()
+
+
+def test_a_compile_never_holds_the_engine(gated: tuple[Engine, GatedCache]) -> None:
+    engine, cache = gated
+    batch = prompts(4, seed=34)
+    regex = StructuredOutput(StructuredKind.REGEX, r"[a-z]{5}")
+    specs = [constrained(f"q{i}", p, regex) for i, p in enumerate(batch[:3])]
+    free = constrained("free", batch[3], None, max_tokens=6)
+    engine.apply(PlanUpdate(seq=1, admit=(*specs, free)))
+    assert set(engine.running) == {"free"} and engine.has_work
+    results: dict[str, Result] = {}
+    while engine.has_work:  # the free request runs to its end while the grammar compiles
+        _collect(engine.step(), results)
+    assert results["free"].reason is FinishReason.LENGTH and not engine.has_work
+    engine.apply(PlanUpdate(seq=2, abort=("q0",), preempt=("q1",)))
+    out = engine.drain()
+    assert [(f.request_id, f.reason) for f in out.finished] == [("q0", FinishReason.CANCELLED)]
+    assert out.preempted == ("q1",)
+    cache.gate.set()
+    future: Future[xgr.CompiledGrammar] = cache.get(regex)
+    future.result(timeout=60)
+    assert engine.has_work  # compiled: the next step admits q2
+    for _ in range(100):
+        _collect(engine.step() if engine.has_work else engine.drain(), results)
+        if "q2" in results and results["q2"].reason is not FinishReason.NONE:
+            break
+    assert re.fullmatch(regex.spec, results["q2"].text) and set(results) == {"free", "q2"}
+
+
+def test_a_constraint_that_does_not_compile_ends_with_an_error(engine: Engine) -> None:
+    """The scheduler refuses these; an executor that gets one anyway ends that request alone."""
+    bad = constrained("bad", [1, 5, 6], StructuredOutput(StructuredKind.REGEX, "(unclosed"))
+    ok = constrained("ok", [1, 5, 7], StructuredOutput(StructuredKind.REGEX, "[0-9]{3}"))
+    assert engine.grammars is not None
+    with pytest.raises(ValueError):
+        engine.grammars.get(StructuredOutput(StructuredKind.REGEX, "(unclosed")).result(timeout=60)
+    results = generate(engine, [bad, ok])
+    assert results["bad"].reason is FinishReason.ERROR and "parenthesis is not closed" in results["bad"].error
+    assert re.fullmatch("[0-9]{3}", results["ok"].text)
