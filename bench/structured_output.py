@@ -10,8 +10,8 @@ tiny model by default), driven by concurrent gRPC ``Complete`` calls:
    request, so the two differ only by the grammar's work (compiling is done by a warm-up run).
 
 A and B alternate ``--pairs`` times on the one stack, so drift in the machine's load hits both
-alike. It prints each run's output tokens per second and the ratio of the medians, B's over A's
-denominator: constrained throughput as a share of unconstrained.
+alike. It prints each run's output tokens per second and the ratio of the medians, A over B:
+constrained throughput as a share of unconstrained.
 
     python -m bench.structured_output --requests 32 --pairs 3
 """

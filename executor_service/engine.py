@@ -291,7 +291,7 @@ class Engine:
         return logits
 
     def _run(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None) -> torch.Tensor:
-        # Only prompt-logprob steps pass ``leading``: any other step calls the runner as it always has.
+        # Only prompt-logprob steps pass ``leading``; other steps call ``run(chunks)``, the runner's common form.
         return self.runner.run(chunks) if leading is None else self.runner.run(chunks, leading)
 
     def _emit(self, seqs: list[Sequence], sampled: Sampled) -> list[TokenOut]:

@@ -61,7 +61,7 @@ class TokenOut:
             self.text + later.text,
             self.index,
             logprobs,
-            self.prompt_logprobs or later.prompt_logprobs,
+            self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
         )
 
 

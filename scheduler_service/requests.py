@@ -121,7 +121,7 @@ class TokenEvent:
             later.finish_reason,
             later.usage,
             logprobs,
-            self.prompt_logprobs or later.prompt_logprobs,
+            self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
         )
 
 

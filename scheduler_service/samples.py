@@ -34,6 +34,9 @@ from scheduler_service.requests import NewRequest, TokenEvent
 
 # A sample's record field naming its request's sample count (sample 0's only).
 SAMPLES_FIELD = "n"
+# A later sample's record field, "1" when it neither waits for sample 0 nor follows it: it asks for
+# its prompt's log probabilities, so it computes the whole prompt itself whatever is cached.
+ALONE_FIELD = "alone"
 _PLACED = (RequestState.ASSIGNED.name, RequestState.RUNNING.name, RequestState.FINISHED.name)
 _LIVE_BEFORE_OUTPUT = (RequestState.QUEUED.name, RequestState.ASSIGNED.name, RequestState.RUNNING.name)
 

@@ -12,6 +12,7 @@ from typing import cast
 import redis.asyncio as aioredis
 
 from common.keys import KeySchema, split_sample_id
+from scheduler_service.samples import ALONE_FIELD
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,9 @@ class PendingQueue:
     async def queued_details(self, request_ids: Sequence[str]) -> list[dict[str, str] | MalformedRecord | None]:
         """What admission needs of each queued request; None for one that is gone. A later sample
         of a request (``ID~k``) also gets its sample 0's ``first_state`` ("" when its record is
-        gone), ``first_executor`` and ``first_generated``, read in the same round trip."""
-        fields = ("prompt_len", "priority", "est_out", "fair_cost", "arrival_ms", "tenant")
+        gone), ``first_executor`` and ``first_generated``, read in the same round trip, unless it
+        runs on its own (``samples.ALONE_FIELD``)."""
+        fields = ("prompt_len", "priority", "est_out", "fair_cost", "arrival_ms", "tenant", ALONE_FIELD)
         firsts = [split_sample_id(rid)[0] if split_sample_id(rid)[1] else None for rid in request_ids]
         async with self._redis.pipeline(transaction=False) as pipe:
             for rid, first in zip(request_ids, firsts, strict=True):
@@ -72,7 +74,7 @@ class PendingQueue:
                 continue
             row = {k: v or "" for k, v in zip(fields, values, strict=True)}
             row["generated"] = str(generated)
-            if first is not None:
+            if first is not None and not row[ALONE_FIELD]:
                 # Sample 0's record unreadable counts as gone: its own admission ends it.
                 state, executor = first_values if isinstance(first_values, list) else (None, None)
                 row["first_state"] = state or ""

@@ -19,7 +19,7 @@ from common.keys import KeySchema
 from common.lifecycle import FinishReason, RequestState, terminal_state_for
 from common.sampling_params import SamplingParams
 from scheduler_service.requests import ClaimedRequest, NewRequest, TokenEvent, parse_ids
-from scheduler_service.samples import SAMPLES_FIELD
+from scheduler_service.samples import ALONE_FIELD, SAMPLES_FIELD
 from scheduler_service.store import request_scripts
 from scheduler_service.store.script_batcher import ScriptBatcher
 from scheduler_service.store.token_streams import TokenStreams
@@ -108,6 +108,10 @@ class RequestRecords:
             }
             if req.n > 1:
                 fields[SAMPLES_FIELD] = str(req.n)
+            if req is not first and req.params.prompt_logprobs is not None:
+                # Scoring its prompt, it computes the whole prompt itself (no prefix cache): it has
+                # nothing to wait for from sample 0, nor a reason to follow it.
+                fields[ALONE_FIELD] = "1"
             keys.append(self.keys.request(req.request_id))
             args += [req.request_id, repr(score), 2 * len(fields), *(item for pair in fields.items() for item in pair)]
         result = await self._enqueue(keys, args)

@@ -117,6 +117,17 @@ async def test_queued_details_of_a_later_sample_carry_its_first_samples_progress
     assert isinstance(later, dict) and later["first_state"] == "" and later["first_generated"] == "0"
 
 
+async def test_later_samples_scoring_their_prompt_run_on_their_own(store: Store) -> None:
+    """A request asking for prompt logprobs computes its whole prompt on every sample (no prefix
+    cache): its later samples neither wait for sample 0 nor follow it to its executor."""
+    req = new_request("p")
+    req = replace(req, n=2, params=replace(req.params, prompt_logprobs=1))
+    await store.requests.enqueue_samples(sample_requests(req), 1.0, 100)
+    first, later = await store.queue.queued_details(["p", "p~1"])
+    assert isinstance(first, dict) and isinstance(later, dict)
+    assert "first_state" not in later and later["alone"] == "1" and first["alone"] == ""
+
+
 async def test_peek_pending_returns_lowest_scores_first(store: Store) -> None:
     for rid, score in [("late", 30.0), ("first", -5.0), ("middle", 10.0), ("second", 0.0)]:
         await enqueue(store, rid, score=score)
