@@ -98,11 +98,13 @@ def paged_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """query [1, H, N, d], key/value [1, Hkv, N, d] -> output [1, N, H, d]."""
-    # Plain causal softmax attention only: a model that asks for more must never get less, silently
-    # (no backend declares such models, so the registry refuses them at load; this catches any that slip past it).
-    for feature in ("softcap", "s_aux", "sinks"):
+    # Causal softmax attention, tanh soft-capped where the model asks (Gemma 2). A model that asks for
+    # more must never get less, silently (no backend declares such models, so the registry refuses
+    # them at load; this catches any that slip past it).
+    for feature in ("s_aux", "sinks"):
         if kwargs.get(feature) is not None:
             raise UnsupportedModel(f"the model's attention asks for {feature!r}, which Baton does not compute")
+    softcap: float | None = kwargs.get("softcap")
     batch: AttentionBatch = kwargs["baton_batch"]
     layer = int(getattr(module, "layer_idx", 0))
     keys, values = batch.pool.keys[layer], batch.pool.values[layer]
@@ -111,14 +113,16 @@ def paged_attention(
         values[batch.slot_mapping] = value[0].transpose(0, 1)
     out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [N, H, d]
     for seg in batch.prefills:
-        out[seg.start : seg.end] = _prefill(query, key, value, keys, values, seg, scaling)
+        out[seg.start : seg.end] = _prefill(query, key, value, keys, values, seg, scaling, softcap)
     if batch.native_decodes is not None:
+        if softcap is not None:
+            raise UnsupportedModel("the native decode kernel does not soft-cap attention logits")
         scale = scaling if scaling is not None else query.shape[3] ** -0.5
         decode_attention(query, keys, values, batch.native_decodes, batch.pool.block_size, scale, out)
     if batch.decode_views:
-        _decode_views(query, keys, values, batch.decode_views, scaling, out)
+        _decode_views(query, keys, values, batch.decode_views, scaling, softcap, out)
     if batch.decodes is not None:
-        _decode_group(query, keys, values, batch.decodes, batch.pool.block_size, scaling, out)
+        _decode_group(query, keys, values, batch.decodes, batch.pool.block_size, scaling, softcap, out)
     return out.unsqueeze(0), None
 
 
@@ -130,13 +134,14 @@ def _prefill(
     values: torch.Tensor,
     seg: PrefillSegment,
     scaling: float | None,
+    softcap: float | None,
 ) -> torch.Tensor:
     """The chunk's output rows, [chunk, H, d]."""
     q = query[:, :, seg.start : seg.end]
     gqa = query.shape[1] != key.shape[1]
     if seg.context is None:
         k, v = key[:, :, seg.start : seg.end], value[:, :, seg.start : seg.end]
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa)
+        o = attend(q, k, v, scaling, softcap, is_causal=True, enable_gqa=gqa)
         return o[0].transpose(0, 1)
     if isinstance(seg.context, int):
         ctx = slice(seg.context, seg.context + seg.context_len)
@@ -144,7 +149,7 @@ def _prefill(
     else:
         k, v = keys[seg.context], values[seg.context]
     k, v = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=seg.mask, scale=scaling, enable_gqa=gqa)
+    o = attend(q, k, v, scaling, softcap, mask=seg.mask, enable_gqa=gqa)
     return o[0].transpose(0, 1)
 
 
@@ -154,6 +159,7 @@ def _decode_views(
     values: torch.Tensor,
     views: tuple[DecodeView, ...],
     scaling: float | None,
+    softcap: float | None,
     out: torch.Tensor,
 ) -> None:
     heads, kv_heads, dim = query.shape[1], keys.shape[1], query.shape[3]
@@ -163,7 +169,7 @@ def _decode_views(
         ctx = slice(view.first_slot, view.first_slot + view.length)
         k = keys[ctx].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, d], a view
         v = values[ctx].transpose(0, 1).unsqueeze(0)
-        out[view.row] = F.scaled_dot_product_attention(q, k, v, scale=scaling).view(heads, dim)
+        out[view.row] = attend(q, k, v, scaling, softcap).view(heads, dim)
 
 
 def _decode_group(
@@ -173,6 +179,7 @@ def _decode_group(
     group: DecodeGroup,
     block_size: int,
     scaling: float | None,
+    softcap: float | None,
     out: torch.Tensor,
 ) -> None:
     heads, kv_heads, dim = query.shape[1], keys.shape[1], query.shape[3]
@@ -183,8 +190,43 @@ def _decode_group(
     k = keys.view(-1, block_size, kv_heads, dim).index_select(0, tables).view(shape).transpose(1, 2)
     v = values.view(-1, block_size, kv_heads, dim).index_select(0, tables).view(shape).transpose(1, 2)
     q = query[0, :, group.rows].transpose(0, 1).reshape(count, kv_heads, heads // kv_heads, dim)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scaling)
+    o = attend(q, k, v, scaling, softcap, mask=group.mask)
     out[group.rows] = o.reshape(count, heads, dim)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scaling: float | None,
+    softcap: float | None,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """Softmax attention, SDPA's arguments and result (``mask``: True where a key is seen).
+
+    SDPA has no soft-capping, so a soft-capped model's attention is computed as transformers'
+    eager Gemma 2 attention does: scores * scale, then cap * tanh(scores / cap), the mask, a float32
+    softmax, and the weighted values.
+    """
+    if softcap is None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=enable_gqa
+        )
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if is_causal:
+        length = scores.shape[-1]
+        mask = torch.ones(scores.shape[-2], length, dtype=torch.bool, device=q.device).tril(length - scores.shape[-2])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:

@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 class TorchBackend(Backend):
     name = "torch"
     support = BackendSupport(
-        devices=frozenset({"cpu", "cuda"}), dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16})
+        devices=frozenset({"cpu", "cuda"}),
+        dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}),
+        attn_logit_softcapping=True,  # paged_attention.attend computes it, as transformers' eager attention
     )
 
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, private_torch: bool = True) -> None:

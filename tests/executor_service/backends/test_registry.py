@@ -56,12 +56,14 @@ def test_a_dtype_the_native_paths_do_not_serve_takes_the_reference() -> None:
 
 
 @pytest.mark.parametrize("device", [CPU, CUDA])
-def test_soft_capped_attention_is_refused_by_name(device: torch.device) -> None:
-    with pytest.raises(UnsupportedModel, match=r"gemma2: the model soft-caps its attention logits") as refused:
-        select_backend(ModelTraits.from_config(Gemma2Config()), device, F32)
-    assert "attn_logit_softcapping=50" in str(refused.value) and "no backend computes" in str(refused.value)
-    for name in backend_names():  # and what each backend lacks besides
-        assert f"{name}: " in str(refused.value)
+def test_soft_capped_attention_takes_the_reference_and_is_refused_by_the_others(device: torch.device) -> None:
+    gemma2 = ModelTraits.from_config(Gemma2Config())
+    assert select_backend(gemma2, device, F32).name == "torch"  # the only one that soft-caps
+    for name in backend_names():
+        if name == "torch" or device.type not in next(b for b in BACKENDS if b.name == name).support.devices:
+            continue
+        with pytest.raises(UnsupportedModel, match=r"soft-caps its attention logits \(attn_logit_softcapping=50\)"):
+            select_backend(gemma2, device, F32, requested=name)
 
 
 def test_attention_sinks_are_refused_by_name() -> None:
@@ -109,7 +111,8 @@ def test_the_registry_is_ordered_with_the_reference_last_and_cuda_only_on_cuda()
             assert backend.support.devices == {"cpu"}
         elif backend.name == "cuda":
             assert backend.support.devices == {"cuda"}
-        assert not backend.support.attn_logit_softcapping and not backend.support.attention_sinks
+        assert backend.support.attn_logit_softcapping == (backend is TorchBackend)
+        assert not backend.support.attention_sinks
 
 
 def test_the_executor_refuses_at_load_a_backend_that_cannot_serve(tiny_model_dir: Path) -> None:
