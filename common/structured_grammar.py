@@ -83,17 +83,6 @@ _PARSE: dict[StructuredKind, Callable[[StructuredOutput], xgr.Grammar]] = {
     StructuredKind.CHOICE: lambda s: xgr.Grammar.from_ebnf(choice_ebnf(s.choices)),
 }
 
-_COMPILE: dict[StructuredKind, Callable[[xgr.GrammarCompiler, StructuredOutput], xgr.CompiledGrammar]] = {
-    StructuredKind.JSON_SCHEMA: lambda c, s: c.compile_json_schema(_schema(s), any_whitespace=False),
-    StructuredKind.JSON_OBJECT: lambda c, s: c.compile_json_schema(
-        _JSON_OBJECT_SCHEMA, any_whitespace=False, strict_mode=False
-    ),
-    StructuredKind.REGEX: lambda c, s: c.compile_regex(s.spec),
-    StructuredKind.GRAMMAR: lambda c, s: c.compile_grammar(s.spec),
-    StructuredKind.CHOICE: lambda c, s: c.compile_grammar(choice_ebnf(s.choices)),
-}
-
-
 def _invalid(spec: StructuredOutput, exc: Exception) -> InvalidRequest:
     message = _LOCATION.sub("", str(exc).strip()).strip()
     return InvalidRequest(f"structured_output {spec.kind}: {message}")
@@ -109,8 +98,12 @@ def parse(spec: StructuredOutput) -> xgr.Grammar:
 
 
 def compile_grammar(compiler: xgr.GrammarCompiler, spec: StructuredOutput) -> xgr.CompiledGrammar:
-    """``spec`` compiled for ``compiler``'s tokenizer; InvalidRequest when it does not compile."""
+    """``spec`` compiled for ``compiler``'s tokenizer; InvalidRequest when it does not compile.
+
+    The grammar is the one ``parse`` gives, so the scheduler's check refuses exactly what the
+    executor could not compile."""
+    grammar = parse(spec)
     try:
-        return _COMPILE[spec.kind](compiler, spec)
+        return compiler.compile_grammar(grammar)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise _invalid(spec, exc) from exc
