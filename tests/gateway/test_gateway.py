@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,45 +17,13 @@ from transformers import AutoTokenizer
 from baton.cli import build_parser
 from common.pb import generate_pb2 as pb
 from gateway.app import create_app
-from tests.conftest import RedisServer, free_port
+from tests.conftest import free_port
 from tests.executor_service.reference import load_reference_model
 from tests.executor_service.test_token_logprobs import model_logprobs
-from tests.gateway.serving import serve_gateway
-from tests.stack import Stack, stack_config, start_stack
+from tests.gateway.conftest import ALIAS, Served
 
-ALIAS = "tiny"  # the gateway's other name for the served model, which is registered by its path
 # Greedy and past EOS, so outputs are deterministic and exactly max_tokens long (the tiny model may emit EOS early).
 NO_EOS = {"ignore_eos": True}
-
-
-@dataclass
-class Served:
-    stack: Stack
-    base_url: str
-    redis_url: str
-    model_dir: Path
-
-    def client(self, **kwargs: object) -> openai.AsyncOpenAI:
-        # No retries: a retried 409 or 503 would hide what the gateway answered.
-        return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key="x", max_retries=0, **kwargs)  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module")
-async def served(redis_server: RedisServer, tiny_model_dir: Path) -> AsyncIterator[Served]:
-    # One stack for the module: starting executors is the slow part, and no test here depends on a clean Redis.
-    redis_server.flush()
-    stack = await start_stack(stack_config(redis_server.url, tiny_model_dir))
-    try:
-        async with serve_gateway(stack.target, model_aliases=(ALIAS,)) as base_url:
-            yield Served(stack, base_url, redis_server.url, tiny_model_dir)
-    finally:
-        await stack.stop()
-
-
-@pytest.fixture
-async def client(served: Served) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with served.client() as c:
-        yield c
 
 
 async def _record(served: Served, request_id: str) -> dict[str, str]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any, Literal
 
 import jsonschema
@@ -20,10 +18,7 @@ from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest
 from gateway.openai_structured import structured_output
 from gateway.openai_types import parse_chat, parse_completion
-from tests.conftest import RedisServer
-from tests.gateway.serving import serve_gateway
-from tests.gateway.test_gateway import ALIAS, Served
-from tests.stack import stack_config, start_stack
+from tests.gateway.conftest import ALIAS
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 COMPACT = json.dumps(SCHEMA, separators=(",", ":"))
@@ -119,23 +114,6 @@ class Pet(BaseModel):
     age: int = Field(ge=0, le=30)
     kind: Literal["cat", "dog", "fish"]
     vaccinated: bool
-
-
-@pytest.fixture(scope="module")
-async def served(redis_server: RedisServer, tiny_model_dir: Path) -> AsyncIterator[Served]:
-    redis_server.flush()
-    stack = await start_stack(stack_config(redis_server.url, tiny_model_dir))
-    try:
-        async with serve_gateway(stack.target, model_aliases=(ALIAS,)) as base_url:
-            yield Served(stack, base_url, redis_server.url, tiny_model_dir)
-    finally:
-        await stack.stop()
-
-
-@pytest.fixture
-async def client(served: Served) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with served.client() as c:
-        yield c
 
 
 def _chat(text: str) -> list[ChatCompletionMessageParam]:
