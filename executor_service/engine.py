@@ -229,7 +229,10 @@ class Engine:
     def step(self) -> StepOutput:
         started = time.perf_counter_ns()
         self._admit_compiled()
-        plan = self.step_scheduler.schedule(self.prefix_cache.share(self._ranked()), self.token_budget, self._grants)
+        ranked = self._ranked()
+        # Only prefills share blocks or wait for them: a step of decodes alone skips the pass.
+        ready = self.prefix_cache.share(ranked) if self._prefilling else ranked
+        plan = self.step_scheduler.schedule(ready, self.token_budget, self._grants)
         self._grants = {}
         self._preempted.extend(s.request_id for s in plan.preempted)
         tokens = self._compute(plan) if plan.chunks else []
