@@ -160,3 +160,10 @@ def unpredicted(token_id: int, num_top: int) -> Logprobs:
     """The entry of a position nothing predicts (the prompt's first token): NaN, with placeholder
     alternatives that no reader shows (``Logprobs.predicted`` is False there)."""
     return Logprobs((token_id,), (math.nan,), num_top, (0,) * num_top, (math.nan,) * num_top)
+
+
+def joined_logprobs(earlier: Logprobs | None, later: Logprobs | None) -> Logprobs | None:
+    """The log probabilities of two consecutive runs of one request's tokens, either possibly absent."""
+    if later is None:
+        return earlier
+    return later if earlier is None else earlier.then(later)

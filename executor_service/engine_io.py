@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from common.lifecycle import FinishReason
-from common.logprobs import Logprobs
+from common.logprobs import Logprobs, joined_logprobs
 from common.sampling_params import SamplingParams
 
 
@@ -52,15 +52,12 @@ class TokenOut:
 
     def then(self, later: TokenOut) -> TokenOut:
         """These tokens followed by ``later``'s (the next ones of the same request), as one output."""
-        logprobs = self.logprobs
-        if later.logprobs is not None:
-            logprobs = later.logprobs if logprobs is None else logprobs.then(later.logprobs)
         return TokenOut(
             self.request_id,
             self.token_ids + later.token_ids,
             self.text + later.text,
             self.index,
-            logprobs,
+            joined_logprobs(self.logprobs, later.logprobs),
             self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
         )
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from common.lifecycle import FinishReason
-from common.logprobs import Logprobs
+from common.logprobs import Logprobs, joined_logprobs
 from common.sampling_params import SamplingParams
 
 
@@ -111,16 +111,13 @@ class TokenEvent:
 
     def then(self, later: TokenEvent) -> TokenEvent:
         """This event followed by ``later`` (the next tokens of the same request), as one event."""
-        logprobs = self.logprobs
-        if later.logprobs is not None:
-            logprobs = later.logprobs if logprobs is None else logprobs.then(later.logprobs)
         return TokenEvent(
             self.index,
             self.token_ids + later.token_ids,
             self.text + later.text,
             later.finish_reason,
             later.usage,
-            logprobs,
+            joined_logprobs(self.logprobs, later.logprobs),
             self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
         )
 
