@@ -5,7 +5,7 @@ that only decode (short prompts, long outputs, EOS ignored), and times each deco
 
 - forward: the decode step's device part (``ModelRunner._forward_decodes``: the gathers from the
   decode rows, layers, attention, logits; a graph replay where CUDA graphs are on);
-- sample: ``Sampler.sample`` (device work on a GPU; on the CPU the host computes it);
+- sample: ``Sampler.sample`` or ``sample_greedy`` (device work on a GPU; on the CPU the host computes it);
 - inputs: the rest of ``ModelRunner.run`` (the decode rows' upload);
 - engine: the rest of ``Engine.step`` but postprocessing (planning, bookkeeping, the step's report);
 - post: ``Engine._postprocess`` (detokenising, stop checks; per request by nature).
@@ -63,9 +63,11 @@ class StepProfile:
 class _Timer:
     """Wraps a callable and records the seconds each call took; ``device`` CUDA: waits for its work first."""
 
-    def __init__(self, inner: Callable[..., Any], device: torch.device | None = None) -> None:
+    def __init__(
+        self, inner: Callable[..., Any], device: torch.device | None = None, seconds: list[float] | None = None
+    ) -> None:
         self.inner = inner
-        self.seconds: list[float] = []
+        self.seconds: list[float] = [] if seconds is None else seconds  # shared: timers of one part
         self.sync = device is not None and device.type == "cuda"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -89,9 +91,11 @@ def profile_decode(engine: Engine, running: int, steps: int, prompt_len: int = 1
         engine.step()
     device = runner.device
     run, forward = _Timer(runner.run), _Timer(runner._forward_decodes, device)
-    sample, post = _Timer(engine.sampler.sample, device), _Timer(engine._postprocess)
+    sampler = engine.sampler
+    sample, post = _Timer(sampler.sample, device), _Timer(engine._postprocess)
+    sample_greedy = _Timer(sampler.sample_greedy, device, sample.seconds)  # one or the other, each step
     runner.run, runner._forward_decodes = run, forward  # type: ignore[method-assign]
-    engine.sampler.sample, engine._postprocess = sample, post  # type: ignore[method-assign]
+    sampler.sample, sampler.sample_greedy, engine._postprocess = sample, sample_greedy, post  # type: ignore[method-assign]
     totals: list[float] = []
     try:
         for _ in range(steps):
@@ -101,7 +105,13 @@ def profile_decode(engine: Engine, running: int, steps: int, prompt_len: int = 1
             if len(out.tokens) != running:
                 raise RuntimeError(f"expected {running} decodes a step, got {len(out.tokens)}")
     finally:
-        del runner.run, runner._forward_decodes, engine.sampler.sample, engine._postprocess  # the classes' own
+        del (
+            runner.run,
+            runner._forward_decodes,
+            sampler.sample,
+            sampler.sample_greedy,
+            engine._postprocess,
+        )  # the classes' own
         engine.apply(PlanUpdate(seq=engine.plan_seq + 1, abort=tuple(s.request_id for s in specs)))
         engine.drain()
     if len(forward.seconds) != steps:

@@ -136,9 +136,7 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
                     baton_idle = sum(stack.cpu_seconds().values()) - sum(idle_before.values())
                     vllm_cpu = worker.cpu_seconds() - vllm_before
                     vllm_before, baton_before = worker.cpu_seconds(), stack.cpu_seconds()
-                    res = asyncio.run(
-                        drive_grpc(stack.target, run_wl, pids, args.rpc, args.request_stream_interval)
-                    )
+                    res = asyncio.run(drive_grpc(stack.target, run_wl, pids, args.rpc, args.request_stream_interval))
                     vllm_idle = worker.cpu_seconds() - vllm_before
                     baton_cpu = {k: v - baton_before.get(k, 0.0) for k, v in stack.cpu_seconds().items()}
                     pair = PairResult(

@@ -83,6 +83,7 @@ _PARSE: dict[StructuredKind, Callable[[StructuredOutput], xgr.Grammar]] = {
     StructuredKind.CHOICE: lambda s: xgr.Grammar.from_ebnf(choice_ebnf(s.choices)),
 }
 
+
 def _invalid(spec: StructuredOutput, exc: Exception) -> InvalidRequest:
     message = _LOCATION.sub("", str(exc).strip()).strip()
     return InvalidRequest(f"structured_output {spec.kind}: {message}")

@@ -30,7 +30,7 @@ def plan_from_pb(msg: pb.Plan) -> PlanUpdate:
 
 
 def _delta_pb(out: TokenOut) -> pb.TokenDelta:
-    msg = pb.TokenDelta(request_id=out.request_id, token_ids=out.token_ids, text=out.text, index=out.index)
+    msg = pb.TokenDelta(request_id=out.request_id, token_ids=out.token_ids, text=out.text, index=out.output_index)
     if out.logprobs is not None:  # only requests that asked pay for these
         msg.logprobs.CopyFrom(out.logprobs.to_pb())
     if out.prompt_logprobs is not None:

@@ -17,6 +17,7 @@ import xgrammar as xgr
 
 from common.lifecycle import FinishReason
 from common.logprobs import NO_LOGPROBS, Logprobs
+from common.sampling_params import SamplingParams
 from executor_service import prompt_logprobs
 from executor_service.batch_admission import Admission, judge_admission
 from executor_service.block_allocator import BlockAllocator
@@ -85,6 +86,10 @@ class Engine:
         self._reported_seq = 0
         self.grammars = grammars
         self.grammar_masks = GrammarMasks(grammars.vocab_size) if grammars is not None else None
+        # Running sequences that need more of a step than a greedy argmax and their token's text: sampling,
+        # logprobs, adjusted logits, a grammar, prompt scoring. While there are none (a common batch), the
+        # step skips the passes over every row that ask each one.
+        self._special: set[Sequence] = set()
         # Admissions waiting for their structured output's grammar to compile, in arrival order.
         self._compiling: dict[str, tuple[AdmitSpec, Future[xgr.CompiledGrammar]]] = {}
 
@@ -194,10 +199,16 @@ class Engine:
             rank=spec.rank,
             generator=None if spec.params.temperature == 0 else make_generator(spec.params.seed, self.runner.device),
             detokenizer=detok,
+            stop_token_ids=frozenset(params.stop_token_ids).union(
+                () if params.ignore_eos else self.limits.eos_token_ids
+            ),
+            max_output=min(params.max_tokens, self.limits.max_model_len - len(spec.prompt_ids)),
         )
         self.running[spec.request_id] = seq
         self._by_rank = None
         self._prefilling.add(seq)
+        if not _plain(params):
+            self._special.add(seq)
         if grammar is not None:
             try:
                 seq.grammar = resume_matcher(grammar.result(), spec.output_ids)
@@ -224,6 +235,7 @@ class Engine:
         self.sampler.release(seq.request_id)
         self._by_rank = None
         self._prefilling.discard(seq)
+        self._special.discard(seq)
 
     # ---- one iteration -----------------------------------------------------------------
     def step(self) -> StepOutput:
@@ -266,11 +278,14 @@ class Engine:
             prompt_logprobs.gather(chunks, leading, logits[len(completing) :])
         sampled = None
         if completing:
-            generators = [None if s.generator is None else self._generator_for(s) for s in completing]
             rows = logits[: len(completing)]
-            if self.grammar_masks is not None and any(s.grammar is not None for s in completing):
-                self.grammar_masks.apply(rows, [s.grammar for s in completing])  # in place, before sampling
-            sampled = self.sampler.sample(rows, completing, generators)
+            if not self._special:
+                sampled = self.sampler.sample_greedy(rows)
+            else:
+                generators = [None if s.generator is None else self._generator_for(s) for s in completing]
+                if self.grammar_masks is not None and any(s.grammar is not None for s in completing):
+                    self.grammar_masks.apply(rows, [s.grammar for s in completing])  # in place, before sampling
+                sampled = self.sampler.sample(rows, completing, generators)
             self.runner.commit(sampled.on_device)
         naming, block_size = self.prefix_cache.enabled, self.allocator.block_size
         for chunk in chunks:
@@ -302,7 +317,7 @@ class Engine:
         here). A request that only scores its prompt (max_tokens 0) ends instead, its sampled
         token unused."""
         tokens, logprobs = sampled.tokens, sampled.logprobs
-        if not any(s.params.max_tokens == 0 for s in seqs):
+        if not self._special or not any(s.params.max_tokens == 0 for s in seqs):
             return self._postprocess(seqs, tokens, logprobs)
         out: list[TokenOut] = []
         keep = [i for i, s in enumerate(seqs) if s.params.max_tokens > 0]
@@ -328,39 +343,39 @@ class Engine:
     def _postprocess(
         self, seqs: Seq[Sequence], tokens: list[int], token_logprobs: list[Logprobs | None]
     ) -> list[TokenOut]:
+        """Each sequence's new token: its text, its output, and whether it ends here.
+
+        Per token of every running request, on the engine thread between steps: kept to plain reads of
+        what admission prepared (``Sequence.stop_token_ids``, ``max_output``), with the rare cases (a
+        structured output's matcher, the prompt's log probabilities) off the common path.
+        """
         out: list[TokenOut] = []
         for seq, token, logprobs in zip(seqs, tokens, token_logprobs, strict=True):
-            first = prompt_logprobs.take(seq)  # the prompt's, with the request's first token (if asked)
-            if seq.grammar is not None and not seq.grammar.accept_token(token):
-                # The mask allows only accepted tokens, so this is a fault: end this request alone.
-                error = f"sampled token {token} breaks the structured output's grammar"
-                self._finish(seq, FinishReason.ERROR, seq.detokenizer.flush(), error)
-                continue
-            seq.output_ids.append(token)
-            delta = seq.detokenizer.push([token])
-            index = len(seq.output_ids) - 1
-            out.append(TokenOut(seq.request_id, (token,), delta.text, index, logprobs, first))
-            reason = self._stop_reason(seq, token, delta.stopped)
-            if reason is not FinishReason.NONE:
-                self._finish(seq, reason, "" if delta.stopped else seq.detokenizer.flush())
+            first = None
+            if seq.grammar is not None or seq.prompt_logprobs is not None:
+                first = prompt_logprobs.take(seq)  # the prompt's, with the request's first token (if asked)
+                if seq.grammar is not None and not seq.grammar.accept_token(token):
+                    # The mask allows only accepted tokens, so this is a fault: end this request alone.
+                    error = f"sampled token {token} breaks the structured output's grammar"
+                    self._finish(seq, FinishReason.ERROR, seq.detokenizer.flush(), error)
+                    continue
+            output = seq.output_ids
+            output.append(token)
+            detokenizer = seq.detokenizer
+            text = detokenizer.push_token(token)
+            count = len(output)
+            out.append(TokenOut(seq.request_id, (token,), text, count - 1, logprobs, first))
+            if detokenizer.stopped:  # the detokenizer already waits for min_tokens
+                self._finish(seq, FinishReason.STOP, "")
+            elif (count > seq.params.min_tokens and token in seq.stop_token_ids) or (
+                seq.grammar is not None and seq.grammar.is_terminated()
+            ):
+                # Before min_tokens, stop tokens were masked (logits_processing). A terminated grammar took a
+                # stop token (EOS), the only one its mask then allowed: ignore_eos cannot keep it going.
+                self._finish(seq, FinishReason.STOP, detokenizer.flush())
+            elif count >= seq.max_output:
+                self._finish(seq, FinishReason.LENGTH, detokenizer.flush())
         return out
-
-    def _stop_reason(self, seq: Sequence, token: int, stop_string_hit: bool) -> FinishReason:
-        params = seq.params
-        if stop_string_hit:  # the detokenizer already waits for min_tokens
-            return FinishReason.STOP
-        if seq.grammar is not None and seq.grammar.is_terminated():
-            # Its form is complete and it took a stop token (EOS), the only one the mask then allowed;
-            # ignore_eos cannot keep it going, as its grammar allows nothing after.
-            return FinishReason.STOP
-        if len(seq.output_ids) > params.min_tokens:  # before that, stop tokens were masked (logits_processing)
-            if token in params.stop_token_ids:
-                return FinishReason.STOP
-            if not params.ignore_eos and token in self.limits.eos_token_ids:
-                return FinishReason.STOP
-        if len(seq.output_ids) >= params.max_tokens or seq.num_tokens >= self.limits.max_model_len:
-            return FinishReason.LENGTH
-        return FinishReason.NONE
 
     def _finish(self, seq: Sequence, reason: FinishReason, text: str, error: str = "") -> None:
         self._drop(seq)
@@ -391,3 +406,15 @@ class Engine:
         self._finished, self._preempted, self._rejected = [], [], []
         self._reported_seq = self.plan_seq
         return out
+
+
+def _plain(params: SamplingParams) -> bool:
+    """Whether a request asks nothing of a step but a greedy argmax and its token's text (``Engine._special``)."""
+    return (
+        params.greedy
+        and params.logprobs is None
+        and params.prompt_logprobs is None
+        and not params.adjusts_logits
+        and params.structured_output is None
+        and params.max_tokens > 0
+    )

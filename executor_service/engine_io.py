@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from common.lifecycle import FinishReason
 from common.logprobs import Logprobs, joined_logprobs
@@ -39,12 +40,18 @@ class PlanUpdate:
     abort_all: bool = False
 
 
-@dataclass(frozen=True)
-class TokenOut:
+class TokenOut(NamedTuple):
+    """A request's new tokens from one step (or several, joined by ``then``).
+
+    A typed NamedTuple rather than a frozen dataclass, though it is as immutable: one is built per token
+    of every running request on the engine thread between steps, and a frozen dataclass's ``__init__``
+    cost 0.65 µs against 0.25 (the whole of a token's postprocessing is about 2.5 µs).
+    """
+
     request_id: str
     token_ids: tuple[int, ...]
     text: str
-    index: int  # position in the output of the first token
+    output_index: int  # position in the output of the first token
     # Only for requests that asked: the tokens' log probabilities (one position per token), and
     # the prompt's, on the request's first output.
     logprobs: Logprobs | None = None
@@ -56,7 +63,7 @@ class TokenOut:
             self.request_id,
             self.token_ids + later.token_ids,
             self.text + later.text,
-            self.index,
+            self.output_index,
             joined_logprobs(self.logprobs, later.logprobs),
             self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
         )

@@ -72,6 +72,12 @@ class Sampler:
         self.processing.release(request_id)
 
     @torch.inference_mode()
+    def sample_greedy(self, logits: torch.Tensor) -> Sampled:
+        """``sample`` for a batch of plain greedy rows (no logprobs, nothing adjusting logits): one argmax,
+        with no pass over the rows' parameters."""
+        return Sampled(greedy(logits), [None] * logits.shape[0])
+
+    @torch.inference_mode()
     def sample(
         self,
         logits: torch.Tensor,

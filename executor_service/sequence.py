@@ -46,6 +46,11 @@ class Sequence:
     decode_live: bool = False
     # Its structured output's matcher, at the end of its output so far (grammar_masks.py); None: free text.
     grammar: xgr.GrammarMatcher | None = None
+    # What ends it, read once at admission rather than from its parameters after every token: the tokens
+    # that stop it once its output is longer than ``min_tokens`` (its stop tokens, and EOS unless it ignores
+    # EOS), and the most output it may reach (max_tokens, within the executor's max_model_len).
+    stop_token_ids: frozenset[int] = frozenset()
+    max_output: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -83,7 +83,6 @@ def test_engine_resumes_after_the_tokens_it_was_given() -> None:
     assert [d.index for d in report.tokens] == [2] and report.finished[0].request_id == "a"
 
 
-
 def test_engine_preempts_the_least_important_when_blocks_run_out() -> None:
     # 4 blocks of 16 tokens: both 30-token prompts fit, but only one can grow to 60.
     engine = sim_engine.SimEngine(sim_engine.SimConfig(kv_blocks_total=4, block_size=16, max_model_len=64))
@@ -94,6 +93,7 @@ def test_engine_preempts_the_least_important_when_blocks_run_out() -> None:
     # a's whole output, and b's first three tokens: at 33 tokens a needs a third block, and b holds the last two
     assert sum(len(r.tokens) for r in reports) == 30 + 3
     assert all(r.load.kv_blocks_used <= 4 for r in reports) and engine.allocator.num_used == 0
+
 
 def test_config_validation() -> None:
     with pytest.raises(ValueError):

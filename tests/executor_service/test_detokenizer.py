@@ -247,3 +247,20 @@ def test_ids_decoder_calls_the_rust_tokenizer_only_when_decode_would_add_nothing
     plain, cleaning = _CountingTokenizer(tokenizer, clean_up=False), _CountingTokenizer(tokenizer, clean_up=True)
     assert ids_decoder(plain, True)(ids) == ids_decoder(cleaning, True)(ids) == tokenizer.decode(ids)
     assert (plain.calls, cleaning.calls) == (0, 1)  # clean-up spaces on: the tokenizer's own decode
+
+
+@_settings
+@given(data=st.data())
+def test_decode_stream_gives_the_deltas_of_window_decoding(tokenizer: Any, data: st.DataObject) -> None:
+    # The fast path (tokenizers' DecodeStream) and the window path (any other tokenizer's decode) must hand
+    # out the same text at the same pushes: prompts, resumed outputs and broken UTF-8 included.
+    ids = data.draw(st.lists(st.integers(min_value=0, max_value=len(tokenizer) - 1), max_size=30))
+    prompt = data.draw(st.lists(st.integers(min_value=0, max_value=len(tokenizer) - 1), max_size=8))
+    resumed = data.draw(st.integers(min_value=0, max_value=len(ids)))
+    chunk = data.draw(st.integers(min_value=1, max_value=3))
+    windowed = _CountingTokenizer(tokenizer, clean_up=True)
+    fast = IncrementalDetokenizer(tokenizer, prompt, stop=[], output_token_ids=ids[:resumed])
+    slow = IncrementalDetokenizer(windowed, prompt, stop=[], output_token_ids=ids[:resumed])
+    assert fast._stream is not None and slow._stream is None
+    rest = ids[resumed:]
+    assert stream(fast, rest, [chunk] * len(rest)) == stream(slow, rest, [chunk] * len(rest))

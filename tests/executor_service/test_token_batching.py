@@ -69,7 +69,7 @@ def test_plain_decode_steps_are_merged_into_one_report() -> None:
     report = held.offer(step(4, tok("a", 3), tok("b", 2)))
     assert report is not None
     # a's three tokens make a report worth sending; b's two ride along (its client takes every token)
-    assert [(t.request_id, t.index, t.token_ids, t.text) for t in report.tokens] == [
+    assert [(t.request_id, t.output_index, t.token_ids, t.text) for t in report.tokens] == [
         ("a", 1, (101, 102, 103), "t1t2t3"),
         ("b", 1, (101, 102), "t1t2"),
     ]
@@ -83,16 +83,16 @@ def test_merged_tokens_keep_their_logprobs_and_the_prompts() -> None:
 
     prompt = Logprobs.build([1, 2], [math.nan, -1.0], [[0, 0], [2, 3]], [[math.nan, math.nan], [-1.0, -2.0]])
     held = TokenBatcher(3, 1000.0, clock=lambda: 0.0)
-    first = replace(tok("a", 0), logprobs=lp(100, -0.5), prompt_logprobs=prompt)
+    first = tok("a", 0)._replace(logprobs=lp(100, -0.5), prompt_logprobs=prompt)
     assert held.offer(step(1, first)) is not None
-    assert held.offer(step(2, replace(tok("a", 1), logprobs=lp(101, -0.25)))) is None
-    assert held.offer(step(3, replace(tok("a", 2), logprobs=lp(102, -0.125)))) is None
-    report = held.offer(step(4, replace(tok("a", 3), logprobs=lp(103, -1.5))))
+    assert held.offer(step(2, tok("a", 1)._replace(logprobs=lp(101, -0.25)))) is None
+    assert held.offer(step(3, tok("a", 2)._replace(logprobs=lp(102, -0.125)))) is None
+    report = held.offer(step(4, tok("a", 3)._replace(logprobs=lp(103, -1.5))))
     assert report is not None
     [merged] = report.tokens
     assert merged.logprobs == lp(101, -0.25).then(lp(102, -0.125)).then(lp(103, -1.5))
     assert merged.prompt_logprobs is None  # it went with the first token
-    assert first.then(replace(tok("a", 1), logprobs=lp(101, -0.25))).prompt_logprobs == prompt
+    assert first.then(tok("a", 1)._replace(logprobs=lp(101, -0.25))).prompt_logprobs == prompt
 
 
 @pytest.mark.parametrize(
@@ -266,7 +266,7 @@ def test_random_steps_reassemble_exactly() -> None:
         for rid, chunks in got.items():
             flat: list[int] = []
             for chunk in chunks:
-                assert chunk.index == len(flat), f"trial {trial}, {rid}: a chunk must start where the last ended"
+                assert chunk.output_index == len(flat), f"trial {trial}, {rid}: a chunk must start where the last ended"
                 flat.extend(chunk.token_ids)
             assert flat == made[rid], f"trial {trial}, {rid}"
 

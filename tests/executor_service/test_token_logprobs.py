@@ -113,7 +113,7 @@ def test_prompt_logprobs_are_the_models_whole_and_chunked(
     outs, _ = collect(engine, specs)
     for name, prompt, k in (("long", long, 4), ("short", short, 0)):
         first = outs[name][0]
-        assert first.index == 0 and first.prompt_logprobs is not None
+        assert first.output_index == 0 and first.prompt_logprobs is not None
         assert all(o.prompt_logprobs is None for o in outs[name][1:])
         got = first.prompt_logprobs
         assert len(got) == len(prompt) and got.token_ids[0] == prompt[0] and not got.predicted(0)
@@ -141,7 +141,7 @@ def test_max_tokens_zero_scores_the_prompt_only(engine: Engine, model: Generatio
     params = SamplingParams(max_tokens=0, prompt_logprobs=2)
     outs, finished = collect(engine, [AdmitSpec("score", tuple(prompt), (), params, 0.0), admit("beside", prompt, 4)])
     [only] = outs["score"]
-    assert only.token_ids == () and only.index == 0 and only.logprobs is None
+    assert only.token_ids == () and only.output_index == 0 and only.logprobs is None
     assert only.prompt_logprobs is not None and len(only.prompt_logprobs) == len(prompt)
     assert_positions(only.prompt_logprobs.slice(1), model_logprobs(model, prompt)[:-1], prompt[1:], 2)
     assert finished["score"].reason is FinishReason.LENGTH
@@ -156,7 +156,7 @@ def test_resumed_request_continues_its_logprobs_and_skips_the_prompts(engine: En
     tokens, logprobs = joined(whole["w"])
     resumed, _ = collect(engine, [AdmitSpec("r", tuple(prompt), tuple(tokens[:4]), params, 0.0)])
     rest, rest_logprobs = joined(resumed["r"])
-    assert rest == tokens[4:] and resumed["r"][0].index == 4
+    assert rest == tokens[4:] and resumed["r"][0].output_index == 4
     assert all(o.prompt_logprobs is None for o in resumed["r"])  # delivered before the resume
     assert logprobs is not None and rest_logprobs is not None
     assert rest_logprobs.logprobs == pytest.approx(logprobs.slice(4).logprobs, abs=TOLERANCE)
