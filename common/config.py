@@ -292,6 +292,11 @@ class ExecutorConfig:
     # CUDA graphs, one per batch bucket and table width, and replayed (executor_service/decode_graphs.py).
     # False runs the same padded steps eagerly. Ignored on the CPU, where nothing is captured.
     cuda_graphs: bool = True
+    # Overlapped steps: a decode step is launched before the last step's tokens are read on the host,
+    # so reading, detokenising and reporting them overlaps the device's work (Engine.step). "auto": where
+    # the device computes asynchronously (CUDA); "on": on the CPU too, where it gains nothing (the host
+    # computes the step itself); "off": each step's tokens are read before the next is planned.
+    async_scheduling: str = "auto"
 
     def __post_init__(self) -> None:
         if self.executor_id:
@@ -306,6 +311,8 @@ class ExecutorConfig:
             raise ValueError("executor.report_every_steps must be >= 1 and report_max_wait_ms >= 0")
         if not self.backend:
             raise ValueError("executor.backend must be auto or a backend's name")
+        if self.async_scheduling not in ("auto", "on", "off"):
+            raise ValueError(f"executor.async_scheduling must be auto, on or off, not {self.async_scheduling!r}")
 
 
 def check_fleet_secret(secret: str, where: str) -> None:

@@ -19,6 +19,7 @@ from common.lifecycle import FinishReason
 from common.logprobs import NO_LOGPROBS, Logprobs
 from common.sampling_params import SamplingParams
 from executor_service import prompt_logprobs
+from executor_service.backends.base import DecodeRead
 from executor_service.batch_admission import Admission, judge_admission
 from executor_service.block_allocator import BlockAllocator
 from executor_service.cpu_threads import ThreadGovernor
@@ -60,8 +61,11 @@ class Engine:
         limits: EngineLimits,
         threads: ThreadGovernor | None = None,
         grammars: GrammarCache | None = None,
+        overlap: bool = False,
     ) -> None:
-        """``grammars``: compiles structured outputs' grammars (None: such requests end with an error)."""
+        """``grammars``: compiles structured outputs' grammars (None: such requests end with an error);
+        ``overlap``: launch each decode step before reading the last one's tokens (see ``step``), where
+        the runner feeds decodes from its device-side rows."""
         self.runner = runner
         self.allocator = allocator
         self.tokenizer = tokenizer
@@ -90,13 +94,18 @@ class Engine:
         # logprobs, adjusted logits, a grammar, prompt scoring. While there are none (a common batch), the
         # step skips the passes over every row that ask each one.
         self._special: set[Sequence] = set()
+        self.overlap = overlap and runner.decode_read is not DecodeRead.IN_PLACE
+        self._pending: _PendingStep | None = None  # the launched step whose tokens are not read yet
+        self._drops = 0  # sequences dropped so far: a pending step whose count still matches lost none
         # Admissions waiting for their structured output's grammar to compile, in arrival order.
         self._compiling: dict[str, tuple[AdmitSpec, Future[xgr.CompiledGrammar]]] = {}
 
     @property
     def has_work(self) -> bool:
         # A compile still running is no work: the worker idles on its inbox meanwhile, then admits.
-        return bool(self.running) or any(future.done() for _, future in self._compiling.values())
+        if self.running or self._pending is not None:
+            return True
+        return any(future.done() for _, future in self._compiling.values())
 
     @property
     def has_news(self) -> bool:
@@ -236,18 +245,37 @@ class Engine:
         self._by_rank = None
         self._prefilling.discard(seq)
         self._special.discard(seq)
+        self._drops += 1
 
     # ---- one iteration -----------------------------------------------------------------
     def step(self) -> StepOutput:
+        """One iteration: plan the step, launch it, and report tokens.
+
+        With ``overlap``, a step of plain decodes is launched before the last step's tokens are read
+        (its inputs are already in the runner's decode rows, on the device): the host reads, detokenises
+        and reports step N-1 while the device computes step N, and the report of step N carries step N-1's
+        tokens. A request that finished at step N-1 (a stop token or string) has then computed one more
+        token, which is dropped, as vLLM's asynchronous scheduling does; one that reaches its length limit
+        is not scheduled again. A step that reads tokens on the host (a prompt's chunk, a grammar, a
+        penalty, log probabilities) first reads the last step's, so it sees every token.
+        """
         started = time.perf_counter_ns()
         self._admit_compiled()
+        settled: list[TokenOut] = []
+        if self._pending is not None and (self._special or self._prefilling):
+            settled = self._settle()
         ranked = self._ranked()
+        if self._pending is not None:  # those at their length limit end when the pending tokens are read
+            ranked = [s for s in ranked if len(s.output_ids) + s.num_pending < s.max_output]
         # Only prefills share blocks or wait for them: a step of decodes alone skips the pass.
         ready = self.prefix_cache.share(ranked) if self._prefilling else ranked
         plan = self.step_scheduler.schedule(ready, self.token_budget, self._grants)
         self._grants = {}
         self._preempted.extend(s.request_id for s in plan.preempted)
-        tokens = self._compute(plan) if plan.chunks else []
+        if plan.chunks:
+            tokens = _merged(settled, self._compute(plan))
+        else:
+            tokens = _merged(settled, self._settle()) if self._pending is not None else settled
         self.iteration += 1
         return self._output(tokens, plan.num_tokens, time.perf_counter_ns() - started)
 
@@ -287,17 +315,44 @@ class Engine:
                     self.grammar_masks.apply(rows, [s.grammar for s in completing])  # in place, before sampling
                 sampled = self.sampler.sample(rows, completing, generators)
             self.runner.commit(sampled.on_device)
+            sampled.copy_to_host()
+        # The last step's tokens, read while this one computes (overlap): this step's inputs among them,
+        # which naming a filled block below hashes.
+        drops = self._drops
+        settled = self._settle() if self._pending is not None else []
         naming, block_size = self.prefix_cache.enabled, self.allocator.block_size
         for chunk in chunks:
             seq = chunk.seq
+            if drops != self._drops and self.running.get(seq.request_id) is not seq:
+                continue  # it finished when its last token was read: this step's token is dropped
             seq.num_computed += chunk.num_tokens
             if naming and seq.num_computed >= (seq.num_named + 1) * block_size:  # a block filled: name it
                 self.prefix_cache.name_computed(seq)
         if self._prefilling:
             self._prefilling.difference_update(completing)  # decoding from now on, or about to finish
         if sampled is None:
+            return settled
+        if self.overlap and not self._special and not self._prefilling:
+            # The next step can launch before these tokens are read: they are read then (``_settle``).
+            self._pending = _PendingStep(completing, sampled, drops)  # as launched: before the read above
+            for seq in completing:
+                seq.num_pending = 1
+            return settled
+        return _merged(settled, self._emit(completing, sampled))
+
+    def _settle(self) -> list[TokenOut]:
+        """Read and postprocess the pending step's tokens, but those of sequences that left since."""
+        pending = self._pending
+        if pending is None:
             return []
-        return self._emit(completing, sampled)
+        self._pending = None
+        seqs, tokens = pending.seqs, pending.sampled.tokens
+        if pending.drops != self._drops:
+            kept = [i for i, seq in enumerate(seqs) if self.running.get(seq.request_id) is seq]
+            seqs, tokens = [seqs[i] for i in kept], [tokens[i] for i in kept]
+        for seq in seqs:
+            seq.num_pending = 0
+        return self._postprocess(seqs, tokens, [None] * len(seqs))
 
     def _forward(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None) -> torch.Tensor:
         if self.threads is None:
@@ -418,3 +473,23 @@ def _plain(params: SamplingParams) -> bool:
         and params.structured_output is None
         and params.max_tokens > 0
     )
+
+
+@dataclass(frozen=True)
+class _PendingStep:
+    """A launched step whose tokens are not read yet (``Engine.step``, overlap)."""
+
+    seqs: list[Sequence]  # its completing sequences, in sampling order
+    sampled: Sampled
+    drops: int  # ``Engine._drops`` at its launch: unchanged when it is read, none of ``seqs`` left
+
+
+def _merged(earlier: list[TokenOut], later: list[TokenOut]) -> list[TokenOut]:
+    """Two consecutive steps' tokens as one report's: a request's tokens joined into one output."""
+    if not earlier or not later:
+        return earlier or later
+    by_request = {out.request_id: out for out in earlier}
+    for out in later:
+        before = by_request.get(out.request_id)
+        by_request[out.request_id] = out if before is None else before.then(out)
+    return list(by_request.values())

@@ -132,5 +132,8 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         log.info("captured %d decode graphs in %.1f s", count, time.perf_counter() - started)
     vocab = int(model.get_output_embeddings().weight.shape[0])
     grammars = GrammarCache(tokenizer, vocab, limits.eos_token_ids)  # compiles nothing until asked
-    engine = Engine(runner, allocator, tokenizer, limits, threads, grammars)
+    overlap = config.async_scheduling == "on" or (config.async_scheduling == "auto" and device.type == "cuda")
+    engine = Engine(runner, allocator, tokenizer, limits, threads, grammars, overlap=overlap)
+    if engine.overlap:
+        log.info("overlapped steps: each decode step launches before the last one's tokens are read")
     return LoadedModel(engine, tokenizer, config.model, device, config.dtype, vocab, backend.name)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import cast
 
@@ -54,10 +54,27 @@ class Sampled:
 
     on_device: torch.Tensor  # [rows] int64, where the logits were: the next decode step reads them there
     logprobs: list[Logprobs | None]
+    # On CUDA, the tokens' copy to pinned host memory, queued behind the step's work, and the event that
+    # marks it done (``copy_to_host``): reading them then waits for this step alone, not for later ones.
+    _host_copy: tuple[torch.Tensor, torch.cuda.Event] | None = field(default=None, init=False, repr=False)
+
+    def copy_to_host(self) -> None:
+        """Queue the tokens' device-to-host copy now, without waiting for it; nothing to do on the CPU."""
+        if self.on_device.device.type != "cuda" or self._host_copy is not None:
+            return
+        host = torch.empty(self.on_device.shape, dtype=self.on_device.dtype, pin_memory=True)
+        host.copy_(self.on_device, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        object.__setattr__(self, "_host_copy", (host, done))
 
     @cached_property
     def tokens(self) -> list[int]:
         """The tokens on the host: the step's one device-to-host copy of them, made when first asked."""
+        if self._host_copy is not None:
+            host, done = self._host_copy
+            done.synchronize()
+            return cast(list[int], host.tolist())
         return cast(list[int], self.on_device.tolist())
 
 

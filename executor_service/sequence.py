@@ -51,10 +51,14 @@ class Sequence:
     # EOS), and the most output it may reach (max_tokens, within the executor's max_model_len).
     stop_token_ids: frozenset[int] = frozenset()
     max_output: int = 0
+    # Output tokens sampled on the device but not yet read on the host (0 or 1): with overlapped steps
+    # (``Engine``), a step is launched before the last one's tokens are read. They count as tokens of
+    # the sequence (its next decode feeds one from its decode row), not yet in ``output_ids``.
+    num_pending: int = 0
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_pending
 
     @property
     def final_len(self) -> int:
@@ -63,13 +67,13 @@ class Sequence:
 
     @property
     def num_uncomputed(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids) - self.num_computed
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_pending - self.num_computed
 
     @property
     def is_decoding(self) -> bool:
         # Read every step for every running sequence: spelled out rather than through num_uncomputed.
         computed = self.num_computed
-        return computed > 0 and len(self.prompt_ids) + len(self.output_ids) - computed == 1
+        return computed > 0 and len(self.prompt_ids) + len(self.output_ids) + self.num_pending - computed == 1
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Token ids ``start..end-1`` of prompt + output."""
@@ -84,3 +88,4 @@ class Sequence:
         """Forget computed K/V (after its blocks were released), so a resume recomputes everything."""
         self.num_computed = 0
         self.num_named = 0
+        self.num_pending = 0  # a token still on the device is dropped with the step's cache
