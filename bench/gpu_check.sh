@@ -14,7 +14,8 @@
 #   1. phases (a), (b), (c) with CUDA graphs on (executor.cuda_graphs, the default): (a) over one
 #      GenerateBatch stream, every request's tokens 8 at a time -> results.json;
 #   2. phases (a) and (b) again with CUDA graphs off (the same padded decode steps, eager)
-#      -> results-graphs-off.json;
+#      -> results-graphs-off.json; then phase (b) with graphs on and overlapped steps off
+#      (executor.async_scheduling, on by default on CUDA) -> results-overlap-off.json;
 #   3. (a) again over a Generate stream per request, token by token -> results-per-request.json;
 #   4. the engine's host time per decode step at 64 and 256 running requests, graphs on and off
 #      (bench/engine_profile.py) -> engine-profile-graphs-on.txt, engine-profile-graphs-off.txt;
@@ -77,6 +78,9 @@ if [ "$status" = 0 ]; then
   say "phases (a) and (b) again with CUDA graphs off"
   $PY -m bench.throughput "${ARGS[@]}" --phases a b --cuda-graphs off --workdir "$WORK" \
     --json "$OUT/results-graphs-off.json" || say "the graphs-off run failed (exit $?)"
+  say "phase (b) again with overlapped steps off (each step's tokens read before the next launches)"
+  $PY -m bench.throughput "${ARGS[@]}" --phases b --async-scheduling off --workdir "$WORK" \
+    --json "$OUT/results-overlap-off.json" || say "the overlap-off run failed (exit $?)"
   # Then (a) again the way a serving client streams: a Generate stream per request, each token on its
   # own (the last --rpc and --request-stream-interval win).
   say "phase (a) again over a Generate stream per request, token by token"

@@ -188,6 +188,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="on",
         help="(a) and (b): executor.cuda_graphs, decode steps replayed as CUDA graphs (default on; CUDA only)",
     )
+    parser.add_argument(
+        "--async-scheduling",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="(a) and (b): executor.async_scheduling, decode steps launched before the last one's tokens are "
+        "read (default auto: on CUDA)",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -223,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         args.report_every_steps,
         not args.short_warmup,
         args.cuda_graphs == "on",
+        args.async_scheduling,
     )
     report: dict[str, Any] = {"requests": len(wl.prompts), "seed": args.seed, "wanted_tokens": sum(wl.max_tokens)}
     report |= {"torch": torch.__version__, "transformers": transformers.__version__, "torch_threads": threads}

@@ -38,6 +38,7 @@ def stack_env(setup: Setup, kv_mb: int, metrics_port: int) -> dict[str, str]:
     env["BATON_DISTRIBUTED__STREAM_INTERVAL_TOKENS"] = str(setup.stream_interval)
     env["BATON_EXECUTOR__REPORT_EVERY_STEPS"] = str(setup.report_every_steps)
     env["BATON_EXECUTOR__CUDA_GRAPHS"] = "true" if setup.cuda_graphs else "false"
+    env["BATON_EXECUTOR__ASYNC_SCHEDULING"] = setup.async_scheduling
     return env
 
 

@@ -45,6 +45,7 @@ class Setup:
     # request only.
     warm_workload: bool = True
     cuda_graphs: bool = True  # (a) and (b): executor.cuda_graphs (decode steps replayed as CUDA graphs; CUDA only)
+    async_scheduling: str = "auto"  # (a) and (b): executor.async_scheduling (overlapped steps; auto: CUDA)
 
     @property
     def torch_device(self) -> torch.device:
