@@ -73,7 +73,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # Architectures ``--arch`` builds at every size: a transformers model type, and what its config
 # needs beyond the shared shape. Each exercises a feature the executor must serve exactly, or
 # refuse: Qwen2's q/k/v biases, Qwen3's QK-norm and a head_dim other than hidden / heads, Mistral's
-# sliding window (served with the context capped to it), Phi-3's fused projections, and Gemma 2's
+# sliding window (each layer reads only its window), Phi-3's fused projections, and Gemma 2's
 # soft-capped attention logits and final logits.
 ARCHS: dict[str, tuple[str, dict[str, object]]] = {
     "llama": ("llama", {}),

@@ -7,8 +7,12 @@ alone knows for sure: its model length, its KV cache and its batch bound.
 from __future__ import annotations
 
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from executor_service.schedulable import KVBlocks
+
+if TYPE_CHECKING:
+    from executor_service.sliding_window import SlidingWindow
 
 
 class Admission(Enum):
@@ -28,9 +32,17 @@ def judge_admission(
     max_batch_size: int,
     token_budget: int,
     kv: KVBlocks,
+    window: SlidingWindow | None = None,
 ) -> Admission:
-    """The verdict on a request of ``num_tokens`` (prompt plus output so far) beside ``num_running``."""
-    if num_tokens >= max_model_len or kv.blocks_for(num_tokens + 1) > kv.num_blocks:
+    """The verdict on a request of ``num_tokens`` (prompt plus output so far) beside ``num_running``.
+
+    ``window``: the model's sliding window. Where every layer has it, a sequence holds only the blocks
+    its window and its current chunk (at most ``token_budget`` tokens) reach, not its whole length.
+    """
+    held = kv.blocks_for(num_tokens + 1)
+    if window is not None:
+        held = window.most_blocks_held(num_tokens + 1, token_budget, kv.block_size)
+    if num_tokens >= max_model_len or held > kv.num_blocks:
         return Admission.TOO_LONG
     # Keep decodes below the token budget, so prefill always has room to make progress.
     if num_running >= min(max_batch_size, token_budget - 1):

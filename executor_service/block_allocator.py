@@ -13,6 +13,11 @@ references stays cached, its K/V intact, until its room is needed. Cached blocks
 reclaimed in least-recently-released order, and only once no plain free block is left. A shared
 block is never written: only blocks wholly computed are named, and a sequence that takes them
 starts computing after them.
+
+A sliding-window model whose every layer is windowed lets go of a sequence's first blocks once no
+later query reads them (``sliding_window.py``): ``release_front`` drops their references as
+``release`` does and leaves ``placeholder`` in their place, so positions still index the table.
+Each block is released once: both skip placeholders.
 """
 
 from __future__ import annotations
@@ -50,6 +55,12 @@ class BlockAllocator:
         self._lru: dict[int, None] = {}
         # Names stored (True) or evicted (False) since the last drain, the latest change per name.
         self._changes: dict[int, bool] = {}
+
+    @property
+    def placeholder(self) -> int:
+        """What a released block leaves in its table: an id the allocator never hands out (the KV
+        pool's scratch block, so an index through it stays in bounds), which no read path reads."""
+        return self.num_blocks
 
     @property
     def num_free(self) -> int:
@@ -104,22 +115,49 @@ class BlockAllocator:
         (a long prefix is less likely to be asked for again than its start)."""
         if not block_table:
             return
-        refs, state = self._refs, self._state
-        if refs[block_table[0]] == 1:  # the last table starting here: its room goes too
-            for block in self._rooms.pop(block_table[0], range(0)):
+        placeholder = self.placeholder
+        if block_table[0] != placeholder:
+            self._drop_room(block_table[0])
+        for block in reversed(block_table):
+            if block != placeholder:
+                self._unref(block)
+        block_table.clear()
+
+    def release_front(self, block_table: list[int], count: int) -> None:
+        """Release the first ``count`` blocks of a table (those not released already) and leave
+        ``placeholder`` in their place; the rest of the table is untouched. Released back to front,
+        as ``release`` does."""
+        placeholder = self.placeholder
+        for index in range(min(count, len(block_table)) - 1, -1, -1):
+            block = block_table[index]
+            if block == placeholder:
+                break  # released before, and so is everything ahead of it
+            if index == 0:
+                self._drop_room(block)
+            self._unref(block)
+            block_table[index] = placeholder
+
+    def _drop_room(self, first: int) -> None:
+        """The table starting at block ``first`` lets go of it: when it is the last to hold it, the
+        room held after it is free for anyone."""
+        if self._refs[first] == 1:
+            state = self._state
+            for block in self._rooms.pop(first, range(0)):
                 if state[block] == _HELD:
                     state[block] = _FREE
-        for block in reversed(block_table):
-            refs[block] -= 1
-            if refs[block]:
-                continue
-            self._num_free += 1
-            if block in self._name_of:
-                state[block] = _CACHED
-                self._lru[block] = None
-            else:
-                state[block] = _FREE
-        block_table.clear()
+
+    def _unref(self, block: int) -> None:
+        """One table fewer holds ``block``: nobody left makes it free, or cached when named."""
+        refs = self._refs
+        refs[block] -= 1
+        if refs[block]:
+            return
+        self._num_free += 1
+        if block in self._name_of:
+            self._state[block] = _CACHED
+            self._lru[block] = None
+        else:
+            self._state[block] = _FREE
 
     # ---- prefix cache ------------------------------------------------------------------
     def cached_prefix(self, names: Sequence[int]) -> list[int]:

@@ -17,6 +17,9 @@ place; elsewhere each row's ``width`` blocks gathered into one padded batch unde
 call per layer. The gather has fixed shapes, so it can be captured, but it copies
 ``batch x width x block_size`` keys and values per layer, whatever each row's real length: a
 cost a paged-attention kernel that reads blocks in place would not pay (see docs/performance.md).
+A sliding window's layers gather each row's blocks from the first its window covers, at most the
+window's span of blocks (``SlidingWindow.span_blocks``); where every layer is windowed that span is
+the step's width, however long the sequences.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from executor_service.backends.base import DecodeRead
 from executor_service.decode_state import DecodeState
 from executor_service.kernels.decode_attention import PagedDecodes
 from executor_service.kv_cache import KVPool
-from executor_service.paged_attention import AttentionBatch, DecodeGroup
+from executor_service.paged_attention import AttentionBatch, ContextReads, DecodeGroup
 from executor_service.sequence import Sequence
+from executor_service.sliding_window import SlidingWindow
 
 # The backend's forward: (input_ids [N], positions [N], sample rows [S], batch) -> logits [S, vocab].
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionBatch], torch.Tensor]
@@ -76,27 +80,41 @@ class DecodeShape:
 
     count: int  # the step's decodes, whose logits are kept
     batch: int  # rows computed: ``count``, or its bucket when padded
-    width: int  # block-table columns each row reads: the widest table, or its bucket when padded
+    # Block-table columns each row reads: the widest table (capped to the window's span where every
+    # layer is windowed), or its bucket when padded.
+    width: int
 
 
 class DecodeStep:
     """Prepares and runs decode-only steps over ``state``'s rows."""
 
-    def __init__(self, pool: KVPool, max_seqs: int, max_blocks: int, device: torch.device) -> None:
+    def __init__(
+        self, pool: KVPool, max_seqs: int, max_blocks: int, device: torch.device, window: SlidingWindow | None = None
+    ) -> None:
+        """``window``: the model's sliding window, when it has one."""
         self.pool = pool
         self.buckets = batch_buckets(max_seqs)
         self.state = DecodeState(max_seqs, max_blocks, pool.scratch_block, self.buckets[-1], device)
+        self.window = window
+        self._reads_full = window is None or not window.every_layer
+        self._window_blocks = window.span_blocks(pool.block_size) if window is not None else 0
         self._rows = torch.arange(self.buckets[-1], device=device)  # row i of the step is query row i
+        self._columns = torch.arange(max_blocks, device=device)
         self._span = torch.arange(max_blocks * pool.block_size, device=device)
 
     def prepare(self, seqs: Seq[Sequence], static: bool) -> DecodeShape:
         """Upload the step's rows (padded when ``static``); the host's whole part of the step."""
         count = len(seqs)
         batch = bucket(count, self.buckets) if static else count
-        width = self.state.sync(seqs, batch)
+        width = self.read_width(self.state.sync(seqs, batch))
         if static:
             width = width_bucket(width, self.state.max_blocks)
         return DecodeShape(count, batch, width)
+
+    def read_width(self, table_width: int) -> int:
+        """The block-table columns a step reads whose widest table has ``table_width`` blocks: all of
+        them, or the window's span where every layer reads its window only."""
+        return table_width if self._reads_full else min(table_width, self._window_blocks)
 
     def forward(self, forward: Forward, decode_read: DecodeRead, batch: int, width: int) -> torch.Tensor:
         """Float logits [batch, vocab] of the rows ``prepare`` uploaded. Fixed shapes for a given
@@ -105,20 +123,34 @@ class DecodeStep:
         rows = state.step_rows[:batch]
         input_ids = state.tokens.index_select(0, rows)
         positions = state.positions.index_select(0, rows)
-        tables = state.tables[:, :width].index_select(0, rows)  # [batch, width]
-        slots = tables.gather(1, (positions // block_size).unsqueeze(1)).squeeze(1) * block_size
-        slots += positions % block_size
+        tables = state.tables.view(-1)  # row r's table starts at r * max_blocks
+        starts = rows * state.max_blocks
+        slots = tables.index_select(0, starts + positions // block_size) * block_size + positions % block_size
         lengths = positions + 1
         query_rows = self._rows[:batch]
-        group, native = None, None
-        if decode_read is DecodeRead.NATIVE:
-            # The kernel reads each table where it starts in the flat rows (its length follows from the context's).
-            offsets = rows * state.max_blocks
-            native = PagedDecodes(query_rows, lengths, offsets, state.tables.view(-1))
-        else:
-            mask = self._span[: width * block_size].unsqueeze(0) < lengths.unsqueeze(1)
-            group = DecodeGroup(rows=query_rows, block_tables=tables, mask=mask[:, None, None])
-        batch_info = AttentionBatch(
-            pool=self.pool, slot_mapping=slots, prefills=(), decode_views=(), decodes=group, native_decodes=native
-        )
+        # The kernel reads each table where it starts in the flat rows (its length follows from the
+        # context's) and cuts a window itself: both kinds of layer share it.
+        native = PagedDecodes(query_rows, lengths, starts, tables) if decode_read is DecodeRead.NATIVE else None
+        full = windowed = None
+        if self._reads_full:
+            group = None
+            if native is None:
+                mask = self._span[: width * block_size].unsqueeze(0) < lengths.unsqueeze(1)
+                read = state.tables[:, :width].index_select(0, rows)  # [batch, width]
+                group = DecodeGroup(rows=query_rows, block_tables=read, mask=mask[:, None, None])
+            full = ContextReads(window=None, decodes=group, native_decodes=native)
+        if self.window is not None:
+            size, group = self.window.size, None
+            if native is None:
+                # Each row's blocks from the first its window covers; columns past its table are masked
+                # (clamped, so the index stays in its row).
+                count = min(width, self._window_blocks)
+                first = (positions - (size - 1)).clamp(min=0) // block_size  # [batch]
+                columns = (first.unsqueeze(1) + self._columns[:count]).clamp(max=state.max_blocks - 1)
+                read = tables[starts.unsqueeze(1) + columns]  # [batch, count]
+                keys = (first * block_size).unsqueeze(1) + self._span[: count * block_size]
+                mask = (keys <= positions.unsqueeze(1)) & (keys > (positions - size).unsqueeze(1))
+                group = DecodeGroup(rows=query_rows, block_tables=read, mask=mask[:, None, None])
+            windowed = ContextReads(window=size, decodes=group, native_decodes=native)
+        batch_info = AttentionBatch(pool=self.pool, slot_mapping=slots, full=full, windowed=windowed)
         return forward(input_ids, positions, query_rows, batch_info).float()

@@ -74,6 +74,8 @@ class Engine:
         self.sampler = Sampler(limits.eos_token_ids)
         self.threads = threads  # None: torch's thread count is fixed (configured, or a GPU)
         self.prefix_cache = PrefixCache(allocator)
+        # The model's sliding window: where every layer has it, the blocks it has passed are released.
+        self.window = runner.window
         self.step_scheduler: StepScheduler[Sequence] = StepScheduler(allocator, self._drop)
         self.running: dict[str, Sequence] = {}
         # Step bookkeeping kept between steps, so a step costs no pass over the running set it can skip:
@@ -183,6 +185,7 @@ class Engine:
             max_batch_size=self.limits.max_batch_size,
             token_budget=self.token_budget,
             kv=self.allocator,
+            window=self.window,
         )
         if verdict is Admission.TOO_LONG:
             error = f"{total} tokens do not fit (max_model_len {self.limits.max_model_len}, KV blocks)"
@@ -235,6 +238,8 @@ class Engine:
             return
         else:
             self.prefix_cache.match(seq)
+            if self.window is not None:  # cached blocks its window has already passed
+                self.window.release_passed(seq, self.allocator)
 
     def _drop(self, seq: Sequence) -> None:
         self.allocator.release(seq.block_table)
@@ -321,6 +326,7 @@ class Engine:
         drops = self._drops
         settled = self._settle() if self._pending is not None else []
         naming, block_size = self.prefix_cache.enabled, self.allocator.block_size
+        window = self.window
         for chunk in chunks:
             seq = chunk.seq
             if drops != self._drops and self.running.get(seq.request_id) is not seq:
@@ -328,6 +334,8 @@ class Engine:
             seq.num_computed += chunk.num_tokens
             if naming and seq.num_computed >= (seq.num_named + 1) * block_size:  # a block filled: name it
                 self.prefix_cache.name_computed(seq)
+            if window is not None:  # after naming: a named block stays cached, as a finished request's do
+                window.release_passed(seq, self.allocator)
         if self._prefilling:
             self._prefilling.difference_update(completing)  # decoding from now on, or about to finish
         if sampled is None:

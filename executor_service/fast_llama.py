@@ -10,8 +10,9 @@ greedy outputs are tested against ``model.generate``. On CPU (float32 or bfloat1
 between the matmuls (residual add + RMSNorm, RoPE with the K/V write, SiLU-and-multiply) runs as
 native calls instead (``kernels.layer_ops``), with the model's own norm weights and rotary tables.
 
-For ``LlamaForCausalLM`` and ``MistralForCausalLM`` (same layout) with SiLU MLPs and no sliding
-window: the backends that run it (``backends/cpu_native.py``, ``backends/cuda.py``) declare that
+For ``LlamaForCausalLM`` and ``MistralForCausalLM`` (same layout) with SiLU MLPs, Mistral's sliding
+window included (every layer attends within ``config.sliding_window``, as ``MistralAttention``
+does): the backends that run it (``backends/cpu_native.py``, ``backends/cuda.py``) declare that
 support, and the registry gives any other model a backend with transformers' forward.
 """
 
@@ -104,6 +105,8 @@ class FastLlamaForward:
         self.heads: int = config.num_attention_heads
         self.kv_heads: int = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim: int = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        # Mistral windows every layer alike (Llama's config has no window).
+        self.window: int | None = getattr(config, "sliding_window", None) or None
         self.layers = [
             LayerParts(
                 attention=layer.self_attn,
@@ -144,6 +147,7 @@ class FastLlamaForward:
             v.transpose(0, 1)[None],
             None,
             scaling=layer.scaling,
+            sliding_window=self.window,
             baton_batch=batch,
             **kv,
         )

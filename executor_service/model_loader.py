@@ -19,8 +19,9 @@ from executor_service.grammar_cache import GrammarCache
 from executor_service.host_allocator import keep_freed_memory
 from executor_service.kv_cache import KVGeometry, KVPool
 from executor_service.model_runner import ModelRunner
-from executor_service.model_support import ModelTraits, served_length
+from executor_service.model_support import ModelTraits
 from executor_service.paged_attention import register
+from executor_service.sliding_window import SlidingWindow
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,8 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
     allocator = BlockAllocator(num_blocks, config.block_size, config.prefix_caching)
     pool = KVPool(geometry, num_blocks, config.block_size, device)
     limits = EngineLimits(
-        # A sliding-window model's context is capped to its window, where windowed and full attention agree.
-        max_model_len=served_length(traits, int(getattr(model.config, "max_position_embeddings", 2048))),
+        # A sliding-window model too: its windowed layers read their window at any length.
+        max_model_len=int(getattr(model.config, "max_position_embeddings", 2048)),
         max_batch_size=config.max_batch_size,
         token_budget=config.token_budget,
         eos_token_ids=eos_ids(model, tokenizer),
@@ -124,6 +125,7 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         max_seqs=config.max_batch_size,
         max_model_len=limits.max_model_len,
         cuda_graphs=config.cuda_graphs,
+        window=SlidingWindow.of(traits),
     )
     log.info("%s", runner.describe())
     if runner.graphs is not None:

@@ -9,6 +9,11 @@ by request, as below: those steps are dominated by the prefill's compute.
 
 After sampling, ``commit`` writes the sampled tokens into the rows on the device, so the next
 decode step needs nothing from the host but which rows run.
+
+A sliding-window model's steps carry the reads of its windowed layers, each from the first key its
+window covers (``sliding_window.py``), beside the full-attention reads of its other layers; a model
+whose every layer is windowed gets the windowed reads alone, which never reach the blocks its
+window has passed (released, ``SlidingWindow.release_passed``).
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from executor_service.decode_graphs import DecodeGraphs
 from executor_service.decode_step import DecodeShape, DecodeStep, width_bucket, width_buckets
 from executor_service.kernels.decode_attention import PagedDecodes
 from executor_service.kv_cache import KVPool
-from executor_service.paged_attention import AttentionBatch, DecodeGroup, DecodeView, PrefillSegment
+from executor_service.paged_attention import AttentionBatch, ContextReads, DecodeGroup, DecodeView, PrefillSegment
 from executor_service.sequence import Sequence
+from executor_service.sliding_window import SlidingWindow
 from executor_service.step_scheduler import ScheduledChunk
 
 # Decode graphs captured before serving cover contexts up to this many tokens, most requests' (a chat
@@ -56,16 +62,21 @@ class ModelRunner:
         max_seqs: int,
         max_model_len: int,
         cuda_graphs: bool = False,
+        window: SlidingWindow | None = None,
     ) -> None:
-        """``max_seqs``: running sequences at most; ``cuda_graphs``: capture static decode steps (CUDA only)."""
+        """``max_seqs``: running sequences at most; ``cuda_graphs``: capture static decode steps (CUDA only);
+        ``window``: the model's sliding window, when it has one."""
         self.backend = backend
         self.model = backend.model
         self.pool = pool
         self.allocator = allocator
         self.device = device
+        self.window = window
+        # Full-attention reads, unless every layer is windowed.
+        self._reads_full = window is None or not window.every_layer
         # How decodes read their contexts is the backend's choice (backends/base.py, DecodeRead).
         self.decode_read = backend.decode_read
-        self.decode = DecodeStep(pool, max_seqs, allocator.blocks_for(max_model_len), device)
+        self.decode = DecodeStep(pool, max_seqs, allocator.blocks_for(max_model_len), device, window)
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs and device.type == "cuda" and backend.static_shapes:
             self.graphs = DecodeGraphs(self._decode_forward, self.decode.buckets[-1])
@@ -88,7 +99,7 @@ class ModelRunner:
         if graphs is None:
             return 0
         state = self.decode.state
-        widest = width_bucket(self.allocator.blocks_for(max_context), state.max_blocks)
+        widest = width_bucket(self.decode.read_width(self.allocator.blocks_for(max_context)), state.max_blocks)
         state.step_rows.fill_(state.scratch_row)  # every row padding: the captures write the scratch block only
         with torch.inference_mode():
             for batch in reversed(self.decode.buckets):
@@ -153,26 +164,51 @@ class ModelRunner:
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
-    def _context_slots(self, block_table: list[int], length: int) -> torch.Tensor:
-        return self._tensor(self.pool.slots(block_table, 0, length))
+    def _keys_slot(self, table: list[int], key_start: int, end: int) -> int | None:
+        """The slot of token ``key_start`` when tokens ``key_start..end-1`` lie in consecutive blocks, else None."""
+        size = self.pool.block_size
+        first = self.allocator.contiguous_start(table[key_start // size : (end - 1) // size + 1])
+        return None if first is None else first * size + key_start % size
 
-    def _decode_group(self, rows: list[int], seqs: list[Sequence]) -> DecodeGroup:
-        width = max(len(s.block_table) for s in seqs)
-        tables = self._tensor([b for s in seqs for b in s.block_table + [0] * (width - len(s.block_table))])
-        lengths = self._tensor([s.num_tokens for s in seqs])
-        span = torch.arange(width * self.pool.block_size, device=self.device)
-        mask = span[None, :] < lengths[:, None]
-        return DecodeGroup(
-            rows=self._tensor(rows), block_tables=tables.view(len(seqs), width), mask=mask[:, None, None]
-        )
+    def _key_start(self, window: SlidingWindow | None, position: int) -> int:
+        """The first key a read for ``window`` (None: full attention) needs, for queries from ``position`` on."""
+        return 0 if window is None else window.first_key(position)
 
-    def _prefill_segment(self, row: int, seq: Sequence, start: int, end: int, first: int | None) -> PrefillSegment:
-        if start == 0:
-            return PrefillSegment(start=row, end=row + end - start, context=None, context_len=end, mask=None)
+    def _prefill_segment(
+        self, row: int, table: list[int], start: int, end: int, window: SlidingWindow | None
+    ) -> PrefillSegment:
+        chunk_end = row + end - start
+        if start == 0:  # a fresh prefill reads its own K/V: cut to the window only where the window cuts in
+            band = None
+            if window is not None and end > window.size:
+                index = torch.arange(end, device=self.device)
+                offset = index[:, None] - index[None, :]  # query - key
+                band = (offset >= 0) & (offset < window.size)
+            return PrefillSegment(start=row, end=chunk_end, context=None, context_len=end, mask=band)
+        key_start = self._key_start(window, start)
         queries = torch.arange(start, end, device=self.device)[:, None]
-        keys = torch.arange(end, device=self.device)[None, :]
-        context = first * self.pool.block_size if first is not None else self._context_slots(seq.block_table, end)
-        return PrefillSegment(start=row, end=row + end - start, context=context, context_len=end, mask=keys <= queries)
+        keys = torch.arange(key_start, end, device=self.device)[None, :]
+        mask = keys <= queries
+        if window is not None:
+            mask &= keys > queries - window.size
+        first = self._keys_slot(table, key_start, end)
+        context = first if first is not None else self._tensor(self.pool.slots(table, key_start, end))
+        return PrefillSegment(start=row, end=chunk_end, context=context, context_len=end - key_start, mask=mask)
+
+    def _decode_group(self, rows: list[int], seqs: list[Sequence], window: SlidingWindow | None) -> DecodeGroup:
+        """The decodes' blocks from the first each reads, padded with the scratch block, and their masks."""
+        size = self.pool.block_size
+        firsts = [self._key_start(window, s.num_computed) // size for s in seqs]
+        tables = [s.block_table[first : (s.num_tokens - 1) // size + 1] for s, first in zip(seqs, firsts, strict=True)]
+        width = max(map(len, tables))
+        padding = [self.pool.scratch_block] * width
+        flat = self._tensor([b for table in tables for b in table + padding[len(table) :]])
+        lengths = self._tensor([s.num_tokens for s in seqs])
+        positions = self._tensor(firsts)[:, None] * size + torch.arange(width * size, device=self.device)[None, :]
+        mask = positions < lengths[:, None]
+        if window is not None:
+            mask &= positions >= lengths[:, None] - window.size
+        return DecodeGroup(rows=self._tensor(rows), block_tables=flat.view(len(seqs), width), mask=mask[:, None, None])
 
     def _run_packed(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None = None) -> torch.Tensor:
         """Any step: every chunk's tokens packed side by side, built from the sequences' lists.
@@ -183,10 +219,13 @@ class ModelRunner:
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        prefills: list[PrefillSegment] = []
-        views: list[DecodeView] = []
-        decode_rows: list[int] = []
-        decode_seqs: list[Sequence] = []
+        kinds: list[SlidingWindow | None] = [None] if self._reads_full else []
+        if self.window is not None:
+            kinds.append(self.window)
+        prefills: list[list[PrefillSegment]] = [[] for _ in kinds]
+        views: list[list[DecodeView]] = [[] for _ in kinds]
+        gathered_rows: list[list[int]] = [[] for _ in kinds]
+        gathered_seqs: list[list[Sequence]] = [[] for _ in kinds]
         native_rows: list[int] = []
         native_lengths: list[int] = []
         native_tables: list[list[int]] = []
@@ -194,42 +233,56 @@ class ModelRunner:
         leading_rows: list[int] = []
         completing: list[Sequence] = []
         next_positions: list[int] = []
-        block_size = self.pool.block_size
         for i, chunk in enumerate(chunks):
             seq, row = chunk.seq, len(input_ids)
             start, end = seq.num_computed, seq.num_computed + chunk.num_tokens
+            table = seq.block_table
             input_ids += seq.token_slice(start, end)
             positions += range(start, end)
-            first = self.allocator.contiguous_start(seq.block_table)
-            if first is not None:
-                slots += range(first * block_size + start, first * block_size + end)
+            written = self._keys_slot(table, start, end)
+            if written is not None:
+                slots += range(written, written + end - start)
             else:
-                slots += self.pool.slots(seq.block_table, start, end)
+                slots += self.pool.slots(table, start, end)
             if chunk.num_tokens == 1 and start > 0:
-                if self.decode_read is DecodeRead.NATIVE:
+                if self.decode_read is DecodeRead.NATIVE:  # one kernel call reads both kinds (it cuts the window)
                     native_rows.append(row)
                     native_lengths.append(end)
-                    native_tables.append(seq.block_table)
-                elif first is not None and self.decode_read is DecodeRead.IN_PLACE:
-                    views.append(DecodeView(row, first * block_size, end))
+                    native_tables.append(table)
                 else:
-                    decode_rows.append(row)
-                    decode_seqs.append(seq)
+                    for k, window in enumerate(kinds):
+                        key_start = self._key_start(window, start)
+                        first = self._keys_slot(table, key_start, end)
+                        if first is not None and self.decode_read is DecodeRead.IN_PLACE:
+                            views[k].append(DecodeView(row, first, end - key_start))
+                        else:
+                            gathered_rows[k].append(row)
+                            gathered_seqs[k].append(seq)
             else:
-                prefills.append(self._prefill_segment(row, seq, start, end, first))
+                for k, window in enumerate(kinds):
+                    prefills[k].append(self._prefill_segment(row, table, start, end, window))
             if chunk.completes:
                 sample_rows.append(row + chunk.num_tokens - 1)
                 completing.append(seq)
                 next_positions.append(end)
             if leading:
                 leading_rows += range(row, row + leading[i])
+        native = PagedDecodes.build(native_rows, native_lengths, native_tables) if native_rows else None
+        reads = [
+            ContextReads(
+                window=None if window is None else window.size,
+                prefills=tuple(prefills[k]),
+                decode_views=tuple(views[k]),
+                decodes=self._decode_group(gathered_rows[k], gathered_seqs[k], window) if gathered_seqs[k] else None,
+                native_decodes=native,
+            )
+            for k, window in enumerate(kinds)
+        ]
         batch = AttentionBatch(
             pool=self.pool,
             slot_mapping=self._tensor(slots),
-            prefills=tuple(prefills),
-            decode_views=tuple(views),
-            decodes=self._decode_group(decode_rows, decode_seqs) if decode_seqs else None,
-            native_decodes=PagedDecodes.build(native_rows, native_lengths, native_tables) if native_rows else None,
+            full=reads[0] if self._reads_full else None,
+            windowed=reads[-1] if self.window is not None else None,
         )
         kept = sample_rows + leading_rows
         keep = self._tensor(kept or [0])

@@ -1,22 +1,20 @@
 """What a model asks of the executor's attention and layers, read from its config when it loads.
 
-Baton's paged attention is plain causal softmax attention over every earlier token. Some model
-families change that: attention-logit soft-capping (Gemma 2), attention sinks (gpt-oss), or a
-sliding window (Mistral, Qwen2 with ``use_sliding_window``, Gemma 2/3's alternating layers). The
-backend registry (``backends/registry.py``) holds these traits against what each backend declares
-it computes exactly; a model no backend serves is refused at start with the reason
-(``UnsupportedModel``), since it would run and answer wrongly. A sliding window is served with the
-context capped to the window (``served_length``): while prompt and output stay inside the window,
-windowed and full causal attention attend to the same tokens, so the output is exact.
+Baton's paged attention is causal softmax attention over every earlier token, or over a sliding
+window of them where a layer asks for one (``sliding_window.py``). Some model families change that:
+attention-logit soft-capping (Gemma 2), attention sinks (gpt-oss), or a sliding window (Mistral,
+Qwen2 with ``use_sliding_window``, Gemma 2/3's alternating layers). The backend registry
+(``backends/registry.py``) holds these traits against what each backend declares it computes
+exactly; a model no backend serves is refused at start with the reason (``UnsupportedModel``),
+since it would run and answer wrongly. A windowed model is served at its whole ``max_model_len``:
+its windowed layers read their window at any length, and where every layer is windowed the blocks
+the window has passed are released.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 class UnsupportedModel(ValueError):
@@ -30,6 +28,7 @@ class ModelTraits:
     model_type: str  # transformers' model_type: "llama", "qwen3", ...
     hidden_act: str  # the MLP's activation ("silu", "gelu_pytorch_tanh", ...); "" when the config names none
     sliding_window: int | None  # the attention window the model really uses; None for full attention
+    every_layer_windowed: bool  # every layer attends within the window (False when there is none)
     attn_logit_softcapping: float | None  # the cap of tanh soft-capped attention logits, when it has one
     attention_sinks: bool  # learned attention sinks (a per-head logit every query attends to)
 
@@ -37,10 +36,12 @@ class ModelTraits:
     def from_config(cls, config: Any) -> ModelTraits:
         """The traits of a transformers ``PretrainedConfig`` (or anything with its attributes)."""
         softcap = getattr(config, "attn_logit_softcapping", None)
+        window = _sliding_window(config)
         return cls(
             model_type=str(getattr(config, "model_type", "") or "unknown"),
             hidden_act=str(getattr(config, "hidden_act", "") or ""),
-            sliding_window=_sliding_window(config),
+            sliding_window=window,
+            every_layer_windowed=window is not None and _every_layer_windowed(config),
             attn_logit_softcapping=float(softcap) if softcap else None,
             attention_sinks=bool(getattr(config, "attention_sinks", None) or getattr(config, "sinks", None)),
         )
@@ -60,17 +61,11 @@ def _sliding_window(config: Any) -> int | None:
     return int(window)
 
 
-def served_length(traits: ModelTraits, max_model_len: int) -> int:
-    """The longest sequence to serve the model at: ``max_model_len``, capped to a sliding window."""
-    window = traits.sliding_window
-    if window is None or window >= max_model_len:
-        return max_model_len
-    log.warning(
-        "%s attends within a sliding window of %d tokens; serving it with max_model_len %d (was %d), "
-        "where windowed and full attention agree",
-        traits.model_type,
-        window,
-        window,
-        max_model_len,
-    )
-    return window
+def _every_layer_windowed(config: Any) -> bool:
+    """Whether every layer uses the window: configs with ``layer_types`` name each layer's attention
+    (Gemma 2 alternates; Qwen2 windows the layers from ``max_window_layers`` on); those without one
+    (Mistral, Phi-3) window every layer."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is None:
+        return True
+    return all(kind == "sliding_attention" for kind in layer_types)

@@ -23,6 +23,12 @@ backend declares (``backends.base.DecodeRead``):
 - a fresh prefill attends to its own new K/V directly.
 Grouped-query attention never expands K/V: a decode's query heads are folded into the query
 length (``[kv_heads, group, d]``), which is the same computation.
+
+A layer with a sliding window (the ``sliding_window`` transformers hands it) reads only the keys
+its window covers (``sliding_window.py``): the model runner builds the step's reads twice where the
+model has both kinds of layer, once for full attention and once for the window (``ContextReads``),
+and once where it has one kind. Windowed reads start at the window, never before it, so the blocks
+a window has passed may be released: nothing reads them.
 """
 
 from __future__ import annotations
@@ -44,26 +50,27 @@ ATTENTION_NAME = "baton_paged"
 
 @dataclass(frozen=True)
 class PrefillSegment:
-    """One request's chunk of query tokens within the packed step."""
+    """One request's chunk of query tokens within the packed step, and the keys it reads."""
 
     start: int  # first query row in the packed sequence
     end: int  # one past the last query row
-    # Where the request's whole context (cached prefix + this chunk) is: None for a fresh
-    # prefill (the chunk is the whole context: it attends to its own K/V directly), a first
-    # slot when the context is contiguous in the pool, or else the context's slots.
+    # Where the keys the chunk reads are (its cached context, from the first key any of its queries
+    # reads, then the chunk): None for a fresh prefill (the chunk is the whole context: it attends to
+    # its own K/V directly), a first slot when those keys are contiguous in the pool, or else their slots.
     context: int | torch.Tensor | None
-    context_len: int
-    # Boolean [chunk, context] mask, True where attention is allowed; None for a fresh prefill.
+    context_len: int  # keys read
+    # Boolean [chunk, keys] mask, True where attention is allowed. None: plain causal attention over
+    # the chunk's own K/V (a fresh prefill no window cuts into).
     mask: torch.Tensor | None
 
 
 @dataclass(frozen=True)
 class DecodeView:
-    """A single-token decode whose context is contiguous in the pool."""
+    """A single-token decode whose keys are contiguous in the pool."""
 
     row: int  # query row in the packed sequence
-    first_slot: int
-    length: int  # context length, the new token included
+    first_slot: int  # the slot of the first key it reads
+    length: int  # keys it reads, the new token's included
 
 
 @dataclass(frozen=True)
@@ -71,8 +78,20 @@ class DecodeGroup:
     """Single-token decodes attended in one padded batch over their gathered blocks."""
 
     rows: torch.Tensor  # [D] query rows in the packed sequence
-    block_tables: torch.Tensor  # [D, W] block ids, padded with block 0
-    mask: torch.Tensor  # [D, 1, 1, W * block_size] True for real context positions
+    block_tables: torch.Tensor  # [D, W] each decode's block ids from the first block it reads, padded
+    mask: torch.Tensor  # [D, 1, 1, W * block_size] True for the keys it reads
+
+
+@dataclass(frozen=True)
+class ContextReads:
+    """How the layers of one kind (full causal attention, or one sliding window) read each request's keys."""
+
+    window: int | None  # the sliding window these reads are cut to; None: every earlier token
+    prefills: tuple[PrefillSegment, ...] = ()
+    decode_views: tuple[DecodeView, ...] = ()
+    decodes: DecodeGroup | None = None
+    # The kernel cuts each context to ``window`` itself, so both kinds share one ``PagedDecodes``.
+    native_decodes: PagedDecodes | None = None
 
 
 @dataclass(frozen=True)
@@ -81,10 +100,19 @@ class AttentionBatch:
 
     pool: KVPool
     slot_mapping: torch.Tensor  # [N] where each query token's K/V is written
-    prefills: tuple[PrefillSegment, ...]
-    decode_views: tuple[DecodeView, ...]
-    decodes: DecodeGroup | None
-    native_decodes: PagedDecodes | None = None
+    # The reads of layers with full attention; None when every layer is windowed (the blocks its
+    # window passed may be released, so there is no whole context to read).
+    full: ContextReads | None
+    windowed: ContextReads | None = None  # the reads of windowed layers; None when the model has none
+
+    def reads(self, window: int | None) -> ContextReads:
+        """The reads built for a layer with this ``sliding_window`` (None: full attention)."""
+        reads = self.full if window is None else self.windowed
+        if reads is None or reads.window != window:
+            built = [f"window {r.window}" if r.window else "full attention" for r in (self.full, self.windowed) if r]
+            asked = f"a sliding window of {window}" if window else "full attention"
+            raise UnsupportedModel(f"a layer asks for {asked}; this step was built for {' and '.join(built)}")
+        return reads
 
 
 def paged_attention(
@@ -106,23 +134,25 @@ def paged_attention(
             raise UnsupportedModel(f"the model's attention asks for {feature!r}, which Baton does not compute")
     softcap: float | None = kwargs.get("softcap")
     batch: AttentionBatch = kwargs["baton_batch"]
+    reads = batch.reads(kwargs.get("sliding_window") or None)
     layer = int(getattr(module, "layer_idx", 0))
     keys, values = batch.pool.keys[layer], batch.pool.values[layer]
     if not kwargs.get("baton_kv_written", False):  # the lean forward's native RoPE call writes them itself
         keys[batch.slot_mapping] = key[0].transpose(0, 1)  # [N, Hkv, d]
         values[batch.slot_mapping] = value[0].transpose(0, 1)
     out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [N, H, d]
-    for seg in batch.prefills:
+    for seg in reads.prefills:
         out[seg.start : seg.end] = _prefill(query, key, value, keys, values, seg, scaling, softcap)
-    if batch.native_decodes is not None:
+    if reads.native_decodes is not None:
         if softcap is not None:
             raise UnsupportedModel("the native decode kernel does not soft-cap attention logits")
         scale = scaling if scaling is not None else query.shape[3] ** -0.5
-        decode_attention(query, keys, values, batch.native_decodes, batch.pool.block_size, scale, out)
-    if batch.decode_views:
-        _decode_views(query, keys, values, batch.decode_views, scaling, softcap, out)
-    if batch.decodes is not None:
-        _decode_group(query, keys, values, batch.decodes, batch.pool.block_size, scaling, softcap, out)
+        block_size = batch.pool.block_size
+        decode_attention(query, keys, values, reads.native_decodes, block_size, scale, out, reads.window or 0)
+    if reads.decode_views:
+        _decode_views(query, keys, values, reads.decode_views, scaling, softcap, out)
+    if reads.decodes is not None:
+        _decode_group(query, keys, values, reads.decodes, batch.pool.block_size, scaling, softcap, out)
     return out.unsqueeze(0), None
 
 
@@ -141,7 +171,7 @@ def _prefill(
     gqa = query.shape[1] != key.shape[1]
     if seg.context is None:
         k, v = key[:, :, seg.start : seg.end], value[:, :, seg.start : seg.end]
-        o = attend(q, k, v, scaling, softcap, is_causal=True, enable_gqa=gqa)
+        o = attend(q, k, v, scaling, softcap, mask=seg.mask, is_causal=seg.mask is None, enable_gqa=gqa)
         return o[0].transpose(0, 1)
     if isinstance(seg.context, int):
         ctx = slice(seg.context, seg.context + seg.context_len)

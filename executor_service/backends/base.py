@@ -45,9 +45,10 @@ class BackendSupport:
     # attention interface (which is where Baton's paged attention plugs in).
     model_types: frozenset[str] | None = None
     hidden_acts: frozenset[str] | None = None  # MLP activations it runs; None: whatever the model's own modules do
-    # A sliding-window model, served with its context capped to the window (model_support.served_length),
-    # where windowed and full attention agree. False: full attention only.
-    sliding_window: bool = True
+    # A sliding window (every layer's, or some layers'), computed exactly at any length: each windowed
+    # layer reads only its window (paged_attention.ContextReads), on every read path the backend takes.
+    # False: full attention only.
+    sliding_window: bool = False
     attn_logit_softcapping: bool = False  # tanh soft-capped attention logits (Gemma 2)
     attention_sinks: bool = False  # learned attention sinks (gpt-oss)
 

@@ -8,8 +8,8 @@ BRGeMM micro-kernel for small bf16 layers at decode sizes), the last two only wh
 private ops pass their self-test (``guarded_ops.py``). Whatever this host lacks falls back to
 torch ops piece by piece, as in ``cpu_transformers``; the log says which.
 
-Declared for Llama and Mistral (the same layout) with SiLU MLPs and full attention: the layouts
-the lean forward reproduces.
+Declared for Llama and Mistral (the same layout, Mistral's sliding window included) with SiLU MLPs:
+the layouts the lean forward reproduces.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class CpuNativeBackend(CpuTransformersBackend):
         dtypes=CPU_DTYPES,
         model_types=LLAMA_LAYOUTS,
         hidden_acts=frozenset({"silu"}),
-        sliding_window=False,
+        sliding_window=True,
     )
 
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, private_torch: bool = True) -> None:

@@ -1,11 +1,12 @@
 """transformers' forward on the CPU with the native decode-attention kernel and packed linear layers.
 
-For any model on the CPU that the lean Llama forward (``cpu_native``) does not cover: Qwen, Phi-3,
-a sliding-window Mistral. The model's own modules run; under them, every decode of a step attends
-in one call of the native paged kernel per layer (``kernels/decode_attention.c``), and linear
-layers run through oneDNN over weights packed at load (``packed_linear.py``), where torch's private
-ops for it pass their self-test (``guarded_ops.py``). A missing compiler or a failed self-test
-leaves the torch path for that piece (SDPA per request, ``F.linear``), logged.
+For any model on the CPU that the lean Llama forward (``cpu_native``) does not cover: Qwen, Phi-3.
+The model's own modules run; under them, every decode of a step attends in one call of the native
+paged kernel per layer (``kernels/decode_attention.c``), which cuts each context to a sliding
+window where a layer has one, and linear layers run through oneDNN over weights packed at load
+(``packed_linear.py``), where torch's private ops for it pass their self-test (``guarded_ops.py``).
+A missing compiler or a failed self-test leaves the torch path for that piece (SDPA per request,
+``F.linear``), logged.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ CPU_DTYPES = frozenset({torch.float32, torch.bfloat16})  # what the native kerne
 
 class CpuTransformersBackend(TorchBackend):
     name = "cpu_transformers"
-    support = BackendSupport(devices=frozenset({"cpu"}), dtypes=CPU_DTYPES)
+    # The native kernel cuts each decode's context to a sliding window itself.
+    support = BackendSupport(devices=frozenset({"cpu"}), dtypes=CPU_DTYPES, sliding_window=True)
 
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, private_torch: bool = True) -> None:
         super().__init__(model, device, dtype, private_torch)

@@ -34,7 +34,7 @@ class CudaBackend(Backend):
         dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}),
         model_types=LLAMA_LAYOUTS,
         hidden_acts=frozenset({"silu"}),
-        sliding_window=False,
+        sliding_window=True,  # the lean forward passes Mistral's window; the padded gathers cut to it
     )
 
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, private_torch: bool = True) -> None:

@@ -27,6 +27,7 @@ class TorchBackend(Backend):
     support = BackendSupport(
         devices=frozenset({"cpu", "cuda"}),
         dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}),
+        sliding_window=True,
         attn_logit_softcapping=True,  # paged_attention.attend computes it, as transformers' eager attention
     )
 

@@ -15,6 +15,11 @@
  * Request i: query row rows[i], context length lengths[i], block table
  * tables[table_offsets[i] .. table_offsets[i + 1]); token t lives in slot
  * table[t / block_size] * block_size + t % block_size.
+ *
+ * A sliding window (window > 0) reads only the last `window` tokens of each context, as
+ * transformers' sliding_window_overlay does: blocks wholly before them are never read (their table
+ * entries may be placeholders for released blocks), and the block the window starts in is read from
+ * the window's first token.
  */
 #include <math.h>
 #include <stdint.h>
@@ -241,9 +246,11 @@ static const float *block_rows(const void *pool, int64_t offset, int64_t slot_st
 static int attend_request(const void *q, int64_t q_row_stride, int64_t q_head_stride, const void *k, const void *v,
                           int64_t slot_stride, int64_t kv_head_stride, void *out, int64_t out_row_stride,
                           int64_t out_head_stride, int64_t row, int64_t length, const int64_t *table,
-                          int64_t block_size, int64_t heads, int64_t kv_heads, int64_t dim, float scale,
-                          int is_bf16) {
+                          int64_t block_size, int64_t window, int64_t heads, int64_t kv_heads, int64_t dim,
+                          float scale, int is_bf16) {
     int64_t group = heads / kv_heads, row_width = kv_heads * kv_head_stride;
+    int64_t first = window > 0 && length > window ? length - window : 0; /* the first token read */
+    length -= first;                                                     /* from here on: tokens read */
     /* The staging block holds whole pool rows (slot_stride >= row_width): float32 blocks are copied as they lie. */
     size_t floats = (size_t)(heads * length + 2 * heads * dim + heads + block_size * slot_stride);
     float *scores = malloc(sizeof(float) * floats);
@@ -262,9 +269,12 @@ static int attend_request(const void *q, int64_t q_row_stride, int64_t q_head_st
      * L1 beside the rest (16 KB): smaller blocks (the tiny model's 8 KB) stage as fast. */
     int in_place = WIDE && is_bf16 && dim % 64 == 0 && block_size * row_width * (int64_t)sizeof(float) > 16384;
     (void)in_place;
-    for (int64_t start = 0; start < length; start += block_size) {
-        int64_t count = length - start < block_size ? length - start : block_size;
-        int64_t offset = table[start / block_size] * block_size * slot_stride;
+    /* start: the first token of each run read from one block, counted from `first`; its slots follow
+     * from the token's position in the sequence, start + first. */
+    for (int64_t start = 0, count; start < length; start += count) {
+        int64_t token = start + first, within = token % block_size;
+        count = block_size - within < length - start ? block_size - within : length - start;
+        int64_t offset = (table[token / block_size] * block_size + within) * slot_stride;
 #if WIDE
         if (in_place) {
             score_block_bf16(qf, (const uint16_t *)k + offset, slot_stride, kv_head_stride, count, heads, group, dim,
@@ -279,9 +289,10 @@ static int attend_request(const void *q, int64_t q_row_stride, int64_t q_head_st
     }
     for (int64_t h = 0; h < heads; ++h) totals[h] = softmax_numerators(scores + h * length, length);
     memset(acc, 0, sizeof(float) * (size_t)(heads * dim));
-    for (int64_t start = 0; start < length; start += block_size) {
-        int64_t count = length - start < block_size ? length - start : block_size;
-        int64_t offset = table[start / block_size] * block_size * slot_stride;
+    for (int64_t start = 0, count; start < length; start += count) {
+        int64_t token = start + first, within = token % block_size;
+        count = block_size - within < length - start ? block_size - within : length - start;
+        int64_t offset = (table[token / block_size] * block_size + within) * slot_stride;
 #if WIDE
         if (in_place) {
             accumulate_block_bf16(acc, scores + start, (const uint16_t *)v + offset, slot_stride, kv_head_stride,
@@ -313,12 +324,13 @@ int baton_decode_attention(const void *q, int64_t q_row_stride, int64_t q_head_s
                            int64_t slot_stride, int64_t kv_head_stride, void *out, int64_t out_row_stride,
                            int64_t out_head_stride, const int64_t *rows, const int64_t *lengths,
                            const int64_t *table_offsets, const int64_t *tables, int64_t count, int64_t block_size,
-                           int64_t heads, int64_t kv_heads, int64_t dim, float scale, int is_bf16, int threads) {
+                           int64_t window, int64_t heads, int64_t kv_heads, int64_t dim, float scale, int is_bf16,
+                           int threads) {
     int failed = 0;
 #pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1) reduction(| : failed)
     for (int64_t i = 0; i < count; ++i)
         failed |= attend_request(q, q_row_stride, q_head_stride, k, v, slot_stride, kv_head_stride, out,
                                  out_row_stride, out_head_stride, rows[i], lengths[i], tables + table_offsets[i],
-                                 block_size, heads, kv_heads, dim, scale, is_bf16) != 0;
+                                 block_size, window, heads, kv_heads, dim, scale, is_bf16) != 0;
     return failed ? -1 : 0;
 }

@@ -51,10 +51,13 @@ def decode_attention(
     block_size: int,
     scale: float,
     out: torch.Tensor,
+    window: int = 0,
 ) -> None:
     """Write ``out[row]`` for every decode.
 
     query [1, H, N, d] (any strides, head_dim contiguous), one layer's keys/values [slots, Hkv, d], out [N, H, d].
+    ``window`` > 0: each decode reads only the last ``window`` tokens of its context (a sliding window);
+    the blocks before them are never read, so their table entries may be anything.
     """
     library = decode_attention_library()
     if library is None:
@@ -71,7 +74,7 @@ def decode_attention(
         out.data_ptr(), out.stride(0), out.stride(1),
         decodes.rows.data_ptr(), decodes.lengths.data_ptr(),
         decodes.table_offsets.data_ptr(), decodes.tables.data_ptr(), decodes.rows.numel(),
-        block_size, heads, kv_heads, dim,
+        block_size, window, heads, kv_heads, dim,
         ctypes.c_float(scale), SUPPORTED_DTYPES[query.dtype], torch.get_num_threads(),
     )  # fmt: skip
     if status != 0:

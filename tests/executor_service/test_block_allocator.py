@@ -234,3 +234,66 @@ def test_random_churn_with_sharing_never_frees_a_referenced_block_and_leaks_noth
     for table, _names in tables:
         alloc.release(table)
     assert alloc.num_free == alloc.num_blocks and alloc.num_used == 0
+
+
+def test_release_front_leaves_placeholders_and_frees_each_block_once() -> None:
+    alloc = BlockAllocator(num_blocks=16, block_size=2)
+    table: list[int] = []
+    alloc.grow(table, 10, final_tokens=20)  # blocks 0-4, room 5-9 held
+    alloc.name(table[0], 1)
+    alloc.release_front(table, 2)
+    hole = alloc.placeholder
+    assert hole == 16 and table == [hole, hole, 2, 3, 4]
+    assert alloc.num_used == 3 and alloc.num_cached == 1  # the named block stays cached
+    alloc.release_front(table, 3)  # the first two are released already: only block 2 goes
+    assert table == [hole, hole, hole, 3, 4] and alloc.num_used == 2
+    alloc.grow(table, 12)  # positions still index the table; growth stays in the run
+    assert table[-1] == 5 and alloc.num_used == 3
+    alloc.release(table)
+    assert table == [] and alloc.num_used == 0 and alloc.num_free == 16
+    whole: list[int] = []
+    alloc.grow(whole, 32)  # nothing leaked, nothing freed twice: the whole pool again
+    assert alloc.num_free == 0 and alloc.num_cached == 0
+
+
+def test_release_front_of_a_shared_block_keeps_it_for_the_other_table() -> None:
+    alloc = BlockAllocator(num_blocks=8, block_size=1)
+    a: list[int] = []
+    alloc.grow(a, 3, final_tokens=6)  # blocks 0-2, room 3-5
+    alloc.name(a[0], 7)
+    b = alloc.cached_prefix([7])  # b shares block 0
+    alloc.release_front(a, 1)
+    assert a[0] == alloc.placeholder and b == [0] and alloc._refs[0] == 1
+    assert alloc._rooms  # b still starts at block 0: the room stays
+    alloc.release_front(b, 1)
+    assert alloc._refs[0] == 0 and alloc.num_cached == 1 and not alloc._rooms  # the last one took the room
+    alloc.release(a)
+    alloc.release(b)
+    assert alloc.num_used == 0 and alloc.num_free == 8
+
+
+def test_random_churn_with_released_fronts_leaks_nothing() -> None:
+    rng = random.Random(5)
+    alloc = BlockAllocator(num_blocks=40, block_size=2)
+    tables: list[list[int]] = []
+    for _ in range(3000):
+        roll = rng.random()
+        if tables and roll < 0.2:
+            alloc.release(tables.pop(rng.randrange(len(tables))))
+        elif tables and roll < 0.5:
+            table = rng.choice(tables)
+            alloc.release_front(table, rng.randrange(len(table) + 1))
+        elif tables and roll < 0.8:
+            with contextlib.suppress(OutOfBlocks):
+                alloc.grow(rng.choice(tables), rng.randrange(1, 80), final_tokens=rng.randrange(0, 80))
+        else:
+            new: list[int] = []
+            with contextlib.suppress(OutOfBlocks):
+                alloc.grow(new, rng.randrange(1, 20), final_tokens=rng.randrange(0, 80))
+                tables.append(new)
+        held = [block for table in tables for block in table if block != alloc.placeholder]
+        assert len(held) == len(set(held)) == alloc.num_used
+        assert all(alloc._refs[b] == 1 for b in held)
+    for table in tables:
+        alloc.release(table)
+    assert alloc.num_free == alloc.num_blocks and alloc.num_used == 0

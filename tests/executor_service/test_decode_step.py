@@ -60,9 +60,11 @@ def test_a_padded_step_feeds_its_padding_through_the_scratch_row(tiny_model_dir:
     seen: dict[str, torch.Tensor] = {}
 
     def forward(ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
-        assert batch.native_decodes is not None and not batch.prefills and batch.decodes is None
+        reads = batch.full
+        assert batch.windowed is None and reads is not None
+        assert reads.native_decodes is not None and not reads.prefills and reads.decodes is None
         seen.update(ids=ids, positions=positions, keep=keep, slots=batch.slot_mapping)
-        seen["lengths"] = batch.native_decodes.lengths
+        seen["lengths"] = reads.native_decodes.lengths
         return torch.zeros(len(keep), 8)
 
     assert decode.forward(forward, DecodeRead.NATIVE, shape.batch, shape.width).shape == (4, 8)

@@ -1,6 +1,6 @@
-"""What a model asks of the attention, read from its config; a sliding-window model is served
-exactly with its context capped to the window, and one no backend computes is refused at load
-(the registry's verdicts per backend: backends/test_registry.py)."""
+"""What a model asks of the attention, read from its config; a sliding-window model is served at its
+whole length, and one no backend computes is refused at load (the registry's verdicts per backend:
+backends/test_registry.py; windowed models beyond their window: test_sliding_window.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from executor_service.model_support import ModelTraits, UnsupportedModel, served_length
+from executor_service.model_support import ModelTraits, UnsupportedModel
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.executor_service.test_engine import admit, make_engine, run_to_end
 
@@ -30,21 +30,27 @@ def test_full_attention_is_served_as_it_is() -> None:
     traits = ModelTraits.from_config(LlamaConfig(max_position_embeddings=2048))
     assert (traits.model_type, traits.hidden_act, traits.sliding_window) == ("llama", "silu", None)
     assert traits.attn_logit_softcapping is None and not traits.attention_sinks
-    assert served_length(traits, 2048) == 2048
+    assert not traits.every_layer_windowed
 
 
-def test_a_sliding_window_caps_the_context_to_the_window() -> None:
-    traits = ModelTraits.from_config(MistralConfig(sliding_window=WINDOW))
-    assert traits.sliding_window == WINDOW
-    assert served_length(traits, 2048) == WINDOW
-    wide = ModelTraits.from_config(MistralConfig(sliding_window=4096))  # never bites
-    assert served_length(wide, 2048) == 2048
+def test_a_sliding_window_and_the_layers_it_covers_are_read_from_the_config() -> None:
+    mistral = ModelTraits.from_config(MistralConfig(sliding_window=WINDOW))
+    assert (mistral.sliding_window, mistral.every_layer_windowed) == (WINDOW, True)  # Mistral windows every layer
+    gemma2 = ModelTraits.from_config(Gemma2Config(sliding_window=WINDOW))  # alternating with global layers
+    assert (gemma2.sliding_window, gemma2.every_layer_windowed) == (WINDOW, False)
+    for full_layers, every_layer in ((0, True), (2, False)):  # Qwen2 windows the layers from max_window_layers on
+        qwen2 = Qwen2Config(
+            use_sliding_window=True, sliding_window=WINDOW, max_window_layers=full_layers, num_hidden_layers=4
+        )
+        traits = ModelTraits.from_config(qwen2)
+        assert (traits.sliding_window, traits.every_layer_windowed) == (WINDOW, every_layer)
 
 
 def test_a_window_the_model_does_not_use_changes_nothing() -> None:
     traits = ModelTraits.from_config(Qwen2Config(use_sliding_window=False, sliding_window=WINDOW))
-    assert traits.sliding_window is None
-    assert served_length(traits, 2048) == 2048
+    assert traits.sliding_window is None and not traits.every_layer_windowed
+    beyond_its_layers = Qwen2Config(use_sliding_window=True, sliding_window=WINDOW, num_hidden_layers=4)
+    assert ModelTraits.from_config(beyond_its_layers).sliding_window is None  # max_window_layers 28 of 4
 
 
 def test_softcapping_and_sinks_are_read_from_the_config() -> None:
@@ -67,19 +73,19 @@ def _vocab(tiny_model_dir: Path) -> int:
     return int(LlamaConfig.from_pretrained(tiny_model_dir).vocab_size)
 
 
-def test_a_sliding_window_model_is_exact_inside_its_window(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_sliding_window_model_is_served_at_its_whole_length(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = MistralConfig(
         vocab_size=_vocab(tiny_model_dir), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, sliding_window=WINDOW, max_position_embeddings=256,
     )  # fmt: skip
     model_dir = _save(config, tiny_model_dir, tmp_path / "mistral")
     engine = make_engine(model_dir)
-    assert engine.limits.max_model_len == WINDOW
-    assert engine.runner.backend.name == "cpu_transformers", "the lean Llama forward declares full attention only"
+    assert engine.limits.max_model_len == 256, "the window does not cap the context"
+    assert engine.runner.backend.name == "cpu_native", "the lean Llama forward passes Mistral's window"
     prompts = {"a": [1, 50, 60, 70, 80, 90], "b": [1, *range(100, 118)], "c": [1, 7, 7, 7]}
-    lengths = {"a": 20, "b": 12, "c": 27}  # each ends one token short of the window
-    got = run_to_end(engine, {0: [admit("a", prompts["a"], 20)], 2: [admit("b", prompts["b"], 12)],
-                              3: [admit("c", prompts["c"], 27)]})  # fmt: skip
+    lengths = {"a": 40, "b": 30, "c": 60}  # each runs past the window
+    got = run_to_end(engine, {0: [admit("a", prompts["a"], 40)], 2: [admit("b", prompts["b"], 30)],
+                              3: [admit("c", prompts["c"], 60)]})  # fmt: skip
     reference = load_reference_model(model_dir)
     for rid, prompt in prompts.items():
         assert_matches_reference(got[rid], reference_greedy(reference, prompt, lengths[rid]), rid)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import Gemma2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
+from executor_service.backends.base import BackendSupport
 from executor_service.backends.registry import BACKENDS, backend_names, select_backend
 from executor_service.backends.torch_reference import TorchBackend
 from executor_service.model_support import ModelTraits, UnsupportedModel
@@ -39,7 +40,7 @@ def _chosen(family: str, device: torch.device = CPU, dtype: torch.dtype = F32, r
     [
         ("llama", "cpu_native", "cuda"),
         ("mistral", "cpu_native", "cuda"),
-        ("mistral-windowed", "cpu_transformers", "torch"),  # the lean forward declares full attention only
+        ("mistral-windowed", "cpu_native", "cuda"),  # the lean forward passes Mistral's window
         ("qwen2", "cpu_transformers", "torch"),
         ("qwen3", "cpu_transformers", "torch"),
         ("phi3", "cpu_transformers", "torch"),
@@ -89,13 +90,21 @@ def test_the_override_picks_a_backend_that_serves_the_model() -> None:
     ("family", "requested", "reason"),
     [
         ("qwen3", "cpu_native", "model type qwen3 (runs llama, mistral)"),
-        ("mistral-windowed", "cpu_native", "sliding window (512 tokens)"),
         ("llama", "cuda", "device cpu (runs on cuda)"),
     ],
 )
 def test_the_override_refuses_a_backend_that_cannot_serve_the_model(family: str, requested: str, reason: str) -> None:
     with pytest.raises(UnsupportedModel, match=rf"executor\.backend {requested} cannot serve .*{re.escape(reason)}"):
         _chosen(family, requested=requested)
+
+
+def test_every_backend_computes_windows_and_a_support_without_them_names_the_window() -> None:
+    """Each backend reads a windowed layer's window on every path it takes (test_sliding_window.py);
+    a backend that declared full attention only would be passed over, saying why."""
+    assert all(backend.support.sliding_window for backend in BACKENDS)
+    windowed = ModelTraits.from_config(FAMILIES["mistral-windowed"])
+    full_only = BackendSupport(devices=frozenset({"cpu"}), dtypes=frozenset({F32}))
+    assert full_only.gaps(windowed, CPU, F32) == ("the model attends within a sliding window (512 tokens)",)
 
 
 def test_an_unknown_backend_name_lists_the_known_ones() -> None:

@@ -74,6 +74,43 @@ def test_matches_sdpa_over_scattered_blocks(
     assert torch.isnan(out[untouched]).all(), "rows other than the decodes' were written"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("window", "block_size"), [(1, 16), (16, 16), (17, 16), (5, 5), (40, 16)])
+def test_a_sliding_window_reads_only_the_last_window_tokens(window: int, block_size: int, dtype: torch.dtype) -> None:
+    """Each decode reads its last ``window`` tokens, from inside a block; the table entries of blocks
+    wholly before them point at a block of NaNs (as released blocks' placeholders could point
+    anywhere): the output stays finite only if the kernel never reads them."""
+    if not available(torch.device("cpu"), dtype):
+        pytest.skip("no C compiler here")
+    heads, kv_heads, dim = (12, 12, 64) if dtype == torch.bfloat16 else (4, 2, 64)
+    rng = random.Random(window * block_size)
+    torch.manual_seed(1)
+    lengths = [1, window, window + 1, 2 * block_size + 3, 150, rng.randrange(1, 200)]
+    num_blocks = sum(-(-n // block_size) for n in lengths) + 2
+    keys = torch.randn(num_blocks * block_size, kv_heads, dim).to(dtype)
+    values = torch.randn(num_blocks * block_size, kv_heads, dim).to(dtype)
+    poisoned = num_blocks - 1
+    keys[poisoned * block_size :] = float("nan")
+    values[poisoned * block_size :] = float("nan")
+    tables = scattered_tables(lengths, block_size, num_blocks - 1, rng)
+    firsts = [max(0, n - window) for n in lengths]
+    for table, first in zip(tables, firsts, strict=True):
+        table[: first // block_size] = [poisoned] * (first // block_size)
+    rows = list(range(len(lengths)))
+    query = torch.randn(1, heads, len(lengths), dim).to(dtype)
+    out = torch.empty(len(lengths), heads, dim, dtype=dtype)
+    decodes = PagedDecodes.build(rows, lengths, tables)
+    decode_attention(query, keys, values, decodes, block_size, dim**-0.5, out, window=window)
+
+    slots = [
+        torch.tensor([table[t // block_size] * block_size + t % block_size for t in range(first, n)])
+        for table, first, n in zip(tables, firsts, lengths, strict=True)
+    ]
+    expected = reference(query, keys, values, slots)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+
+
 def test_rejects_a_pool_in_another_dtype() -> None:
     if not available(torch.device("cpu"), torch.float32):
         pytest.skip("no C compiler here")
