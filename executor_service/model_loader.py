@@ -128,6 +128,9 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         window=SlidingWindow.of(traits),
     )
     log.info("%s", runner.describe())
+    if runner.window is not None:
+        layers = "every layer: blocks it has passed are released" if runner.window.every_layer else "some layers"
+        log.info("sliding window of %d tokens on %s", runner.window.size, layers)
     if runner.graphs is not None:
         started = time.perf_counter()
         count = runner.capture_decode_graphs()

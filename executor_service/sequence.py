@@ -27,6 +27,8 @@ class Sequence:
     rank: float
     generator: torch.Generator | None
     detokenizer: IncrementalDetokenizer
+    # Its KV blocks, token t in block_table[t // block_size]. Blocks a sliding window has passed are
+    # released, their entries the allocator's placeholder (sliding_window.py), so positions still index it.
     block_table: list[int] = field(default_factory=list)
     # Tokens whose K/V are in the cache. The newest sampled token is not computed until the
     # next step feeds it back, so a decoding sequence has exactly one uncomputed token.

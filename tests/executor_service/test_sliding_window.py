@@ -81,6 +81,7 @@ def _real_blocks(engine: Engine, table: list[int]) -> int:
 CASES = [
     ("mistral", "cpu_native", "native"),  # the lean Llama forward passes Mistral's window
     ("mistral", "cpu_transformers", "native"),
+    ("mistral", "cpu_transformers", "overlap"),  # native decodes launched before the last step's tokens are read
     ("mistral", "torch", "in_place"),
     ("mistral", "cuda", "gathered"),  # the CUDA backend's code on the CPU: static-shape gathered decodes
     ("mistral", "cpu_transformers", "scattered"),  # gathered decodes and prefill contexts over scattered blocks
@@ -99,7 +100,15 @@ def test_greedy_beyond_the_window_matches_generate(
     """Prompts of 30-60 tokens and 60 new ones, a window of 16, staggered joins, chunked prefill
     (a budget of 24 tokens): token for token what ``model.generate`` gives each prompt alone."""
     model_dir = models[model]
-    engine = make_engine(model_dir, backend="torch" if backend == "cuda" else backend, token_budget=24, block_size=8)
+    overlap = "on" if read == "overlap" else "off"
+    engine = make_engine(
+        model_dir,
+        backend="torch" if backend == "cuda" else backend,
+        token_budget=24,
+        block_size=8,
+        async_scheduling=overlap,
+    )
+    assert engine.overlap == (read == "overlap")
     runner = engine.runner
     window = runner.window
     assert window is not None and window.size == WINDOW
@@ -113,8 +122,9 @@ def test_greedy_beyond_the_window_matches_generate(
         runner.decode_read = DecodeRead.GATHERED
         monkeypatch.setattr(engine.allocator, "contiguous_start", lambda table: None)
     assert runner.backend.name == backend
-    assert runner.decode_read is {"native": DecodeRead.NATIVE, "in_place": DecodeRead.IN_PLACE}.get(
-        read, DecodeRead.GATHERED
+    native, in_place = ("native", "overlap"), ("in_place",)
+    assert runner.decode_read is (
+        DecodeRead.NATIVE if read in native else DecodeRead.IN_PLACE if read in in_place else DecodeRead.GATHERED
     )
     prompts = _prompts(seed=11)
     arrivals: dict[int, list[AdmitSpec]] = {}
