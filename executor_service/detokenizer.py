@@ -97,14 +97,16 @@ class IncrementalDetokenizer:
         self._read_offset = read
 
         # All generated text so far (self._text) and how much of it the caller has been given (self._emitted).
-        # Resumed output counts as delivered; it is kept so a stop string straddling the resume point is found.
+        # Resumed output counts as delivered but for the tail its stop strings held back, which no client got
+        # (the output was handed back before it was safe): that tail goes out again once it is. The text is
+        # kept so a stop string straddling the resume point is found.
         if read > prompt_len:
             context = self._context_start(prompt_len)
             head = self._decode(context, prompt_len)
             self._text = self._decode(context, read)[len(head) :]
         else:
             self._text = ""
-        self._emitted = len(self._text)
+        self._emitted = max(len(self._text) - max(self._max_stop_len - 1, 0), 0)
         self._scanned = len(self._text)  # stop strings were already searched for in text[:_scanned]
         self._stream = self._start_stream()
 
@@ -181,9 +183,13 @@ class IncrementalDetokenizer:
         stream = DecodeStream(
             ids=self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=self._skip_special_tokens
         )
-        for token_id in self._ids[self._read_offset :]:  # a resumed output's unfinished character, if any
-            if stream.step(self._rust, token_id) is not None:  # not expected: the tail ends inside a character
-                return None
+        try:
+            for token_id in self._ids[self._read_offset :]:  # a resumed output's unfinished character, if any
+                if stream.step(self._rust, token_id) is not None:  # not expected: the tail ends inside a character
+                    return None
+        except Exception:  # a decoder the stream cannot follow: windows, as in ``_step``
+            logger.debug("incremental decode stream failed to start; decoding windows", exc_info=True)
+            return None
         return stream
 
     def _step(self) -> str:

@@ -270,6 +270,11 @@ class Engine:
         if self._pending is not None and (self._special or self._prefilling):
             settled = self._settle()
         ranked = self._ranked()
+        if self._pending is not None and self.allocator.num_free < len(ranked) and self._short_of_blocks(ranked):
+            # A decode would preempt someone for a block: read the pending tokens first, so that a request
+            # they end frees its blocks instead of being handed back as preempted.
+            settled = _merged(settled, self._settle())
+            ranked = self._ranked()
         if self._pending is not None:  # those at their length limit end when the pending tokens are read
             ranked = [s for s in ranked if len(s.output_ids) + s.num_pending < s.max_output]
         # Only prefills share blocks or wait for them: a step of decodes alone skips the pass.
@@ -283,6 +288,12 @@ class Engine:
             tokens = _merged(settled, self._settle()) if self._pending is not None else settled
         self.iteration += 1
         return self._output(tokens, plan.num_tokens, time.perf_counter_ns() - started)
+
+    def _short_of_blocks(self, ranked: list[Sequence]) -> bool:
+        """Whether this step's decodes that cross into a new block need more blocks than are free."""
+        block_size = self.allocator.block_size
+        crossing = sum(1 for s in ranked if len(s.block_table) * block_size < s.num_tokens)
+        return crossing > self.allocator.num_free
 
     def _ranked(self) -> list[Sequence]:
         """The running sequences, most important first; sorted again only after the set changed."""

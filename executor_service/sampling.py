@@ -62,10 +62,11 @@ class Sampled:
         """Queue the tokens' device-to-host copy now, without waiting for it; nothing to do on the CPU."""
         if self.on_device.device.type != "cuda" or self._host_copy is not None:
             return
-        host = torch.empty(self.on_device.shape, dtype=self.on_device.dtype, pin_memory=True)
-        host.copy_(self.on_device, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
+        with torch.cuda.device(self.on_device.device):  # the event goes on the stream the copy runs on
+            host = torch.empty(self.on_device.shape, dtype=self.on_device.dtype, pin_memory=True)
+            host.copy_(self.on_device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
         object.__setattr__(self, "_host_copy", (host, done))
 
     @cached_property

@@ -17,6 +17,7 @@ _WORDS_TEXT = (
 )
 # Non-ASCII characters of 2, 3 and 4 UTF-8 bytes, plus ASCII; all rare enough to be split across tokens.
 SAFE_ALPHABET = "abcdefghijklmnopqrstuvwxyz ABC.,!?-\nüïöé東京日本🙂👍ñλж"
+_settings = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(scope="module")
@@ -159,10 +160,36 @@ def test_stop_straddling_the_resume_point_is_found(tokenizer: Any) -> None:
     cut = len(tokenizer.decode(ids[:k]))
     stop = text[cut - 2 : cut + 2]
     assert text.count(stop) == 1
+    before = IncrementalDetokenizer(tokenizer, [], stop=[stop])
+    delivered = "".join(before.push([i]).text for i in ids[:k])  # then handed back, unflushed
     detok = IncrementalDetokenizer(tokenizer, [], stop=[stop], output_token_ids=ids[:k])
     deltas, stopped = stream(detok, ids[k:])
-    assert stopped and "".join(deltas) == ""
-    assert detok.text == text[: cut - 2]
+    assert stopped and delivered + "".join(deltas) == text[: cut - 2] == detok.text
+
+
+@_settings
+@given(
+    text=st.text(alphabet=SAFE_ALPHABET, min_size=1, max_size=50),
+    stops=st.lists(st.text(alphabet=SAFE_ALPHABET, min_size=1, max_size=5), max_size=2),
+    data=st.data(),
+)
+def test_a_hand_back_loses_and_repeats_no_text(
+    tokenizer: Any, text: str, stops: list[str], data: st.DataObject
+) -> None:
+    # Preempted or migrated after k tokens: what the client got then, plus what the resumed request sends,
+    # is what an uninterrupted request sends (the tail stop strings held back included).
+    ids = encode(tokenizer, text)
+    k = data.draw(st.integers(min_value=0, max_value=len(ids)))
+    before = IncrementalDetokenizer(tokenizer, [], stop=stops)
+    delivered: list[str] = []
+    for token_id in ids[:k]:
+        delta = before.push([token_id])
+        delivered.append(delta.text)
+        if delta.stopped:
+            return  # it ended before the hand-back
+    resumed, _ = stream(IncrementalDetokenizer(tokenizer, [], stop=stops, output_token_ids=ids[:k]), ids[k:])
+    whole, _ = stream(IncrementalDetokenizer(tokenizer, [], stop=stops), ids)
+    assert "".join(delivered) + "".join(resumed) == "".join(whole)
 
 
 def test_include_stop_str_in_output_keeps_the_stop_string(tokenizer: Any) -> None:
@@ -191,9 +218,6 @@ def test_min_tokens_keeps_stop_strings_from_matching_until_then(tokenizer: Any) 
 def test_empty_stop_string_is_rejected(tokenizer: Any) -> None:
     with pytest.raises(ValueError):
         IncrementalDetokenizer(tokenizer, [], stop=["ok", ""])
-
-
-_settings = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @_settings

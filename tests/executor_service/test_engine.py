@@ -248,3 +248,33 @@ def test_abort_all_frees_everything_silently(tiny_model_dir: Path) -> None:
     engine.apply(PlanUpdate(seq=0, abort_all=True))
     assert not engine.running and engine.allocator.num_used == 0
     assert engine.plan_seq == 1
+
+
+def test_preempted_request_keeps_its_held_back_text(tiny_model_dir: Path) -> None:
+    # A stop string holds back its length - 1 characters; handed back before they were safe, they were
+    # never sent, so the resumed request sends them.
+    engine = make_engine(tiny_model_dir)
+    prompt = tuple(prompts(1, seed=4)[0])
+    params = SamplingParams(max_tokens=20, ignore_eos=True, stop=("\x00never",))
+
+    def collect(spec: AdmitSpec, preempt_after: int = 0) -> tuple[list[int], str]:
+        engine.apply(PlanUpdate(seq=engine.plan_seq + 1, admit=(spec,)))
+        tokens: list[int] = []
+        text = ""
+        while engine.has_work:
+            out = engine.step()
+            for t in out.tokens:
+                tokens += t.token_ids
+                text += t.text
+            text += "".join(f.text for f in out.finished)
+            if preempt_after and len(tokens) >= preempt_after:
+                engine.apply(PlanUpdate(seq=engine.plan_seq + 1, preempt=(spec.request_id,)))
+                engine.drain()
+                break
+        return tokens, text
+
+    whole_tokens, whole_text = collect(AdmitSpec("a", prompt, (), params, 0.0))
+    first_tokens, first_text = collect(AdmitSpec("b", prompt, (), params, 0.0), preempt_after=8)
+    rest_tokens, rest_text = collect(AdmitSpec("b", prompt, tuple(first_tokens), params, 0.0))
+    assert first_tokens + rest_tokens == whole_tokens
+    assert first_text + rest_text == whole_text

@@ -8,11 +8,13 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from common.lifecycle import FinishReason
 from common.sampling_params import SamplingParams
 from executor_service.engine import Engine
 from executor_service.engine_io import AdmitSpec, PlanUpdate, StepOutput
+from executor_service.sampling import Sampled
 from tests.executor_service.test_engine import (
     admit,
     assert_staggered_batch_exact,
@@ -157,3 +159,42 @@ def test_preemption_while_a_step_is_pending_keeps_output_exact(tiny_model_dir: P
     resumed = AdmitSpec("victim", specs[1].prompt_ids, tuple(got.get("victim", [])), specs[1].params, 1.0)
     rest = run_all(engine, {0: [resumed]})["victim"][0]
     assert got.get("victim", []) + rest == alone
+
+
+def _prompt(length: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [1] + [rng.randrange(5, 8000) for _ in range(length - 1)]
+
+
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_a_request_whose_pending_token_ends_it_is_not_handed_back(tiny_model_dir: Path, overlap: str) -> None:
+    # X's 21st token is its stop token, still pending when Y needs a block from a full pool: the pending
+    # tokens are read first, so X ends (STOP, 21 tokens) and frees its blocks instead of being preempted.
+    px, py = _prompt(108, 5), _prompt(108, 1005)
+    x_alone = run_all(make_engine(tiny_model_dir), {0: [admit("X", px, 21)]})["X"][0]
+    stop = x_alone[20]
+    assert stop not in x_alone[:20]
+    params = SamplingParams(max_tokens=60, ignore_eos=True, stop_token_ids=(stop,))
+    specs = [admit("Y", py, 60, rank=0), AdmitSpec("X", tuple(px), (), params, 1.0)]
+    engine = make_engine(tiny_model_dir, async_scheduling=overlap, kv_cache_memory_mb=1, token_budget=512)
+    engine.apply(PlanUpdate(seq=1, admit=tuple(specs)))
+    made, events = 0, []
+    while engine.has_work:
+        out = engine.step()
+        made += sum(len(t.token_ids) for t in out.tokens if t.request_id == "X")
+        events += [(f.request_id, f.reason, made) for f in out.finished if f.request_id == "X"]
+        assert "X" not in out.preempted
+    assert events == [("X", FinishReason.STOP, 21)]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second CUDA device")
+def test_copy_to_host_waits_for_the_copy_on_the_tokens_device() -> None:
+    # An executor on cuda:N does not make it the current device: the event copy_to_host records must be on
+    # the stream the copy runs on (cuda:1's), not the current device's.
+    device = torch.device("cuda:1")
+    with torch.cuda.device(device):
+        torch.cuda._sleep(2_000_000_000)  # about a second of device time ahead of the tokens
+    tokens = torch.arange(5, 1029, device=device)
+    sampled = Sampled(tokens, [None] * tokens.shape[0])
+    sampled.copy_to_host()
+    assert sampled.tokens == list(range(5, 1029))
