@@ -79,6 +79,7 @@ def _info(executor_id: str, loaded: LoadedModel, config: BatonConfig) -> pb.Info
         vocab_size=loaded.vocab_size,
         prefix_caching=engine.allocator.prefix_caching,
         backend=loaded.backend,
+        kv_window_tokens=engine.window.releasing_size if engine.window is not None else 0,
     )
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from common.kv_blocks import most_blocks_held
+
 if TYPE_CHECKING:
     from executor_service.block_allocator import BlockAllocator
     from executor_service.model_support import ModelTraits
@@ -44,6 +46,12 @@ class SlidingWindow:
             return None
         return cls(traits.sliding_window, traits.every_layer_windowed)
 
+    @property
+    def releasing_size(self) -> int:
+        """The window the executor releases blocks behind (``InfoResponse.kv_window_tokens``): its size
+        where every layer has it, else 0, as some layer reads every earlier token."""
+        return self.size if self.every_layer else 0
+
     def first_key(self, position: int) -> int:
         """The first key position a query at ``position`` reads."""
         return max(0, position - self.size + 1)
@@ -63,11 +71,9 @@ class SlidingWindow:
     def most_blocks_held(self, num_tokens: int, chunk: int, block_size: int) -> int:
         """The most blocks a sequence of ``num_tokens`` holds at once while computed in chunks of at
         most ``chunk`` tokens, its passed blocks released after each: a chunk's keys reach
-        ``size - 1`` tokens before it, from anywhere inside a block."""
-        whole = -(-num_tokens // block_size)
-        if not self.every_layer:
-            return whole
-        return min(whole, -(-(self.size - 1 + max(chunk, 1)) // block_size) + 1)
+        ``size - 1`` tokens before it, from anywhere inside a block (the scheduler service counts a
+        request's blocks by the same rule, ``common/kv_blocks.py``)."""
+        return most_blocks_held(num_tokens, block_size, window=self.releasing_size, chunk=chunk)
 
     def release_passed(self, seq: Sequence, allocator: BlockAllocator) -> None:
         """Release the blocks of ``seq`` no later query reads (none unless every layer is windowed)."""

@@ -25,7 +25,7 @@ from scheduler_service.batching import merge_order, should_hold
 from scheduler_service.executor_link import ExecutorLink
 from scheduler_service.fair_share import QueuedRequest, fair_order
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.placement import Candidate, ExecutorCapacity, Placement, blocks_for, place, unplaceable
+from scheduler_service.placement import Candidate, ExecutorCapacity, Placement, place, unplaceable
 from scheduler_service.preemption import choose_victims
 from scheduler_service.requests import TokenEvent
 from scheduler_service.samples import affinity, may_place
@@ -270,7 +270,7 @@ class Admission:
         best: tuple[int, ExecutorLink, list[str]] | None = None
         for link in links:
             cap = link.capacity()
-            need = blocks_for(head.num_tokens + 1, cap.block_size)
+            need = cap.request_kv_blocks(head.num_tokens)
             victims = choose_victims(
                 head.priority,
                 need,

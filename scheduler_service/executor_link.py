@@ -175,12 +175,19 @@ class ExecutorLink:
         """Room for new requests; ``fraction`` < 1 shrinks it under load (rounding up, so never to 0)."""
         assert self.info is not None
         max_batch = min(self.info.max_batch_size, self._config.batch_level.max_batch_size)
-        return capacity_of(self.executor_id, self.requests.values(), self.info, max_batch, fraction)
+        # The executor runs under its own budget until the first plan sets this link's, and admits
+        # by the budget it holds then: the larger of the two bounds a request's chunk either way.
+        chunk = max(self.info.token_budget, self._token_budget(max_batch, 1.0))
+        return capacity_of(self.executor_id, self.requests.values(), self.info, max_batch, fraction, chunk)
 
     def running_requests(self) -> list[RunningRequest]:
         """What preemption may choose from: requests not already being preempted."""
-        assert self.info is not None
-        return preemptible(self.requests.values(), self.preempting, self.info.block_size)
+        return preemptible(self.requests.values(), self.preempting, self.capacity())
+
+    def _token_budget(self, max_batch: int, fraction: float) -> int:
+        """The token budget a plan sets: never below max_batch + 1, as every running request decodes
+        a token each step."""
+        return max(max_batch + 1, int(self._config.token_level.token_budget * fraction))
 
     def preempt(self, request_ids: list[str]) -> None:
         """Ask the executor to give these back; they return to the queue with their tokens kept."""
@@ -213,8 +220,7 @@ class ExecutorLink:
             return
         assert self.info is not None
         max_batch = min(self.info.max_batch_size, self._config.batch_level.max_batch_size)
-        # Never below max_batch + 1: every running request decodes a token each step.
-        budget = max(max_batch + 1, int(self._config.token_level.token_budget * budget_fraction))
+        budget = self._token_budget(max_batch, budget_fraction)
         plan.token_budget = budget
         budget -= sum(1 for r in self.requests.values() if r.first_token_ms is not None)
         cached = {a.request_id: r.cached_tokens for a in plan.admit if (r := self.requests.get(a.request_id))}

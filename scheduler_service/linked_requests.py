@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from common.pb import executor_pb2 as pb
-from scheduler_service.placement import ExecutorCapacity, blocks_for
+from scheduler_service.placement import ExecutorCapacity, request_kv_blocks
 from scheduler_service.preemption import RunningRequest
 from scheduler_service.requests import ClaimedRequest
 
@@ -47,11 +47,21 @@ class LinkedRequest:
 
 
 def capacity_of(
-    executor_id: str, requests: Collection[LinkedRequest], info: pb.InfoResponse, max_batch: int, fraction: float
+    executor_id: str,
+    requests: Collection[LinkedRequest],
+    info: pb.InfoResponse,
+    max_batch: int,
+    fraction: float,
+    chunk_tokens: int = 0,
 ) -> ExecutorCapacity:
     """An executor's room for new requests, given the requests on it; ``fraction`` < 1 shrinks it
-    under load (rounding up, so never to 0)."""
-    committed = sum(blocks_for(r.num_tokens + 1, info.block_size) for r in requests)
+    under load (rounding up, so never to 0). ``chunk_tokens``: the most tokens of one request it
+    computes in one step, which bounds what a request holds where its model's window releases blocks."""
+    window = info.kv_window_tokens
+    committed = sum(
+        request_kv_blocks(r.num_tokens, info.block_size, kv_window_tokens=window, chunk_tokens=chunk_tokens)
+        for r in requests
+    )
     total = info.kv_blocks_total
     watermark = max(1, total // 100)  # headroom so decodes rarely force a preemption
     return ExecutorCapacity(
@@ -61,15 +71,18 @@ def capacity_of(
         total_blocks=total,
         block_size=info.block_size,
         outstanding_tokens=sum(r.outstanding_tokens for r in requests),
+        kv_window_tokens=window,
+        chunk_tokens=chunk_tokens,
     )
 
 
 def preemptible(
-    requests: Iterable[LinkedRequest], preempting: Collection[str], block_size: int
+    requests: Iterable[LinkedRequest], preempting: Collection[str], capacity: ExecutorCapacity
 ) -> list[RunningRequest]:
-    """What preemption may choose from: the requests not already being preempted."""
+    """What preemption may choose from: the requests not already being preempted, each with the
+    blocks it holds on the executor ``capacity`` describes."""
     return [
-        RunningRequest(r.request_id, r.priority, r.preemptions, blocks_for(r.num_tokens + 1, block_size), r.generated)
+        RunningRequest(r.request_id, r.priority, r.preemptions, capacity.request_kv_blocks(r.num_tokens), r.generated)
         for r in requests
         if r.request_id not in preempting
     ]

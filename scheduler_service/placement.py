@@ -1,10 +1,12 @@
 """Which executor each pending request joins: pure logic, no I/O.
 
 Requests are taken in queue order (lowest score first). Each goes, among the executors with a free
-slot and the KV room to hold it, to the one with the least work ahead of it per KV block (the
-tokens its requests still expect to process: prefill not yet done and output still expected),
-then to the one with the most free KV room. The first request that fits nowhere stops admission for
-this round, so a large important request is not starved by smaller, less important ones behind it.
+slot and the KV room to hold it (``request_kv_blocks``: its whole length, or on an executor that
+releases the blocks its sliding window has passed, only what the window and one chunk reach), to
+the one with the least work ahead of it per KV block (the tokens its requests still expect to
+process: prefill not yet done and output still expected), then to the one with the most free KV
+room. The first request that fits nowhere stops admission for this round, so a large important
+request is not starved by smaller, less important ones behind it.
 
 Why work first: most free KV room counts only the tokens already in the cache, so it balances
 prompts and ignores the outputs still to come. For 64 requests arriving together over two
@@ -37,6 +39,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from common.kv_blocks import most_blocks_held
+
 # Below this fraction of its KV blocks free, an executor's cached prefix earns less than its full
 # saving, falling linearly to nothing when it is full.
 FULL_CREDIT_FREE_KV = 0.2
@@ -50,6 +54,19 @@ class ExecutorCapacity:
     total_blocks: int
     block_size: int
     outstanding_tokens: int = 0  # tokens its requests still expect to process (prefill + output)
+    # Where every layer of its model attends within a sliding window, the window's size
+    # (InfoResponse.kv_window_tokens): it releases the blocks the window has passed, so a request
+    # there holds a bounded number of blocks however long it is. 0: a request holds its whole length.
+    kv_window_tokens: int = 0
+    # The most tokens of one request it computes in one step (the largest token budget it may run
+    # under): with a window, a request holds the blocks its window and one such chunk reach.
+    chunk_tokens: int = 0
+
+    def request_kv_blocks(self, num_tokens: int) -> int:
+        """KV blocks a request of ``num_tokens`` (prompt + output so far) needs here."""
+        return request_kv_blocks(
+            num_tokens, self.block_size, kv_window_tokens=self.kv_window_tokens, chunk_tokens=self.chunk_tokens
+        )
 
 
 @dataclass(frozen=True)
@@ -75,8 +92,12 @@ class Placement:
     cached_tokens: int = 0  # the expected prefix-cache hit there: tokens it will not prefill
 
 
-def blocks_for(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)
+def request_kv_blocks(num_tokens: int, block_size: int, *, kv_window_tokens: int = 0, chunk_tokens: int = 0) -> int:
+    """KV blocks a request of ``num_tokens`` (prompt + output so far) needs on an executor, its next
+    token's included: its whole length, or on an executor that releases the blocks its window has
+    passed (``kv_window_tokens`` > 0) what its window and one chunk of ``chunk_tokens`` reach, by the
+    rule the executor itself admits requests by."""
+    return most_blocks_held(num_tokens + 1, block_size, window=kv_window_tokens, chunk=chunk_tokens)
 
 
 def place(
@@ -92,7 +113,7 @@ def place(
     for cand in candidates:
         fits = []
         for i, cap in enumerate(capacities):
-            need = blocks_for(cand.num_tokens + 1, cap.block_size)
+            need = cap.request_kv_blocks(cand.num_tokens)
             eid, size = cap.executor_id, max(1, cap.total_blocks)
             if slots[eid] > 0 and blocks[eid] >= need:
                 credit = cand.hit_on(eid) * min(1.0, blocks[eid] / size / FULL_CREDIT_FREE_KV)
@@ -112,11 +133,11 @@ def place(
 
 
 def unplaceable(candidates: Sequence[Candidate], capacities: Sequence[ExecutorCapacity]) -> list[str]:
-    """Requests too large for the whole KV cache of every executor: they could only block the queue."""
+    """Requests that need more than the whole KV cache of every executor: they could only block the queue."""
     if not capacities:
         return []
     return [
         cand.request_id
         for cand in candidates
-        if all(blocks_for(cand.num_tokens + 1, cap.block_size) > cap.total_blocks for cap in capacities)
+        if all(cap.request_kv_blocks(cand.num_tokens) > cap.total_blocks for cap in capacities)
     ]

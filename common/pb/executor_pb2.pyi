@@ -207,7 +207,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("executor_id", "model", "max_model_len", "kv_blocks_total", "block_size", "dtype", "device", "max_batch_size", "token_budget", "eos_token_ids", "vocab_size", "prefix_caching", "backend")
+    __slots__ = ("executor_id", "model", "max_model_len", "kv_blocks_total", "block_size", "dtype", "device", "max_batch_size", "token_budget", "eos_token_ids", "vocab_size", "prefix_caching", "backend", "kv_window_tokens")
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -221,6 +221,7 @@ class InfoResponse(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    KV_WINDOW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     executor_id: str
     model: str
     max_model_len: int
@@ -234,4 +235,5 @@ class InfoResponse(_message.Message):
     vocab_size: int
     prefix_caching: bool
     backend: str
-    def __init__(self, executor_id: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., token_budget: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., vocab_size: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., backend: _Optional[str] = ...) -> None: ...
+    kv_window_tokens: int
+    def __init__(self, executor_id: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., token_budget: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., vocab_size: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., backend: _Optional[str] = ..., kv_window_tokens: _Optional[int] = ...) -> None: ...

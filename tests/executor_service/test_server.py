@@ -29,6 +29,7 @@ async def test_before_serving_runs_before_the_executor_registers(redis_url: str,
         async with grpc.aio.insecure_channel(running.address) as channel:
             info = await executor_pb2_grpc.ExecutorStub(channel).Info(executor_pb2.InfoRequest(), timeout=10)
         assert info.backend == running.loaded.backend == "cpu_native"
+        assert info.kv_window_tokens == 0  # full attention: every block stays while its request runs
         assert running.metrics.registry.get_sample_value("baton:executor_backend", {"backend": "cpu_native"}) == 1
     finally:
         await running.stop()

@@ -34,7 +34,7 @@ WINDOW = 16
 NEW_TOKENS = 60
 
 
-def _windowed(out: Path, arch: str, full_layers: int = 0) -> Path:
+def windowed_model(out: Path, arch: str, full_layers: int = 0) -> Path:
     """``baton make-model --arch`` with its config's window set to WINDOW; Qwen2's first ``full_layers``
     layers keep full attention (its ``max_window_layers``), as transformers' Qwen2Config lays them out."""
     if not (out / "config.json").exists():
@@ -52,9 +52,9 @@ def _windowed(out: Path, arch: str, full_layers: int = 0) -> Path:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("windowed")
-    made = {arch: _windowed(root / arch, arch) for arch in ("mistral", "qwen2", "gemma2")}
+    made = {arch: windowed_model(root / arch, arch) for arch in ("mistral", "qwen2", "gemma2")}
     # The same Qwen2 weights with two full-attention layers under two windowed ones.
-    made["qwen2-mixed"] = _windowed(shutil.copytree(made["qwen2"], root / "qwen2-mixed"), "qwen2", full_layers=2)
+    made["qwen2-mixed"] = windowed_model(shutil.copytree(made["qwen2"], root / "qwen2-mixed"), "qwen2", full_layers=2)
     return made
 
 
@@ -247,6 +247,8 @@ def test_the_window_rules() -> None:
     assert window.most_blocks_held(1000, 24, 8) == 6
     mixed = SlidingWindow(size=16, every_layer=False)
     assert mixed.passed_blocks(400, 8) == 0 and mixed.most_blocks_held(1000, 1, 8) == 125
+    # What Info reports: the window blocks are released behind, none where some layer reads them all.
+    assert window.releasing_size == 16 and mixed.releasing_size == 0
     with pytest.raises(ValueError):
         SlidingWindow(size=0, every_layer=True)
     assert SlidingWindow.of(ModelTraits.from_config(SimpleNamespace(model_type="llama"))) is None

@@ -39,6 +39,22 @@ def test_capacity_counts_committed_blocks_slots_and_outstanding_work() -> None:
     assert capacity_of("e1", requests, info, max_batch=8, fraction=0.5).free_slots == 3
 
 
+def test_a_windowed_executor_counts_what_each_request_holds_there() -> None:
+    # Every layer windowed over 16 tokens, chunks of at most 64: a request holds the blocks 79 tokens
+    # reach from anywhere inside a block (6) however long it is, and its whole length when shorter.
+    info = pb.InfoResponse(block_size=16, kv_blocks_total=200, kv_window_tokens=16)
+    requests = [linked(generated=960, prompt_len=40), linked(generated=0, prompt_len=20)]
+    cap = capacity_of("e1", requests, info, max_batch=8, fraction=1.0, chunk_tokens=64)
+    assert (cap.kv_window_tokens, cap.chunk_tokens) == (16, 64)
+    assert cap.free_blocks == 200 - (6 + 2) - 2
+    assert [r.blocks for r in preemptible(requests, set(), cap)] == [6, 2]
+    # Without a window the long request holds its 1,001 tokens' 63 blocks.
+    plain = capacity_of("e1", requests, pb.InfoResponse(block_size=16, kv_blocks_total=200), 8, 1.0, chunk_tokens=64)
+    assert plain.free_blocks == 200 - (63 + 2) - 2
+    assert [r.blocks for r in preemptible(requests, set(), plain)] == [63, 2]
+
+
 def test_requests_being_preempted_are_not_offered_again() -> None:
     requests = [linked(generated=0), LinkedRequest("other", 40, 0, 0, 0, None)]
-    assert [r.request_id for r in preemptible(requests, {"r"}, block_size=16)] == ["other"]
+    cap = capacity_of("e1", requests, pb.InfoResponse(block_size=16, kv_blocks_total=200), max_batch=8, fraction=1.0)
+    assert [r.request_id for r in preemptible(requests, {"r"}, cap)] == ["other"]

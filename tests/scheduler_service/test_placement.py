@@ -6,18 +6,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_service.placement import Candidate, ExecutorCapacity, Placement, blocks_for, place
+from common.kv_blocks import blocks_for
+from scheduler_service.placement import Candidate, ExecutorCapacity, Placement, place, unplaceable
 
 
 def cap(executor_id: str, free_blocks: int, free_slots: int = 8, total_blocks: int = 100) -> ExecutorCapacity:
     return ExecutorCapacity(executor_id, free_slots, free_blocks, total_blocks, block_size=16)
-
-
-def test_blocks_for_rounds_up() -> None:
-    assert blocks_for(1, 16) == 1
-    assert blocks_for(16, 16) == 1
-    assert blocks_for(17, 16) == 2
-    assert blocks_for(0, 16) == 0
 
 
 def test_no_candidates_places_nothing() -> None:
@@ -142,12 +136,21 @@ capacities = st.lists(
         total_blocks=st.just(60),
         block_size=st.sampled_from([1, 4, 16]),
         outstanding_tokens=st.sampled_from([0, 0, 100, 500]),
+        kv_window_tokens=st.sampled_from([0, 0, 16, 64]),
+        chunk_tokens=st.sampled_from([8, 32]),
     ),
     max_size=4,
 ).map(
     lambda cs: [
         ExecutorCapacity(
-            f"e{i}", c.free_slots, c.free_blocks, c.total_blocks, c.block_size, outstanding_tokens=c.outstanding_tokens
+            f"e{i}",
+            c.free_slots,
+            c.free_blocks,
+            c.total_blocks,
+            c.block_size,
+            outstanding_tokens=c.outstanding_tokens,
+            kv_window_tokens=c.kv_window_tokens,
+            chunk_tokens=c.chunk_tokens,
         )
         for i, c in enumerate(cs)
     ]
@@ -168,7 +171,7 @@ def test_placement_invariants(cands: list[Candidate], caps: list[ExecutorCapacit
     blocks = {c.executor_id: c.free_blocks for c in caps}
     work = {c.executor_id: c.outstanding_tokens for c in caps}
     for cand, p in zip(cands, placements, strict=False):
-        need = {e: blocks_for(cand.num_tokens + 1, c.block_size) for e, c in by_id.items()}
+        need = {e: c.request_kv_blocks(cand.num_tokens) for e, c in by_id.items()}
         fitting = [e for e in by_id if slots[e] > 0 and blocks[e] >= need[e]]
         assert p.executor_id in fitting
         assert p.blocks == need[p.executor_id]
@@ -186,14 +189,10 @@ def test_placement_invariants(cands: list[Candidate], caps: list[ExecutorCapacit
     # Admission stopped only because the next request fits nowhere.
     if len(placements) < len(cands):
         nxt = cands[len(placements)]
-        assert not any(
-            slots[e] > 0 and blocks[e] >= blocks_for(nxt.num_tokens + 1, c.block_size) for e, c in by_id.items()
-        )
+        assert not any(slots[e] > 0 and blocks[e] >= c.request_kv_blocks(nxt.num_tokens) for e, c in by_id.items())
 
 
 def test_unplaceable_names_requests_larger_than_every_executor() -> None:
-    from scheduler_service.placement import unplaceable
-
     caps = [
         ExecutorCapacity("small", free_slots=4, free_blocks=2, total_blocks=10, block_size=16),
         ExecutorCapacity("big", free_slots=4, free_blocks=0, total_blocks=20, block_size=16),
@@ -201,6 +200,42 @@ def test_unplaceable_names_requests_larger_than_every_executor() -> None:
     candidates = [Candidate("fits-big", 300), Candidate("too-big", 400), Candidate("tiny", 3)]
     assert unplaceable(candidates, caps) == ["too-big"]
     assert unplaceable(candidates, []) == []
+
+
+# ---- executors that release the blocks a sliding window has passed ------------------------------
+
+
+def windowed(executor_id: str, window: int, free_blocks: int = 15, total_blocks: int = 16) -> ExecutorCapacity:
+    """An executor of 16 blocks of 16 tokens whose chunks are at most 64 tokens."""
+    return ExecutorCapacity(
+        executor_id, 8, free_blocks, total_blocks, block_size=16, kv_window_tokens=window, chunk_tokens=64
+    )
+
+
+def test_a_windowed_executor_takes_a_request_longer_than_its_whole_pool() -> None:
+    # 1,000 tokens would fill 63 blocks; with a window of 16 the request holds the blocks its
+    # window and one chunk of 64 reach: 79 tokens from anywhere inside a block, 6 blocks.
+    long = Candidate("long", 1_000, 1_100)
+    assert windowed("w", 16).request_kv_blocks(1_000) == 6
+    assert place([long], [windowed("w", 16)]) == [Placement("long", "w", 6, 0)]
+    assert unplaceable([long], [windowed("w", 16)]) == []
+    # The same pool without a window: it can never hold the request.
+    assert place([long], [windowed("plain", 0)]) == []
+    assert unplaceable([long], [windowed("plain", 0)]) == ["long"]
+    # Among both, only the windowed one can take it.
+    assert unplaceable([long], [windowed("plain", 0), windowed("w", 16)]) == []
+    assert place([long], [windowed("plain", 0), windowed("w", 16)])[0].executor_id == "w"
+
+
+def test_a_short_request_on_a_windowed_executor_needs_only_its_length() -> None:
+    assert windowed("w", 16).request_kv_blocks(30) == blocks_for(31, 16) == 2
+    assert place([Candidate("short", 30, 40)], [windowed("w", 16)]) == [Placement("short", "w", 2, 0)]
+
+
+def test_windowed_requests_fill_the_free_blocks_they_hold() -> None:
+    # 15 free blocks hold two requests of 6, not a third.
+    cands = [Candidate(f"r{i}", 1_000, 1_100) for i in range(3)]
+    assert [p.request_id for p in place(cands, [windowed("w", 16)])] == ["r0", "r1"]
 
 
 # ---- placement by cached prefix and load ---------------------------------------------------
