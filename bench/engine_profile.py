@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         "--cuda-graphs", choices=("on", "off"), default="on", help="executor.cuda_graphs (default on; CUDA only)"
     )
     parser.add_argument(
+        "--block-size", type=int, default=16, help="tokens per KV block (default 16; on CUDA 256 reads in place)"
+    )
+    parser.add_argument(
         "--static",
         action="store_true",
         help="pad decode steps to batch buckets as on CUDA, run eagerly (the CPU backends run them unpadded)",
@@ -164,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             max_batch_size=max(args.running),
             token_budget=max(2048, max(args.running)),
             cuda_graphs=args.cuda_graphs == "on",
+            block_size=args.block_size,
         )
         engine = load_engine(config).engine
         if args.static:

@@ -17,10 +17,15 @@
 #      -> results-graphs-off.json; then phase (b) with graphs on and overlapped steps off
 #      (executor.async_scheduling, on by default on CUDA) -> results-overlap-off.json;
 #   3. (a) again over a Generate stream per request, token by token -> results-per-request.json;
-#   4. the engine's host time per decode step at 64 and 256 running requests, graphs on and off
-#      (bench/engine_profile.py) -> engine-profile-graphs-on.txt, engine-profile-graphs-off.txt;
-#   5. where pytest is installed, the tests that need a GPU: graph replays against eager steps and
-#      model.generate (tests/executor_service/test_decode_graphs.py) -> tests-gpu.txt.
+#   4. phases (a) and (b) with 256-token KV blocks, where decodes read the cache in place through
+#      torch's FlashAttention instead of gathering it (executor_service/paged_decode.py; the
+#      executor's log says which it used) -> results-paged.json;
+#   5. the engine's host time per decode step at 64 and 256 running requests, graphs on and off,
+#      then with 256-token blocks (bench/engine_profile.py) -> engine-profile-graphs-on.txt,
+#      engine-profile-graphs-off.txt, engine-profile-paged.txt;
+#   6. where pytest is installed, the tests that need a GPU: graph replays against eager steps and
+#      model.generate, the in-place kernel against the gathered reads (tests/executor_service/
+#      test_decode_graphs.py, test_paged_decode.py) -> tests-gpu.txt.
 # Results and logs go to $OUT (default /tmp/gpu-check), with log.txt and the tails of the
 # services' logs. Each results file holds the device load (NVML: utilisation, memory, power)
 # sampled during (a) and (b).
@@ -86,16 +91,25 @@ if [ "$status" = 0 ]; then
   say "phase (a) again over a Generate stream per request, token by token"
   $PY -m bench.throughput "${ARGS[@]}" --phases a --rpc generate --request-stream-interval 0 \
     --workdir "$WORK" --json "$OUT/results-per-request.json" || say "the per-request run failed (exit $?)"
-  for graphs in on off; do
-    say "engine host time per decode step, CUDA graphs $graphs (running ${RUNNING[*]})"
+  say "phases (a) and (b) with 256-token KV blocks (decodes read in place where the kernel serves)"
+  $PY -m bench.throughput "${ARGS[@]}" --phases a b --block-size 256 --workdir "$WORK" \
+    --json "$OUT/results-paged.json" || say "the 256-token-block run failed (exit $?)"
+  profile() {  # name, then extra flags
+    local name=$1
+    shift
+    say "engine host time per decode step, $name (running ${RUNNING[*]})"
     $PY -m bench.engine_profile --model "$MODEL_DIR" --device "$DEVICE" --dtype "$DTYPE" \
-      --running "${RUNNING[@]}" --steps 40 --kv-cache-mb "$KV_MB" --cuda-graphs "$graphs" 2>&1 \
-      | grep -v '^Loading weights' | tee "$OUT/engine-profile-graphs-$graphs.txt" \
-      || say "the engine profile (graphs $graphs) failed"
-  done
+      --running "${RUNNING[@]}" --steps 40 --kv-cache-mb "$KV_MB" "$@" 2>&1 \
+      | grep -v '^Loading weights' | tee "$OUT/engine-profile-$name.txt" \
+      || say "the engine profile ($name) failed"
+  }
+  profile graphs-on --cuda-graphs on
+  profile graphs-off --cuda-graphs off
+  profile paged --cuda-graphs on --block-size 256
   if [ "${GPU_CHECK_DRY:-0}" != 1 ] && $PY -c "import pytest" 2>/dev/null; then
     say "the tests that need a GPU"
-    $PY -m pytest -q tests/executor_service/test_decode_graphs.py 2>&1 | tee "$OUT/tests-gpu.txt" \
+    $PY -m pytest -q tests/executor_service/test_decode_graphs.py tests/executor_service/test_paged_decode.py 2>&1 \
+      | tee "$OUT/tests-gpu.txt" \
       || say "GPU tests failed"
   fi
 fi

@@ -109,7 +109,7 @@ def run_size(
         say(f"generating the {size} model ({setup.dtype}) into {model_dir}")
         make_model(model_dir, size=size, seed=0, dtype=setup.dtype)
     logs.mkdir(exist_ok=True)
-    kv_mb = setup.kv_mb or kv_memory_mb(model_dir, wl)
+    kv_mb = setup.kv_mb or kv_memory_mb(model_dir, wl, setup.block_size)
     say(f"== {size}: {model_dir}, {setup}, KV cache {kv_mb} MiB, {len(wl.prompts)} requests ==")
     runners = {
         "a": lambda: run_baton_e2e(model_dir, wl, kv_mb, logs, setup),
@@ -195,6 +195,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="(a) and (b): executor.async_scheduling, decode steps launched before the last one's tokens are "
         "read (default auto: on CUDA)",
     )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=16,
+        help="(a) and (b): executor.block_size, tokens per KV block (default 16; on CUDA a multiple of 256 lets "
+        "decodes read the cache in place)",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -231,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         not args.short_warmup,
         args.cuda_graphs == "on",
         args.async_scheduling,
+        args.block_size,
     )
     report: dict[str, Any] = {"requests": len(wl.prompts), "seed": args.seed, "wanted_tokens": sum(wl.max_tokens)}
     report |= {"torch": torch.__version__, "transformers": transformers.__version__, "torch_threads": threads}

@@ -39,6 +39,7 @@ def stack_env(setup: Setup, kv_mb: int, metrics_port: int) -> dict[str, str]:
     env["BATON_EXECUTOR__REPORT_EVERY_STEPS"] = str(setup.report_every_steps)
     env["BATON_EXECUTOR__CUDA_GRAPHS"] = "true" if setup.cuda_graphs else "false"
     env["BATON_EXECUTOR__ASYNC_SCHEDULING"] = setup.async_scheduling
+    env["BATON_EXECUTOR__BLOCK_SIZE"] = str(setup.block_size)
     return env
 
 

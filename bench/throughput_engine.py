@@ -68,6 +68,7 @@ def _load(model_dir: Path, kv_mb: int, setup: Setup) -> Engine:
         torch_threads=setup.executor_threads,
         cuda_graphs=setup.cuda_graphs,
         async_scheduling=setup.async_scheduling,
+        block_size=setup.block_size,
     )
     engine = load_engine(config).engine  # sets this process's torch threads as the executor would
     engine_round(engine, [WARM_PROMPT], [WARM_TOKENS], None, setup.max_batch)

@@ -46,6 +46,7 @@ class Setup:
     warm_workload: bool = True
     cuda_graphs: bool = True  # (a) and (b): executor.cuda_graphs (decode steps replayed as CUDA graphs; CUDA only)
     async_scheduling: str = "auto"  # (a) and (b): executor.async_scheduling (overlapped steps; auto: CUDA)
+    block_size: int = 16  # (a) and (b): executor.block_size (256 lets CUDA decodes read the KV cache in place)
 
     @property
     def torch_device(self) -> torch.device:
@@ -89,14 +90,15 @@ def progress(total: int, desc: str) -> tqdm:
     return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, leave=False)
 
 
-def kv_memory_mb(model_dir: Path, wl: Workload) -> int:
-    """Enough KV cache (in the model's dtype) for every request at full length at once, plus a quarter."""
+def kv_memory_mb(model_dir: Path, wl: Workload, block: int = BLOCK) -> int:
+    """Enough KV cache (in the model's dtype) for every request at full length at once in blocks of
+    ``block`` tokens, plus a quarter."""
     cfg = json.loads((model_dir / "config.json").read_text())
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     element = DTYPES[cfg.get("dtype") or cfg.get("torch_dtype") or "float32"].itemsize
     per_token = 2 * cfg["num_hidden_layers"] * (cfg.get("num_key_value_heads") or heads) * head_dim * element
-    tokens = sum(-(-(len(p) + n + 1) // BLOCK) * BLOCK for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
+    tokens = sum(-(-(len(p) + n + 1) // block) * block for p, n in zip(wl.prompts, wl.max_tokens, strict=True))
     return max(256, 256 * math.ceil(tokens * per_token * 1.25 / 2**20 / 256))
 
 

@@ -13,10 +13,11 @@ token 0 at position 0 through the scratch block; their logits are dropped. Elsew
 backends) the step runs exactly its own rows and widest table: padding would cost real compute.
 
 Attention reads the paged pool through the rows' block tables: the native kernel on the CPU, in
-place; elsewhere each row's ``width`` blocks gathered into one padded batch under a mask, one SDPA
-call per layer. The gather has fixed shapes, so it can be captured, but it copies
-``batch x width x block_size`` keys and values per layer, whatever each row's real length: a
-cost a paged-attention kernel that reads blocks in place would not pay (see docs/performance.md).
+place; torch's FlashAttention on CUDA, in place, where the block size and dtype let it
+(``paged_decode.py``, ``DecodeRead.PAGED``); elsewhere each row's ``width`` blocks gathered into one
+padded batch under a mask, one SDPA call per layer. The gather has fixed shapes, so it can be
+captured, but it copies ``batch x width x block_size`` keys and values per layer, whatever each
+row's real length: the cost the in-place reads do not pay (see docs/performance.md).
 A sliding window's layers gather each row's blocks from the first its window covers, at most the
 window's span of blocks (``SlidingWindow.span_blocks``); where every layer is windowed that span is
 the step's width, however long the sequences.
@@ -36,7 +37,7 @@ from executor_service.backends.base import DecodeRead
 from executor_service.decode_state import DecodeState
 from executor_service.kernels.decode_attention import PagedDecodes
 from executor_service.kv_cache import KVPool
-from executor_service.paged_attention import AttentionBatch, ContextReads, DecodeGroup
+from executor_service.paged_attention import AttentionBatch, ContextReads, DecodeGroup, PagedGroup
 from executor_service.sequence import Sequence
 from executor_service.sliding_window import SlidingWindow
 
@@ -133,12 +134,15 @@ class DecodeStep:
         native = PagedDecodes(query_rows, lengths, starts, tables) if decode_read is DecodeRead.NATIVE else None
         full = windowed = None
         if self._reads_full:
-            group = None
-            if native is None:
+            group = paged = None
+            if decode_read is DecodeRead.PAGED:
+                read = state.tables[:, :width].index_select(0, rows).to(torch.int32)  # [batch, width]
+                paged = PagedGroup(rows=query_rows, block_tables=read, lengths=lengths.to(torch.int32))
+            elif native is None:
                 mask = self._span[: width * block_size].unsqueeze(0) < lengths.unsqueeze(1)
                 read = state.tables[:, :width].index_select(0, rows)  # [batch, width]
                 group = DecodeGroup(rows=query_rows, block_tables=read, mask=mask[:, None, None])
-            full = ContextReads(window=None, decodes=group, native_decodes=native)
+            full = ContextReads(window=None, decodes=group, native_decodes=native, paged_decodes=paged)
         if self.window is not None:
             size, group = self.window.size, None
             if native is None:

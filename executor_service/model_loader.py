@@ -96,11 +96,13 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
     # transformers wraps .to with functools.wraps; typeshed's _Wrapped has no __get__, so mypy binds no self.
     model.to(device).eval()  # type: ignore[arg-type]
     backend = backend_class(model, device, dtype, private_torch=config.torch_private_ops)
-    log.info("backend %s: %s", backend.name, backend.describe())
     geometry = kv_geometry(model, dtype)
     num_blocks = geometry.num_blocks_for(config.kv_cache_memory_mb * 1024 * 1024, config.block_size)
     allocator = BlockAllocator(num_blocks, config.block_size, config.prefix_caching)
     pool = KVPool(geometry, num_blocks, config.block_size, device)
+    window = SlidingWindow.of(traits)
+    backend.bind_kv(pool, window)
+    log.info("backend %s: %s", backend.name, backend.describe())
     limits = EngineLimits(
         # A sliding-window model too: its windowed layers read their window at any length.
         max_model_len=int(getattr(model.config, "max_position_embeddings", 2048)),
@@ -125,7 +127,7 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
         max_seqs=config.max_batch_size,
         max_model_len=limits.max_model_len,
         cuda_graphs=config.cuda_graphs,
-        window=SlidingWindow.of(traits),
+        window=window,
     )
     log.info("%s", runner.describe())
     if runner.window is not None:

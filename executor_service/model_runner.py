@@ -29,7 +29,14 @@ from executor_service.decode_graphs import DecodeGraphs
 from executor_service.decode_step import DecodeShape, DecodeStep, width_bucket, width_buckets
 from executor_service.kernels.decode_attention import PagedDecodes
 from executor_service.kv_cache import KVPool
-from executor_service.paged_attention import AttentionBatch, ContextReads, DecodeGroup, DecodeView, PrefillSegment
+from executor_service.paged_attention import (
+    AttentionBatch,
+    ContextReads,
+    DecodeGroup,
+    DecodeView,
+    PagedGroup,
+    PrefillSegment,
+)
 from executor_service.sequence import Sequence
 from executor_service.sliding_window import SlidingWindow
 from executor_service.step_scheduler import ScheduledChunk
@@ -210,6 +217,19 @@ class ModelRunner:
             mask &= positions >= lengths[:, None] - window.size
         return DecodeGroup(rows=self._tensor(rows), block_tables=flat.view(len(seqs), width), mask=mask[:, None, None])
 
+    def _paged_group(self, rows: list[int], seqs: list[Sequence]) -> PagedGroup:
+        """The decodes' whole tables, padded with the scratch block, and their lengths, for in-place reads."""
+        size = self.pool.block_size
+        tables = [s.block_table[: (s.num_tokens - 1) // size + 1] for s in seqs]
+        width = max(map(len, tables))
+        flat = [b for table in tables for b in table + [self.pool.scratch_block] * (width - len(table))]
+        lengths = [s.num_tokens for s in seqs]
+        return PagedGroup(
+            rows=self._tensor(rows),
+            block_tables=torch.tensor(flat, dtype=torch.int32, device=self.device).view(len(seqs), width),
+            lengths=torch.tensor(lengths, dtype=torch.int32, device=self.device),
+        )
+
     def _run_packed(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None = None) -> torch.Tensor:
         """Any step: every chunk's tokens packed side by side, built from the sequences' lists.
 
@@ -268,13 +288,19 @@ class ModelRunner:
             if leading:
                 leading_rows += range(row, row + leading[i])
         native = PagedDecodes.build(native_rows, native_lengths, native_tables) if native_rows else None
+        paged = self.decode_read is DecodeRead.PAGED
         reads = [
             ContextReads(
                 window=None if window is None else window.size,
                 prefills=tuple(prefills[k]),
                 decode_views=tuple(views[k]),
-                decodes=self._decode_group(gathered_rows[k], gathered_seqs[k], window) if gathered_seqs[k] else None,
+                decodes=self._decode_group(gathered_rows[k], gathered_seqs[k], window)
+                if gathered_seqs[k] and not (paged and window is None)
+                else None,
                 native_decodes=native,
+                paged_decodes=self._paged_group(gathered_rows[k], gathered_seqs[k])
+                if gathered_seqs[k] and paged and window is None
+                else None,
             )
             for k, window in enumerate(kinds)
         ]

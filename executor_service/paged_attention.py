@@ -10,7 +10,7 @@ The model runs one packed sequence [1, N] per step; the model computes Q/K/V and
 the pool and attends per request. Step metadata arrives through the ``baton_batch`` kwarg,
 which transformers passes down to attention untouched.
 
-Four ways to read a request's context; the model runner builds each step's batch for the way its
+Five ways to read a request's context; the model runner builds each step's batch for the way its
 backend declares (``backends.base.DecodeRead``):
 - every single-token decode of the step in one call of the native kernel
   (``executor_service.kernels``, CPU), which reads each context block by block through its block table;
@@ -20,6 +20,9 @@ backend declares (``backends.base.DecodeRead``):
 - its blocks gathered (``index_select`` of whole blocks) into a padded batch, for all decodes
   at once: one SDPA call, the right trade where kernel launches are dear (CUDA) or the blocks
   are scattered;
+- every decode of a full-attention layer in one call of a kernel that reads each context in place
+  through its block table (``paged_decode.py``: torch's FlashAttention on CUDA, where the block size
+  and dtype allow it);
 - a fresh prefill attends to its own new K/V directly.
 Grouped-query attention never expands K/V: a decode's query heads are folded into the query
 length (``[kv_heads, group, d]``), which is the same computation.
@@ -44,6 +47,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from executor_service.kernels.decode_attention import PagedDecodes, decode_attention
 from executor_service.kv_cache import KVPool
 from executor_service.model_support import UnsupportedModel
+from executor_service.paged_decode import attend_paged
 
 ATTENTION_NAME = "baton_paged"
 
@@ -83,6 +87,15 @@ class DecodeGroup:
 
 
 @dataclass(frozen=True)
+class PagedGroup:
+    """Single-token decodes read in place through their block tables (``paged_decode.attend_paged``)."""
+
+    rows: torch.Tensor  # [D] query rows in the packed sequence
+    block_tables: torch.Tensor  # [D, W] int32, each decode's blocks from its first, padded with the scratch block
+    lengths: torch.Tensor  # [D] int32, the keys each reads (its new token's included)
+
+
+@dataclass(frozen=True)
 class ContextReads:
     """How the layers of one kind (full causal attention, or one sliding window) read each request's keys."""
 
@@ -92,6 +105,7 @@ class ContextReads:
     decodes: DecodeGroup | None = None
     # The kernel cuts each context to ``window`` itself, so both kinds share one ``PagedDecodes``.
     native_decodes: PagedDecodes | None = None
+    paged_decodes: PagedGroup | None = None  # full attention only (DecodeRead.PAGED)
 
 
 @dataclass(frozen=True)
@@ -153,6 +167,14 @@ def paged_attention(
         _decode_views(query, keys, values, reads.decode_views, scaling, softcap, out)
     if reads.decodes is not None:
         _decode_group(query, keys, values, reads.decodes, batch.pool.block_size, scaling, softcap, out)
+    if reads.paged_decodes is not None:
+        if softcap is not None or reads.window is not None:
+            raise UnsupportedModel("in-place paged decode reads serve full attention without soft-capping only")
+        group = reads.paged_decodes
+        scale = scaling if scaling is not None else query.shape[3] ** -0.5
+        q = query[0, :, group.rows].transpose(0, 1).contiguous()  # [D, H, d]
+        lengths, block_size = group.lengths, batch.pool.block_size
+        out[group.rows] = attend_paged(q, keys, values, group.block_tables, lengths, block_size, scale)
     return out.unsqueeze(0), None
 
 

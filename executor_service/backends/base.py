@@ -19,8 +19,10 @@ import torch
 if TYPE_CHECKING:
     from torch import nn
 
+    from executor_service.kv_cache import KVPool
     from executor_service.model_support import ModelTraits
     from executor_service.paged_attention import AttentionBatch
+    from executor_service.sliding_window import SlidingWindow
 
 
 class DecodeRead(Enum):
@@ -33,6 +35,9 @@ class DecodeRead(Enum):
     IN_PLACE = "in_place"
     # Every decode's blocks gathered into one padded batch, one SDPA call (where kernel launches are dear: CUDA).
     GATHERED = "gathered"
+    # Every decode of a full-attention layer read in place through its block table by one kernel call
+    # (``paged_decode.py``: torch's FlashAttention on CUDA); windowed layers' decodes are gathered.
+    PAGED = "paged"
 
 
 @dataclass(frozen=True)
@@ -98,8 +103,8 @@ class Backend(ABC):
     - It is constructed once per loaded model, after the model is on its device in its dtype and
       before the KV pool is allocated; it may replace modules of the model (packed linear layers),
       never their values.
-    - ``decode_read`` is fixed at construction: the model runner builds each step's
-      ``AttentionBatch`` for it.
+    - ``decode_read`` is fixed once the KV pool exists (``bind_kv``, called before the model runner
+      is built): the model runner builds each step's ``AttentionBatch`` for it.
     - ``static_shapes`` True: decode-only steps reach ``forward`` padded to a few fixed batch sizes
       and table widths (``decode_step.py``), with no host synchronisation inside ``forward``, so the
       model runner may capture them as CUDA graphs (``executor.cuda_graphs``). False (the default):
@@ -124,6 +129,11 @@ class Backend(ABC):
         self.dtype = dtype
         self.decode_read = DecodeRead.GATHERED
         self.static_shapes = False
+
+    def bind_kv(self, pool: KVPool, window: SlidingWindow | None) -> None:
+        """The KV pool is allocated (and the model's sliding window known): a backend whose decode
+        reads depend on its layout may choose them now. The default keeps the constructor's."""
+        return None
 
     @abstractmethod
     def forward(

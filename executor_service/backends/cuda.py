@@ -1,10 +1,16 @@
-"""The CUDA slot: the lean Llama forward in plain torch ops, decodes gathered into one batch.
+"""The CUDA slot: the lean Llama forward in plain torch ops, decodes read in place or gathered.
 
 What Baton runs on a GPU for Llama and Mistral models today; other models on CUDA take the
 reference backend (``torch_reference``). Nothing here is CUDA-specific code: the lean forward's
 torch path and the gathered decodes are the ones the tests run on the CPU (``tests/executor_service/
 backends``), so its declared support is no wider than what they check. CUDA kernels of Baton's own
 (a paged decode kernel, fused layer ops) would go here, with their own declared support.
+
+Decode attention: where torch's FlashAttention can read the paged pool in place (float16 or
+bfloat16, blocks of a multiple of 256 tokens: ``paged_decode.unavailable``) and its self-test at
+start agrees with the gathered reads, every full-attention layer's decodes are one call of it
+(``DecodeRead.PAGED``); otherwise, and for windowed layers, the decodes' blocks are gathered into one
+padded batch for SDPA. The log says which, and why.
 
 Static shapes: decode-only steps are padded to batch buckets and table-width buckets
 (``decode_step.py``), so the model runner captures them as CUDA graphs (``decode_graphs.py``,
@@ -13,10 +19,12 @@ Static shapes: decode-only steps are padded to batch buckets and table-width buc
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
 
+from executor_service import paged_decode
 from executor_service.backends.base import Backend, BackendSupport, DecodeRead
 from executor_service.backends.cpu_native import LLAMA_LAYOUTS
 from executor_service.fast_llama import FastLlamaForward
@@ -24,7 +32,11 @@ from executor_service.fast_llama import FastLlamaForward
 if TYPE_CHECKING:
     from torch import nn
 
+    from executor_service.kv_cache import KVPool
     from executor_service.paged_attention import AttentionBatch
+    from executor_service.sliding_window import SlidingWindow
+
+log = logging.getLogger(__name__)
 
 
 class CudaBackend(Backend):
@@ -42,6 +54,20 @@ class CudaBackend(Backend):
         self.decode_read = DecodeRead.GATHERED
         self.static_shapes = True
         self.lean = FastLlamaForward(model)
+        self.gather_reason = "wait for the KV pool"  # why decodes are gathered, for the log (after "in-place reads")
+
+    def bind_kv(self, pool: KVPool, window: SlidingWindow | None) -> None:
+        heads, kv_heads, head_dim = self.lean.heads, self.lean.kv_heads, self.lean.head_dim
+        reason = paged_decode.unavailable(self.device, self.dtype, pool.block_size, head_dim)
+        if reason is None and window is not None and window.every_layer:
+            reason = "serve full-attention layers only, and every layer here is windowed"
+        if reason is None:
+            reason = paged_decode.self_test(self.device, self.dtype, pool.block_size, heads, kv_heads, head_dim)
+            if reason is not None:
+                reason = f"failed their self-test: {reason}"
+                log.warning("in-place paged decode attention (torch FlashAttention) not used: %s", reason)
+        self.gather_reason = reason or ""
+        self.decode_read = DecodeRead.GATHERED if reason else DecodeRead.PAGED
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, batch: AttentionBatch
@@ -49,7 +75,8 @@ class CudaBackend(Backend):
         return self.lean(input_ids, positions, keep, batch)
 
     def describe(self) -> str:
-        return (
-            f"lean Llama forward (torch ops), decode attention {self.decode_read.value} (torch SDPA), "
-            "static-shape decode steps"
-        )
+        if self.decode_read is DecodeRead.PAGED:
+            attention = "paged in place (torch FlashAttention; windowed layers gathered)"
+        else:
+            attention = f"gathered (torch SDPA; in-place reads {self.gather_reason})"
+        return f"lean Llama forward (torch ops), decode attention {attention}, static-shape decode steps"

@@ -26,6 +26,7 @@ def test_kv_memory_follows_the_model_dtype(tmp_path: Path) -> None:
         (model / "config.json").write_text(json.dumps(config | {"dtype": dtype}))
         sizes[dtype] = tp.kv_memory_mb(model, wl)
     assert sizes["bfloat16"] < sizes["float32"] <= 2 * sizes["bfloat16"] + 256
+    assert tp.kv_memory_mb(tmp_path / "bfloat16", wl, block=256) > sizes["bfloat16"]  # whole blocks of 256
 
 
 def test_stack_env_carries_the_setup() -> None:
@@ -37,6 +38,7 @@ def test_stack_env_carries_the_setup() -> None:
         executor_threads=1,
         stream_interval=4,
         report_every_steps=8,
+        block_size=256,
     )
     env = e2e.stack_env(setup, kv_mb=300, metrics_port=9999)
     assert env["BATON_EXECUTOR__DTYPE"] == "bfloat16" and env["BATON_EXECUTOR__DEVICE"] == "cpu"
@@ -46,12 +48,14 @@ def test_stack_env_carries_the_setup() -> None:
     assert env["BATON_DISTRIBUTED__STREAM_INTERVAL_TOKENS"] == "4"
     assert env["BATON_EXECUTOR__REPORT_EVERY_STEPS"] == "8"
     assert env["BATON_MONITORING__EXECUTOR_METRICS_PORT"] == "9999"
+    assert env["BATON_EXECUTOR__BLOCK_SIZE"] == "256"
 
 
 def test_executors_flag_reaches_the_setup() -> None:
     assert tp.parse_args([]).executors == 1
     assert tp.parse_args(["--executors", "2"]).executors == 2
     assert tp.parse_args(["--report-every-steps", "8"]).report_every_steps == 8
+    assert tp.parse_args([]).block_size == 16 and tp.parse_args(["--block-size", "256"]).block_size == 256
     assert tp.Setup().executors == 1
 
 

@@ -91,16 +91,17 @@ def test_padding_writes_only_the_scratch_block(tiny_model_dir: Path) -> None:
     assert set(changed) & set(scratch)  # the padded rows did write, there
 
 
-@pytest.mark.parametrize("read", ["native", "gathered"])
+@pytest.mark.parametrize("read", ["native", "gathered", "paged"])
 def test_static_decode_steps_crossing_buckets_match_generate(tiny_model_dir: Path, read: str) -> None:
     """Requests join and finish so the decode batch crosses bucket bounds both ways (1 -> 33 -> 1),
     every decode step padded; ``native``: the CPU kernel reads the padded rows' tables, ``gathered``:
-    the masked gather over a fixed width that the CUDA backend uses."""
+    the masked gather over a fixed width that the CUDA backend uses, ``paged``: the whole tables and
+    lengths that the CUDA backend's in-place kernel reads (here its gathered oracle computes them)."""
     engine = make_engine(tiny_model_dir, token_budget=512)
     runner = engine.runner
     runner.backend.static_shapes = True
-    if read == "gathered":
-        runner.decode_read = DecodeRead.GATHERED
+    if read != "native":
+        runner.decode_read = DecodeRead(read)
     shapes: list[DecodeShape] = []
     real = runner._forward_decodes
 

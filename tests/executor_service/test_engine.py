@@ -65,6 +65,8 @@ def run_to_end(engine: Engine, arrivals: dict[int, list[AdmitSpec]], max_steps: 
         "layer_ops_in_place",
         "gathered",
         "scattered",
+        "paged",
+        "paged_scattered",
         "torch_only",
     ],
 )
@@ -76,8 +78,9 @@ def test_staggered_batch_matches_generate_alone(
     without it), one gathered batch (CUDA decodes), and blocks scattered over the pool.
     ``hf_forward``: transformers' forward instead of the lean Llama one (the cpu_transformers
     backend); ``layer_ops_in_place``: the native layer ops writing the K/V that torch's in-place
-    views then read; ``torch_only``: the reference backend (no native kernel, no packed linears, no
-    lean forward)."""
+    views then read; ``paged``: whole block tables and lengths, as the CUDA backend's in-place
+    kernel reads them (computed here by its gathered oracle); ``torch_only``: the reference backend
+    (no native kernel, no packed linears, no lean forward)."""
     backend = {"hf_forward": "cpu_transformers", "torch_only": "torch"}.get(kv_read, "cpu_native")
     engine = make_engine(tiny_model_dir, backend=backend)
     expected = DecodeRead.IN_PLACE if kv_read == "torch_only" else DecodeRead.NATIVE
@@ -89,6 +92,8 @@ def test_staggered_batch_matches_generate_alone(
             monkeypatch.setattr(engine.runner.backend.lean, "native_layer_ops", False)  # torch's elementwise ops
     if kv_read in ("gathered", "scattered"):
         monkeypatch.setattr(engine.runner, "decode_read", DecodeRead.GATHERED)
+    if kv_read.startswith("paged"):  # the in-place kernel's tables and lengths, computed by its gathered oracle
+        monkeypatch.setattr(engine.runner, "decode_read", DecodeRead.PAGED)
     if kv_read.endswith("scattered"):
         monkeypatch.setattr(engine.allocator, "contiguous_start", lambda table: None)
     assert_staggered_batch_exact(engine, tiny_model_dir)
