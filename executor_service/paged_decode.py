@@ -72,7 +72,7 @@ def attend_paged(
             keys.view(-1, block_size, kv_heads, dim),
             values.view(-1, block_size, kv_heads, dim),
             _query_offsets(q.shape[0], q.device),
-            None,
+            _key_offsets(lengths),
             1,
             tables.shape[1] * block_size,
             scale=scale,
@@ -87,6 +87,15 @@ def attend_paged(
 def _query_offsets(count: int, device: torch.device) -> torch.Tensor:
     """[count + 1] int32: one query per row."""
     return torch.arange(count + 1, dtype=torch.int32, device=device)
+
+
+def _key_offsets(lengths: torch.Tensor) -> torch.Tensor:
+    """[count + 1] int32, where each row's keys would start packed: the kernel takes each row's length
+    from ``seqused_k`` and its blocks from the table, but its varlen entry point wants these too. On the
+    device, with no host synchronisation, so a graph captures it."""
+    offsets = torch.zeros(lengths.shape[0] + 1, dtype=torch.int32, device=lengths.device)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return offsets
 
 
 def gathered_reference(

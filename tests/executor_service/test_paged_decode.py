@@ -106,3 +106,8 @@ def test_flash_attention_reads_the_pool_in_place_as_the_gather_does(dtype: torch
     got = attend_paged(q, keys, values, tables, lengths, 256, 0.125)
     want = gathered_reference(q, keys, values, tables, lengths, 256, 0.125)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_key_offsets_are_the_rows_keys_packed() -> None:
+    offsets = paged_decode._key_offsets(torch.tensor([3, 1, 5], dtype=torch.int32))
+    assert offsets.dtype == torch.int32 and offsets.tolist() == [0, 3, 4, 9]
