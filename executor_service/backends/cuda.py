@@ -1,10 +1,12 @@
 """The CUDA slot: the lean Llama forward in plain torch ops, decodes read in place or gathered.
 
 What Baton runs on a GPU for Llama and Mistral models today; other models on CUDA take the
-reference backend (``torch_reference``). Nothing here is CUDA-specific code: the lean forward's
-torch path and the gathered decodes are the ones the tests run on the CPU (``tests/executor_service/
-backends``), so its declared support is no wider than what they check. CUDA kernels of Baton's own
-(a paged decode kernel, fused layer ops) would go here, with their own declared support.
+reference backend (``torch_reference``). Nothing here is CUDA code of Baton's own: the lean
+forward's torch path, the gathered decodes and the in-place reads' step building are the ones the
+tests run on the CPU (``tests/executor_service/backends``), and the one CUDA kernel it calls beyond
+torch's usual ops, torch's paged FlashAttention, is checked against the gathered reads at start and
+by the GPU tests; so its declared support is no wider than what they check. Fused CUDA layer ops
+would go here, with their own declared support.
 
 Decode attention: where torch's FlashAttention can read the paged pool in place (float16 or
 bfloat16, blocks of a multiple of 256 tokens: ``paged_decode.unavailable``) and its self-test at
