@@ -13,6 +13,7 @@ import pytest
 from executor_service import paged_decode
 from executor_service.backends.base import DecodeRead
 from executor_service.backends.cuda import CudaBackend
+from executor_service.sliding_window import SlidingWindow
 from tests.executor_service.test_engine import assert_staggered_batch_exact, make_engine
 
 
@@ -53,5 +54,10 @@ def test_in_place_reads_are_chosen_only_past_their_self_test(
     monkeypatch.setattr(paged_decode, "self_test", lambda *args: None)
     backend.bind_kv(runner.pool, None)
     assert backend.decode_read is DecodeRead.PAGED and "paged in place" in backend.describe()
+    backend.bind_kv(runner.pool, SlidingWindow(32, every_layer=True))  # no full-attention layer to read so
+    assert backend.decode_read is DecodeRead.GATHERED and "every layer here is windowed" in backend.describe()
+    backend.bind_kv(runner.pool, SlidingWindow(32, every_layer=False))  # its full-attention layers read in place
+    assert backend.decode_read is DecodeRead.PAGED
+    backend.bind_kv(runner.pool, None)
     runner.backend, runner.decode_read = backend, backend.decode_read
     assert_staggered_batch_exact(engine, tiny_model_dir)
