@@ -40,6 +40,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ class PairResult:
     vllm_idle_cpu_s: float  # CPU the idle vLLM used during Baton's run
     baton_idle_cpu_s: float  # CPU the idle Baton services used during vLLM's run
     vllm_cpu_s: float  # CPU vLLM used during its own run (more than its wall time: more than one core)
-    baton_cpu_s: dict[str, float]  # CPU each Baton service used during Baton's run
+    baton_cpu_s: dict[str, float]  # CPU each Baton service, and the client driving it, used during Baton's run
     load: float
     vllm_cache_reset: bool | None = None  # the worker emptied vLLM's prefix cache first (None: no such call)
 
@@ -136,9 +137,12 @@ def compare(size: str, dtype: str, python: Path, args: argparse.Namespace) -> di
                     baton_idle = sum(stack.cpu_seconds().values()) - sum(idle_before.values())
                     vllm_cpu = worker.cpu_seconds() - vllm_before
                     vllm_before, baton_before = worker.cpu_seconds(), stack.cpu_seconds()
+                    client_before = time.process_time()  # this process is Baton's client while it drives
                     res = asyncio.run(drive_grpc(stack.target, run_wl, pids, args.rpc, args.request_stream_interval))
+                    client_cpu = time.process_time() - client_before
                     vllm_idle = worker.cpu_seconds() - vllm_before
                     baton_cpu = {k: v - baton_before.get(k, 0.0) for k, v in stack.cpu_seconds().items()}
+                    baton_cpu["client"] = client_cpu
                     pair = PairResult(
                         wanted / got["seconds"],
                         res.tok_s or 0.0,
