@@ -10,22 +10,25 @@
 #                                                        # pins; <cuda> as the driver allows, e.g. cu128
 # and redis-server on PATH (e.g. `apt-get install redis-server`).
 #
-# Run from anywhere: `bash bench/gpu_check.sh`. It takes a few minutes:
+# Run from anywhere: `bash bench/gpu_check.sh`. It takes a few minutes, in this order, each step
+# after the first only while GPU_CHECK_BUDGET_S (default 420) seconds have not passed:
 #   1. phases (a), (b), (c) with CUDA graphs on (executor.cuda_graphs, the default): (a) over one
 #      GenerateBatch stream, every request's tokens 8 at a time -> results.json;
-#   2. phases (a) and (b) again with CUDA graphs off (the same padded decode steps, eager)
-#      -> results-graphs-off.json; then phase (b) with graphs on and overlapped steps off
-#      (executor.async_scheduling, on by default on CUDA) -> results-overlap-off.json;
-#   3. (a) again over a Generate stream per request, token by token -> results-per-request.json;
-#   4. phases (a) and (b) with 256-token KV blocks, where decodes read the cache in place through
+#   2. phases (a) and (b) with 256-token KV blocks, where decodes read the cache in place through
 #      torch's FlashAttention instead of gathering it (executor_service/paged_decode.py; the
 #      executor's log says which it used) -> results-paged.json;
-#   5. the engine's host time per decode step at 64 and 256 running requests, graphs on and off,
-#      then with 256-token blocks (bench/engine_profile.py) -> engine-profile-graphs-on.txt,
-#      engine-profile-graphs-off.txt, engine-profile-paged.txt;
-#   6. where pytest is installed, the tests that need a GPU: graph replays against eager steps and
+#   3. where pytest is installed, the tests that need a GPU: graph replays against eager steps and
 #      model.generate, the in-place kernel against the gathered reads (tests/executor_service/
-#      test_decode_graphs.py, test_paged_decode.py) -> tests-gpu.txt.
+#      test_decode_graphs.py, test_paged_decode.py) -> tests-gpu.txt;
+#   4. the engine's host time per decode step at 64 and 256 running requests, graphs on
+#      (bench/engine_profile.py) -> engine-profile-graphs-on.txt;
+#   5. phases (a) and (b) again with CUDA graphs off (the same padded decode steps, eager)
+#      -> results-graphs-off.json;
+#   6. (a) again over a Generate stream per request, token by token -> results-per-request.json;
+#   7. phase (b) with overlapped steps off (executor.async_scheduling, on by default on CUDA)
+#      -> results-overlap-off.json;
+#   8. the engine profile with graphs off, then with 256-token blocks -> engine-profile-graphs-off.txt,
+#      engine-profile-paged.txt.
 # Results and logs go to $OUT (default /tmp/gpu-check), with log.txt and the tails of the
 # services' logs. Each results file holds the device load (NVML: utilisation, memory, power)
 # sampled during (a) and (b).
@@ -43,6 +46,7 @@ say() { echo "[gpu_check $(date +%T)] $*"; }
 
 PY=${PY:-python3}
 WORK=${GPU_WORKDIR:-/tmp/baton-gpu}
+BUDGET=${GPU_CHECK_BUDGET_S:-420}
 if [ "${GPU_CHECK_DRY:-0}" = 1 ]; then
   # The engine profile reads the model phase (a) generated (bench/throughput.py names its directory).
   DEVICE=cpu DTYPE=float32 MODEL_DIR="$WORK/model-${GPU_SIZE:-tiny}" RUNNING=(4 16) KV_MB=256
@@ -79,39 +83,46 @@ nproc
 say "benchmark, CUDA graphs on: ${ARGS[*]}"
 $PY -m bench.throughput "${ARGS[@]}" --phases a b c --cuda-graphs on --workdir "$WORK" --json "$OUT/results.json"
 status=$?
+# Each later step runs only while the budget lasts (a machine lent for a few minutes cuts a longer run off).
+more() {
+  if ((SECONDS < BUDGET)); then say "$1 ($SECONDS s of $BUDGET used)"; return 0; fi
+  say "skipped, the budget is spent: $1"
+  return 1
+}
+profile() {  # name, then extra flags
+  local name=$1
+  shift
+  $PY -m bench.engine_profile --model "$MODEL_DIR" --device "$DEVICE" --dtype "$DTYPE" \
+    --running "${RUNNING[@]}" --steps 40 --kv-cache-mb "$KV_MB" "$@" 2>&1 \
+    | grep -v '^Loading weights' | tee "$OUT/engine-profile-$name.txt" \
+    || say "the engine profile ($name) failed"
+}
 if [ "$status" = 0 ]; then
-  say "phases (a) and (b) again with CUDA graphs off"
-  $PY -m bench.throughput "${ARGS[@]}" --phases a b --cuda-graphs off --workdir "$WORK" \
-    --json "$OUT/results-graphs-off.json" || say "the graphs-off run failed (exit $?)"
-  say "phase (b) again with overlapped steps off (each step's tokens read before the next launches)"
-  $PY -m bench.throughput "${ARGS[@]}" --phases b --async-scheduling off --workdir "$WORK" \
-    --json "$OUT/results-overlap-off.json" || say "the overlap-off run failed (exit $?)"
-  # Then (a) again the way a serving client streams: a Generate stream per request, each token on its
-  # own (the last --rpc and --request-stream-interval win).
-  say "phase (a) again over a Generate stream per request, token by token"
-  $PY -m bench.throughput "${ARGS[@]}" --phases a --rpc generate --request-stream-interval 0 \
-    --workdir "$WORK" --json "$OUT/results-per-request.json" || say "the per-request run failed (exit $?)"
-  say "phases (a) and (b) with 256-token KV blocks (decodes read in place where the kernel serves)"
-  $PY -m bench.throughput "${ARGS[@]}" --phases a b --block-size 256 --workdir "$WORK" \
-    --json "$OUT/results-paged.json" || say "the 256-token-block run failed (exit $?)"
-  profile() {  # name, then extra flags
-    local name=$1
-    shift
-    say "engine host time per decode step, $name (running ${RUNNING[*]})"
-    $PY -m bench.engine_profile --model "$MODEL_DIR" --device "$DEVICE" --dtype "$DTYPE" \
-      --running "${RUNNING[@]}" --steps 40 --kv-cache-mb "$KV_MB" "$@" 2>&1 \
-      | grep -v '^Loading weights' | tee "$OUT/engine-profile-$name.txt" \
-      || say "the engine profile ($name) failed"
-  }
-  profile graphs-on --cuda-graphs on
-  profile graphs-off --cuda-graphs off
-  profile paged --cuda-graphs on --block-size 256
-  if [ "${GPU_CHECK_DRY:-0}" != 1 ] && $PY -c "import pytest" 2>/dev/null; then
-    say "the tests that need a GPU"
-    $PY -m pytest -q tests/executor_service/test_decode_graphs.py tests/executor_service/test_paged_decode.py 2>&1 \
-      | tee "$OUT/tests-gpu.txt" \
-      || say "GPU tests failed"
+  if more "phases (a) and (b) with 256-token KV blocks (decodes read in place where the kernel serves)"; then
+    $PY -m bench.throughput "${ARGS[@]}" --phases a b --block-size 256 --workdir "$WORK" \
+      --json "$OUT/results-paged.json" || say "the 256-token-block run failed (exit $?)"
   fi
+  if [ "${GPU_CHECK_DRY:-0}" != 1 ] && $PY -c "import pytest" 2>/dev/null && more "the tests that need a GPU"; then
+    $PY -m pytest -q tests/executor_service/test_decode_graphs.py tests/executor_service/test_paged_decode.py 2>&1 \
+      | tee "$OUT/tests-gpu.txt" || say "GPU tests failed"
+  fi
+  more "engine host time per decode step, graphs on (running ${RUNNING[*]})" && profile graphs-on --cuda-graphs on
+  if more "phases (a) and (b) again with CUDA graphs off"; then
+    $PY -m bench.throughput "${ARGS[@]}" --phases a b --cuda-graphs off --workdir "$WORK" \
+      --json "$OUT/results-graphs-off.json" || say "the graphs-off run failed (exit $?)"
+  fi
+  # (a) again the way a serving client streams: a Generate stream per request, each token on its own
+  # (the last --rpc and --request-stream-interval win).
+  if more "phase (a) again over a Generate stream per request, token by token"; then
+    $PY -m bench.throughput "${ARGS[@]}" --phases a --rpc generate --request-stream-interval 0 \
+      --workdir "$WORK" --json "$OUT/results-per-request.json" || say "the per-request run failed (exit $?)"
+  fi
+  if more "phase (b) again with overlapped steps off (each step's tokens read before the next launches)"; then
+    $PY -m bench.throughput "${ARGS[@]}" --phases b --async-scheduling off --workdir "$WORK" \
+      --json "$OUT/results-overlap-off.json" || say "the overlap-off run failed (exit $?)"
+  fi
+  more "engine host time per decode step, graphs off" && profile graphs-off --cuda-graphs off
+  more "engine host time per decode step, 256-token blocks" && profile paged --cuda-graphs on --block-size 256
 fi
 for f in "$WORK"/logs-*/executor.log "$WORK"/logs-*/scheduler.log; do
   [ -f "$f" ] && tail -n 40 "$f" > "$OUT/$(basename "$(dirname "$f")")-$(basename "$f")"
