@@ -118,7 +118,8 @@ class Admission:
         placements: list[Placement] = []
         if room:
             candidates = await self._with_cached_prefixes(candidates[:room], links, capacities) + candidates[room:]
-            placements = place(candidates, capacities, self._rotation)
+            in_flight = {link.executor_id: link.placed_marks() for link in links}
+            placements = place(candidates, capacities, self._rotation, in_flight)
             self._rotation += len(placements)
         admitted = 0
         claims = [(p.request_id, p.executor_id, by_id[p.executor_id].owner) for p in placements]
@@ -134,7 +135,7 @@ class Admission:
             if link.closed:
                 self._unsettled.append((claimed.request_id, link))
                 continue
-            link.admit(claimed, placement.cached_tokens)
+            link.admit(claimed, placement.cached_tokens, placement.marks)
             admitted += 1
         if self._unsettled:
             await self._settle()
@@ -174,7 +175,7 @@ class Admission:
                 for eid, blocks in run.blocks.items()
                 if blocks and caching[eid] == run.block_size
             }
-            out.append(replace(cand, cached_tokens=cached) if cached else cand)
+            out.append(replace(cand, cached_tokens=cached, marks=run.marks, marks_block_size=run.block_size))
         return out
 
     async def _settle(self) -> None:

@@ -180,6 +180,13 @@ class ExecutorLink:
         chunk = max(self.info.token_budget, self._token_budget(max_batch, 1.0))
         return capacity_of(self.executor_id, self.requests.values(), self.info, max_batch, fraction, chunk)
 
+    def placed_marks(self) -> dict[str, int]:
+        """The marks of prompts placed here whose first token has not come (``placement.PrefixMarks``):
+        their blocks are being computed, and may not be in the fleet's index yet."""
+        return {
+            mark: 1 << k for r in self.requests.values() if r.generated == 0 for k, mark in enumerate(r.prefix_marks)
+        }
+
     def running_requests(self) -> list[RunningRequest]:
         """What preemption may choose from: requests not already being preempted."""
         return preemptible(self.requests.values(), self.preempting, self.capacity())
@@ -195,10 +202,11 @@ class ExecutorLink:
         self.preempting.update(fresh)
         self._pending.preempt.extend(fresh)
 
-    def admit(self, claimed: ClaimedRequest, cached_tokens: int = 0) -> None:
+    def admit(self, claimed: ClaimedRequest, cached_tokens: int = 0, prefix_marks: tuple[str, ...] = ()) -> None:
         """Send ``claimed`` with the next plan; ``cached_tokens``: its prefix the executor is
-        expected to find in its cache, which it will not compute."""
-        self.requests[claimed.request_id] = linked_request_of(claimed, cached_tokens)
+        expected to find in its cache, which it will not compute; ``prefix_marks``: its prompt's
+        marks (``placement.PrefixMarks``)."""
+        self.requests[claimed.request_id] = linked_request_of(claimed, cached_tokens, prefix_marks)
         tokens, ms = self._stream_interval
         # A request may ask for a coarser interval than the server's, never a finer one.
         self._pending.admit.append(admit_pb(claimed, max(tokens, claimed.params.stream_interval_tokens), ms))

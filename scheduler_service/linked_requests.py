@@ -28,6 +28,9 @@ class LinkedRequest:
     deadline_ms: int = 0
     expected_output: int = 0  # the estimator's guess at enqueue (else max_tokens)
     cached_tokens: int = 0  # the prefix its executor was expected to find cached at admission
+    # Its prompt's marks where they name this executor's blocks (placement.PrefixMarks): placement
+    # counts them as placed here until its first token, whose report names its prompt's blocks.
+    prefix_marks: tuple[str, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -72,6 +75,7 @@ def capacity_of(
         block_size=info.block_size,
         outstanding_tokens=sum(r.outstanding_tokens for r in requests),
         kv_window_tokens=window,
+        prefix_caching=info.prefix_caching,
         chunk_tokens=chunk_tokens,
     )
 
@@ -88,7 +92,11 @@ def preemptible(
     ]
 
 
-def linked_request_of(claimed: ClaimedRequest, cached_tokens: int = 0) -> LinkedRequest:
+def linked_request_of(
+    claimed: ClaimedRequest, cached_tokens: int = 0, prefix_marks: tuple[str, ...] = ()
+) -> LinkedRequest:
+    # A request that wants its prompt's log probabilities computes all of it (prompt_logprobs.py).
+    whole_prompt = claimed.params.prompt_logprobs is not None and not claimed.output_ids
     return LinkedRequest(
         request_id=claimed.request_id,
         prompt_len=len(claimed.prompt_ids),
@@ -100,6 +108,6 @@ def linked_request_of(claimed: ClaimedRequest, cached_tokens: int = 0) -> Linked
         preemptions=claimed.preemptions,
         deadline_ms=claimed.deadline_ms,
         expected_output=claimed.expected_output or claimed.params.max_tokens,
-        # A request that wants its prompt's log probabilities computes all of it (prompt_logprobs.py).
-        cached_tokens=0 if claimed.params.prompt_logprobs is not None and not claimed.output_ids else cached_tokens,
+        cached_tokens=0 if whole_prompt else cached_tokens,
+        prefix_marks=() if whole_prompt or claimed.output_ids else prefix_marks,
     )

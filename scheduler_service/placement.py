@@ -24,6 +24,12 @@ with no free slot or KV room is never chosen, and as its free KV falls below
 ``FULL_CREDIT_FREE_KV`` the saving counts for less and less (none when full): there it is about to
 evict cached blocks and preempt running work, and a much lighter executor wins.
 
+A prompt placed but not yet cached counts as cached on its executor (``PrefixMarks``): a request
+that starts like one placed there a moment ago, in this round or an earlier one whose prefill has
+not reported yet, is credited as if that prefix were cached there, since the executor makes a
+request wait for blocks another is computing rather than compute them twice. Without it a burst
+behind a new system prompt splits across executors by load, and each computes the prompt.
+
 A later sample of a multi-sample request (``Candidate.affinity``) goes to its sample 0's executor
 whenever that one has a slot and the KV room: the prompt's blocks are cached there, and sharing
 them is the point of placing the samples together. Only when it has no room does the sample go
@@ -61,12 +67,20 @@ class ExecutorCapacity:
     # The most tokens of one request it computes in one step (the largest token budget it may run
     # under): with a window, a request holds the blocks its window and one such chunk reach.
     chunk_tokens: int = 0
+    prefix_caching: bool = True  # it keeps prompts' blocks for later requests (InfoResponse.prefix_caching)
 
     def request_kv_blocks(self, num_tokens: int) -> int:
         """KV blocks a request of ``num_tokens`` (prompt + output so far) needs here."""
         return request_kv_blocks(
             num_tokens, self.block_size, kv_window_tokens=self.kv_window_tokens, chunk_tokens=self.chunk_tokens
         )
+
+
+# Per executor: the marks (``CachedRuns.marks``: a prompt's names of blocks 1, 2, 4, 8, ...) of
+# prompts placed there whose blocks its prefix cache may not have reported yet, each with the
+# blocks it names. Two prompts that share mark k share their first 2**k blocks (the names chain),
+# so a shared mark stands for at least that much of a prefix, at most half of it unseen.
+PrefixMarks = Mapping[str, Mapping[str, int]]
 
 
 @dataclass(frozen=True)
@@ -77,11 +91,26 @@ class Candidate:
     # executor id -> leading tokens of it that executor's prefix cache holds (absent: none)
     cached_tokens: Mapping[str, int] = field(default_factory=dict)
     affinity: str = ""  # the executor it goes to whenever that has room ("": none)
+    marks: tuple[str, ...] = ()  # its prompt's names of blocks 1, 2, 4, 8, ... (``PrefixMarks``)
+    marks_block_size: int = 0  # the block size those names were computed with
 
-    def hit_on(self, executor_id: str) -> int:
-        """Tokens its prefill may skip on ``executor_id``: never all of them, as the last token
-        must be computed for the first output's logits."""
-        return max(0, min(self.cached_tokens.get(executor_id, 0), self.num_tokens - 1))
+    def hit_on(self, executor_id: str, placed_tokens: int = 0) -> int:
+        """Tokens its prefill may skip on ``executor_id``, whose cache holds ``cached_tokens`` of it
+        and whose placed prompts ``placed_tokens``: never all of them, as the last token must be
+        computed for the first output's logits."""
+        held = max(self.cached_tokens.get(executor_id, 0), placed_tokens)
+        return max(0, min(held, self.num_tokens - 1))
+
+    def shares_marks_with(self, cap: ExecutorCapacity) -> bool:
+        """Whether its marks name blocks ``cap`` would keep: it caches prefixes, in blocks of the
+        size the marks were computed with (other sizes name other blocks)."""
+        return bool(self.marks) and cap.prefix_caching and cap.block_size == self.marks_block_size
+
+    def placed_tokens(self, placed: Mapping[str, int], cap: ExecutorCapacity) -> int:
+        """Its leading tokens that prompts placed on ``cap`` with the marks in ``placed`` share."""
+        if not self.shares_marks_with(cap):
+            return 0
+        return max((placed.get(mark, 0) for mark in self.marks), default=0) * cap.block_size
 
 
 @dataclass(frozen=True)
@@ -90,6 +119,7 @@ class Placement:
     executor_id: str
     blocks: int
     cached_tokens: int = 0  # the expected prefix-cache hit there: tokens it will not prefill
+    marks: tuple[str, ...] = ()  # the candidate's marks, where they name that executor's blocks
 
 
 def request_kv_blocks(num_tokens: int, block_size: int, *, kv_window_tokens: int = 0, chunk_tokens: int = 0) -> int:
@@ -101,13 +131,19 @@ def request_kv_blocks(num_tokens: int, block_size: int, *, kv_window_tokens: int
 
 
 def place(
-    candidates: Sequence[Candidate], capacities: Sequence[ExecutorCapacity], rotation: int = 0
+    candidates: Sequence[Candidate],
+    capacities: Sequence[ExecutorCapacity],
+    rotation: int = 0,
+    placed: PrefixMarks | None = None,
 ) -> list[Placement]:
     """Candidates in order, each to the executor where it is cheapest (see the module's text);
-    ``rotation`` picks which executor a tie goes to first."""
+    ``rotation`` picks which executor a tie goes to first; ``placed``: the marks of prompts placed
+    on each executor and not yet reported cached there (each placement here adds its own)."""
     slots = {c.executor_id: c.free_slots for c in capacities}
     blocks = {c.executor_id: c.free_blocks for c in capacities}
     work = {c.executor_id: c.outstanding_tokens for c in capacities}
+    marks = {c.executor_id: dict((placed or {}).get(c.executor_id, {})) for c in capacities}
+    by_id = {c.executor_id: c for c in capacities}
     placements: list[Placement] = []
     n = len(capacities)
     for cand in candidates:
@@ -116,18 +152,23 @@ def place(
             need = cap.request_kv_blocks(cand.num_tokens)
             eid, size = cap.executor_id, max(1, cap.total_blocks)
             if slots[eid] > 0 and blocks[eid] >= need:
-                credit = cand.hit_on(eid) * min(1.0, blocks[eid] / size / FULL_CREDIT_FREE_KV)
+                hit = cand.hit_on(eid, cand.placed_tokens(marks[eid], cap))
+                credit = hit * min(1.0, blocks[eid] / size / FULL_CREDIT_FREE_KV)
                 turn = -((i - rotation) % n)  # the tie-break: the next executor in the rotation
                 pinned = eid == cand.affinity
                 fits.append((pinned, -(work[eid] - credit) / size, blocks[eid] / size, slots[eid], turn, eid, need))
         if not fits:
             break
         *_, executor_id, need = max(fits)
-        hit = cand.hit_on(executor_id)
+        chosen = by_id[executor_id]
+        hit = cand.hit_on(executor_id, cand.placed_tokens(marks[executor_id], chosen))
         slots[executor_id] -= 1
         blocks[executor_id] -= need
         work[executor_id] += max(0, cand.expected_tokens - hit)  # at least 1 whenever it is known
-        placements.append(Placement(cand.request_id, executor_id, need, hit))
+        held = cand.marks if cand.shares_marks_with(chosen) else ()
+        for k, mark in enumerate(held):
+            marks[executor_id][mark] = 1 << k
+        placements.append(Placement(cand.request_id, executor_id, need, hit, held))
         rotation += 1
     return placements
 

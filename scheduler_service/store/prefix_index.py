@@ -43,6 +43,9 @@ class CachedRuns:
 
     block_size: int  # the block size the prompt's names were computed with; 0 when it has none
     blocks: dict[str, int]  # executor id -> leading blocks of the prompt it holds
+    # The prompt's names of blocks 1, 2, 4, 8, ... (mark k names its first 2**k blocks): what
+    # placement compares with prompts placed but not yet cached (``placement.PrefixMarks``).
+    marks: tuple[str, ...] = ()
 
 
 class PrefixIndex:
@@ -77,8 +80,9 @@ class PrefixIndex:
 
     async def leading_runs(self, request_ids: Sequence[str], executor_ids: Sequence[str]) -> list[CachedRuns]:
         """For each queued request, how many of its prompt's block names from the first on each
-        executor holds, in one round trip (a script call per request, so no call holds Redis
-        long). A request gone or malformed meanwhile holds nothing anywhere."""
+        executor holds, and its marks (``CachedRuns.marks``), in one round trip (a script call per
+        request, so no call holds Redis long). A request gone or malformed meanwhile holds nothing
+        anywhere."""
         if not request_ids:
             return []
         if not executor_ids:
@@ -89,12 +93,14 @@ class PrefixIndex:
                 await self._runs(keys=[self._keys.request(request_id), *sets], client=pipe)
             rows = await pipe.execute(raise_on_error=False)
         out = []
+        count = len(executor_ids)
         for row in rows:
             if isinstance(row, Exception) or not row:
                 out.append(CachedRuns(0, {}))
                 continue
-            block_size, *runs = (int(v) for v in row)
-            out.append(CachedRuns(block_size, dict(zip(executor_ids, runs, strict=True))))
+            block_size, runs = int(row[0]), [int(v) for v in row[1 : 1 + count]]
+            marks = tuple(v.decode() if isinstance(v, bytes) else str(v) for v in row[1 + count :])
+            out.append(CachedRuns(block_size, dict(zip(executor_ids, runs, strict=True)), marks))
         return out
 
     async def size(self, executor_id: str) -> int:

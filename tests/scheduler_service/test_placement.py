@@ -331,3 +331,49 @@ def test_a_later_sample_joins_its_first_samples_executor_while_that_has_room() -
         ("r~3", "idle"),
     ]
     assert place([Candidate("r~1", 40, 80, affinity="gone")], [idle, holder])[0].executor_id == "idle"
+
+
+MARKS = tuple(f"m{k}" for k in range(6))  # a prompt's names of blocks 1, 2, 4, ..., 32
+
+
+def busy(executor_id: str, work: int, prefix_caching: bool = True) -> ExecutorCapacity:
+    return ExecutorCapacity(
+        executor_id, 8, 90, 100, block_size=16, outstanding_tokens=work, prefix_caching=prefix_caching
+    )
+
+
+def test_a_prompt_placed_but_not_cached_counts_as_cached_there() -> None:
+    cand = Candidate("r1", 600, 700, marks=MARKS, marks_block_size=16)
+    placed = {"a": {mark: 1 << k for k, mark in enumerate(MARKS)}}  # 32 blocks: 512 tokens shared
+    [placement] = place([cand], [busy("a", 900), busy("b", 500)], placed=placed)
+    assert (placement.executor_id, placement.cached_tokens) == ("a", 512)
+    assert placement.marks == MARKS  # what its link keeps until its first token
+    [elsewhere] = place([cand], [busy("a", 1200), busy("b", 500)], placed=placed)  # saving < extra work
+    assert (elsewhere.executor_id, elsewhere.cached_tokens) == ("b", 0)
+
+
+def test_a_shared_mark_credits_only_the_blocks_it_names() -> None:
+    cand = Candidate("r1", 600, 700, marks=MARKS, marks_block_size=16)
+    placed = {"a": {"m0": 1, "m1": 2, "other": 32}}  # shares blocks 1 and 2 only
+    [placement] = place([cand], [busy("a", 0), busy("b", 0)], placed=placed)
+    assert (placement.executor_id, placement.cached_tokens) == ("a", 32)
+
+
+def test_marks_of_other_block_sizes_or_of_executors_that_do_not_cache_count_for_nothing() -> None:
+    placed = {"a": {mark: 1 << k for k, mark in enumerate(MARKS)}}
+    other_size = Candidate("r1", 600, 700, marks=MARKS, marks_block_size=32)
+    [placement] = place([other_size], [busy("a", 900), busy("b", 500)], placed=placed)
+    assert (placement.executor_id, placement.cached_tokens, placement.marks) == ("b", 0, ())
+    cand = Candidate("r1", 600, 700, marks=MARKS, marks_block_size=16)
+    [placement] = place([cand], [busy("a", 900, prefix_caching=False), busy("b", 500)], placed=placed)
+    assert (placement.executor_id, placement.cached_tokens) == ("b", 0)
+
+
+def test_requests_on_one_new_prefix_in_one_round_are_credited_where_it_was_placed() -> None:
+    # Equal executors already busy: the first goes by the tie-break, the second to the other (lighter
+    # by the first's work), the rest are credited the shared blocks on both and keep them in balance.
+    cands = [Candidate(f"r{i}", 600, 700, marks=MARKS, marks_block_size=16) for i in range(6)]
+    roomy = [ExecutorCapacity(e, 8, 390, 400, block_size=16, outstanding_tokens=1000) for e in ("a", "b")]
+    placements = place(cands, roomy)
+    assert [p.cached_tokens for p in placements] == [0, 0, 512, 512, 512, 512]
+    assert sorted(p.executor_id for p in placements) == ["a", "a", "a", "b", "b", "b"]

@@ -5,6 +5,7 @@ ends or it dies. The links have no executor behind them (plans stay in their out
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import cast
 
 import pytest
@@ -111,6 +112,44 @@ async def test_misses_on_an_idle_fleet_take_turns(store: Store) -> None:
         for link in links:  # finished: the fleet is idle and equal again
             link.requests.clear()
     assert sorted(chosen) == ["exec-0", "exec-1", "exec-2"]
+
+
+async def test_a_prefix_being_computed_counts_as_cached_where_it_was_placed(store: Store) -> None:
+    """Nothing caches the prompt yet. In one round: the first request goes where the tie-break says
+    and the second to the other executor, lighter by the first's work; the later ones are credited
+    the shared blocks on both, in that round and the next, as long as no first token has come
+    (then the fleet's index names those blocks). The grants count only what is left to compute."""
+    links = [open_link(store, "exec-1"), open_link(store, "exec-2")]
+    await links[0]._on_reports([cache_report(cleared=True, stored=(12345,))])  # both cache, neither this prompt
+    await links[1]._on_reports([cache_report(cleared=True, stored=(67890,))])
+    shared = PROMPT[:96]  # six full blocks: marks at blocks 1, 2 and 4
+    for i in range(4):
+        await queue(store, f"r{i}", (*shared, 5000 + i, 6000 + i))
+    rounds = admission(store)
+    assert await rounds.run(links) == 4
+    where = {rid: link for link in links for rid in link.requests}
+    assert where["r0"] is not where["r1"]
+    cached = {rid: link.requests[rid].cached_tokens for rid, link in where.items()}
+    assert cached == {"r0": 0, "r1": 0, "r2": 4 * BLOCK, "r3": 4 * BLOCK}
+    grants = {g.request_id: g.num_tokens for link in links for g in sent_plan(link).prefill}
+    assert grants == {"r0": 98, "r1": 98, "r2": 98 - 4 * BLOCK, "r3": 98 - 4 * BLOCK}
+    await queue(store, "r4", (*shared, 7000))
+    assert await rounds.run(links) == 1
+    (holder,) = [link for link in links if "r4" in link.requests]
+    assert holder.requests["r4"].cached_tokens == 4 * BLOCK
+    for link in links:  # first tokens came: their blocks are in the fleet's index from now on
+        for rid, request in list(link.requests.items()):
+            link.requests[rid] = replace(request, generated=1)
+        assert link.placed_marks() == {}
+
+
+async def test_prompts_placed_on_an_executor_that_does_not_cache_draw_nothing(store: Store) -> None:
+    links = [open_link(store, "exec-1", caching=False), open_link(store, "exec-2", caching=False)]
+    for i in range(2):
+        await queue(store, f"r{i}", (*PROMPT[:96], 5000 + i))
+    assert await admission(store).run(links) == 2
+    assert [len(link.requests) for link in links] == [1, 1]  # the tie-break alone
+    assert all(not r.prefix_marks for link in links for r in link.requests.values())
 
 
 def dead_link(store: Store, executor_id: str) -> ExecutorLink:

@@ -105,6 +105,15 @@ async def test_leading_runs_count_names_from_the_first_until_a_miss(store: Store
     (runs,) = await store.prefixes.leading_runs(["r1"], ["all", "two", "tail", "none"])
     assert runs.block_size == BLOCK
     assert runs.blocks == {"all": 4, "two": 2, "tail": 0, "none": 0}
+    assert runs.marks == (names[0], names[1], names[3])  # blocks 1, 2 and 4
+
+
+async def test_marks_are_the_names_at_powers_of_two_past_every_miss(store: Store) -> None:
+    prompt = tuple(range(1, 9 * BLOCK + 1))  # nine full blocks
+    names = await enqueue(store, "r1", prompt)
+    (runs,) = await store.prefixes.leading_runs(["r1"], ["none"])  # the walk of the sets ends at once
+    assert runs.blocks == {"none": 0}
+    assert runs.marks == (names[0], names[1], names[3], names[7])
 
 
 async def test_leading_runs_of_requests_without_names(store: Store) -> None:
@@ -113,7 +122,7 @@ async def test_leading_runs_of_requests_without_names(store: Store) -> None:
     await store.redis.sadd(KEYS.cached_blocks("e1"), "abc")
     await store.redis.set(KEYS.request("broken"), "not a hash")
     rows = await store.prefixes.leading_runs(["short", "unknown", "gone", "broken"], ["e1"])
-    assert [(r.block_size, r.blocks) for r in rows] == [(0, {"e1": 0})] * 3 + [(0, {})]
+    assert [(r.block_size, r.blocks, r.marks) for r in rows] == [(0, {"e1": 0}, ())] * 3 + [(0, {}, ())]
     assert await store.prefixes.leading_runs([], ["e1"]) == []
     assert [r.blocks for r in await store.prefixes.leading_runs(["short"], [])] == [{}]
 
