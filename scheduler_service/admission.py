@@ -118,7 +118,8 @@ class Admission:
         placements: list[Placement] = []
         if room:
             candidates = await self._with_cached_prefixes(candidates[:room], links, capacities) + candidates[room:]
-            in_flight = {link.executor_id: link.placed_marks() for link in links}
+            marked = any(c.marks for c in candidates)  # without marks no candidate shares a placed prompt
+            in_flight = {link.executor_id: link.placed_marks() for link in links} if marked else {}
             placements = place(candidates, capacities, self._rotation, in_flight)
             self._rotation += len(placements)
         admitted = 0
