@@ -37,7 +37,8 @@ from executor_service.backends.base import DecodeRead
 from executor_service.decode_state import DecodeState
 from executor_service.kernels.decode_attention import PagedDecodes
 from executor_service.kv_cache import KVPool
-from executor_service.paged_attention import AttentionBatch, ContextReads, DecodeGroup, PagedGroup
+from executor_service.paged_attention import AttentionBatch, ContextReads, DecodeGroup
+from executor_service.paged_decode import PagedGroup
 from executor_service.sequence import Sequence
 from executor_service.sliding_window import SlidingWindow
 
@@ -136,8 +137,7 @@ class DecodeStep:
         if self._reads_full:
             group = paged = None
             if decode_read is DecodeRead.PAGED:
-                read = state.tables[:, :width].index_select(0, rows).to(torch.int32)  # [batch, width]
-                paged = PagedGroup(rows=query_rows, block_tables=read, lengths=lengths.to(torch.int32))
+                paged = PagedGroup.of(query_rows, state.tables[:, :width].index_select(0, rows), lengths)
             elif native is None:
                 mask = self._span[: width * block_size].unsqueeze(0) < lengths.unsqueeze(1)
                 read = state.tables[:, :width].index_select(0, rows)  # [batch, width]

@@ -74,8 +74,10 @@ class Engine:
         self.sampler = Sampler(limits.eos_token_ids)
         self.threads = threads  # None: torch's thread count is fixed (configured, or a GPU)
         self.prefix_cache = PrefixCache(allocator)
-        # The model's sliding window: where every layer has it, the blocks it has passed are released.
+        # The model's sliding window; where every layer has it (``releasing``), the blocks it has passed
+        # are released, checked per chunk only then.
         self.window = runner.window
+        self.releasing = self.window if self.window is not None and self.window.every_layer else None
         self.step_scheduler: StepScheduler[Sequence] = StepScheduler(allocator, self._drop)
         self.running: dict[str, Sequence] = {}
         # Step bookkeeping kept between steps, so a step costs no pass over the running set it can skip:
@@ -238,8 +240,8 @@ class Engine:
             return
         else:
             self.prefix_cache.match(seq)
-            if self.window is not None:  # cached blocks its window has already passed
-                self.window.release_passed(seq, self.allocator)
+            if self.releasing is not None:  # cached blocks its window has already passed
+                self.releasing.release_passed(seq, self.allocator)
 
     def _drop(self, seq: Sequence) -> None:
         self.allocator.release(seq.block_table)
@@ -337,7 +339,7 @@ class Engine:
         drops = self._drops
         settled = self._settle() if self._pending is not None else []
         naming, block_size = self.prefix_cache.enabled, self.allocator.block_size
-        window = self.window
+        releasing = self.releasing
         for chunk in chunks:
             seq = chunk.seq
             if drops != self._drops and self.running.get(seq.request_id) is not seq:
@@ -345,8 +347,8 @@ class Engine:
             seq.num_computed += chunk.num_tokens
             if naming and seq.num_computed >= (seq.num_named + 1) * block_size:  # a block filled: name it
                 self.prefix_cache.name_computed(seq)
-            if window is not None:  # after naming: a named block stays cached, as a finished request's do
-                window.release_passed(seq, self.allocator)
+            if releasing is not None:  # after naming: a named block stays cached, as a finished request's do
+                releasing.release_passed(seq, self.allocator)
         if self._prefilling:
             self._prefilling.difference_update(completing)  # decoding from now on, or about to finish
         if sampled is None:

@@ -29,14 +29,8 @@ from executor_service.decode_graphs import DecodeGraphs
 from executor_service.decode_step import DecodeShape, DecodeStep, width_bucket, width_buckets
 from executor_service.kernels.decode_attention import PagedDecodes
 from executor_service.kv_cache import KVPool
-from executor_service.paged_attention import (
-    AttentionBatch,
-    ContextReads,
-    DecodeGroup,
-    DecodeView,
-    PagedGroup,
-    PrefillSegment,
-)
+from executor_service.paged_attention import AttentionBatch, ContextReads, DecodeGroup, DecodeView, PrefillSegment
+from executor_service.paged_decode import PagedGroup
 from executor_service.sequence import Sequence
 from executor_service.sliding_window import SlidingWindow
 from executor_service.step_scheduler import ScheduledChunk
@@ -202,33 +196,34 @@ class ModelRunner:
         context = first if first is not None else self._tensor(self.pool.slots(table, key_start, end))
         return PrefillSegment(start=row, end=chunk_end, context=context, context_len=end - key_start, mask=mask)
 
-    def _decode_group(self, rows: list[int], seqs: list[Sequence], window: SlidingWindow | None) -> DecodeGroup:
-        """The decodes' blocks from the first each reads, padded with the scratch block, and their masks."""
+    def _padded_tables(self, seqs: list[Sequence], firsts: list[int]) -> torch.Tensor:
+        """[len(seqs), W] each sequence's blocks from block ``firsts[i]`` to its last, padded with the scratch block."""
         size = self.pool.block_size
-        firsts = [self._key_start(window, s.num_computed) // size for s in seqs]
         tables = [s.block_table[first : (s.num_tokens - 1) // size + 1] for s, first in zip(seqs, firsts, strict=True)]
         width = max(map(len, tables))
         padding = [self.pool.scratch_block] * width
-        flat = self._tensor([b for table in tables for b in table + padding[len(table) :]])
+        return self._tensor([b for table in tables for b in table + padding[len(table) :]]).view(len(seqs), width)
+
+    def _decode_reads(
+        self, rows: list[int], seqs: list[Sequence], window: SlidingWindow | None
+    ) -> tuple[DecodeGroup | None, PagedGroup | None]:
+        """The step's decodes that read ``window``'s keys (None: full attention) and are not read one
+        by one: in place through their whole tables (``DecodeRead.PAGED``, full attention), or else
+        their blocks from the first each reads, gathered under masks."""
+        if not seqs:
+            return None, None
+        if window is None and self.decode_read is DecodeRead.PAGED:
+            lengths = self._tensor([s.num_tokens for s in seqs])
+            return None, PagedGroup.of(self._tensor(rows), self._padded_tables(seqs, [0] * len(seqs)), lengths)
+        size = self.pool.block_size
+        firsts = [self._key_start(window, s.num_computed) // size for s in seqs]
+        tables = self._padded_tables(seqs, firsts)
         lengths = self._tensor([s.num_tokens for s in seqs])
-        positions = self._tensor(firsts)[:, None] * size + torch.arange(width * size, device=self.device)[None, :]
+        positions = self._tensor(firsts)[:, None] * size + torch.arange(tables.shape[1] * size, device=self.device)
         mask = positions < lengths[:, None]
         if window is not None:
             mask &= positions >= lengths[:, None] - window.size
-        return DecodeGroup(rows=self._tensor(rows), block_tables=flat.view(len(seqs), width), mask=mask[:, None, None])
-
-    def _paged_group(self, rows: list[int], seqs: list[Sequence]) -> PagedGroup:
-        """The decodes' whole tables, padded with the scratch block, and their lengths, for in-place reads."""
-        size = self.pool.block_size
-        tables = [s.block_table[: (s.num_tokens - 1) // size + 1] for s in seqs]
-        width = max(map(len, tables))
-        flat = [b for table in tables for b in table + [self.pool.scratch_block] * (width - len(table))]
-        lengths = [s.num_tokens for s in seqs]
-        return PagedGroup(
-            rows=self._tensor(rows),
-            block_tables=torch.tensor(flat, dtype=torch.int32, device=self.device).view(len(seqs), width),
-            lengths=torch.tensor(lengths, dtype=torch.int32, device=self.device),
-        )
+        return DecodeGroup(rows=self._tensor(rows), block_tables=tables, mask=mask[:, None, None]), None
 
     def _run_packed(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None = None) -> torch.Tensor:
         """Any step: every chunk's tokens packed side by side, built from the sequences' lists.
@@ -288,22 +283,19 @@ class ModelRunner:
             if leading:
                 leading_rows += range(row, row + leading[i])
         native = PagedDecodes.build(native_rows, native_lengths, native_tables) if native_rows else None
-        paged = self.decode_read is DecodeRead.PAGED
-        reads = [
-            ContextReads(
-                window=None if window is None else window.size,
-                prefills=tuple(prefills[k]),
-                decode_views=tuple(views[k]),
-                decodes=self._decode_group(gathered_rows[k], gathered_seqs[k], window)
-                if gathered_seqs[k] and not (paged and window is None)
-                else None,
-                native_decodes=native,
-                paged_decodes=self._paged_group(gathered_rows[k], gathered_seqs[k])
-                if gathered_seqs[k] and paged and window is None
-                else None,
+        reads = []
+        for k, window in enumerate(kinds):
+            gathered, paged = self._decode_reads(gathered_rows[k], gathered_seqs[k], window)
+            reads.append(
+                ContextReads(
+                    window=None if window is None else window.size,
+                    prefills=tuple(prefills[k]),
+                    decode_views=tuple(views[k]),
+                    decodes=gathered,
+                    native_decodes=native,
+                    paged_decodes=paged,
+                )
             )
-            for k, window in enumerate(kinds)
-        ]
         batch = AttentionBatch(
             pool=self.pool,
             slot_mapping=self._tensor(slots),

@@ -47,7 +47,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from executor_service.kernels.decode_attention import PagedDecodes, decode_attention
 from executor_service.kv_cache import KVPool
 from executor_service.model_support import UnsupportedModel
-from executor_service.paged_decode import attend_paged
+from executor_service.paged_decode import PagedGroup, attend_paged
 
 ATTENTION_NAME = "baton_paged"
 
@@ -84,15 +84,6 @@ class DecodeGroup:
     rows: torch.Tensor  # [D] query rows in the packed sequence
     block_tables: torch.Tensor  # [D, W] each decode's block ids from the first block it reads, padded
     mask: torch.Tensor  # [D, 1, 1, W * block_size] True for the keys it reads
-
-
-@dataclass(frozen=True)
-class PagedGroup:
-    """Single-token decodes read in place through their block tables (``paged_decode.attend_paged``)."""
-
-    rows: torch.Tensor  # [D] query rows in the packed sequence
-    block_tables: torch.Tensor  # [D, W] int32, each decode's blocks from its first, padded with the scratch block
-    lengths: torch.Tensor  # [D] int32, the keys each reads (its new token's included)
 
 
 @dataclass(frozen=True)
@@ -173,8 +164,7 @@ def paged_attention(
         group = reads.paged_decodes
         scale = scaling if scaling is not None else query.shape[3] ** -0.5
         q = query[0, :, group.rows].transpose(0, 1).contiguous()  # [D, H, d]
-        lengths, block_size = group.lengths, batch.pool.block_size
-        out[group.rows] = attend_paged(q, keys, values, group.block_tables, lengths, block_size, scale)
+        out[group.rows] = attend_paged(q, keys, values, group, batch.pool.block_size, scale)
     return out.unsqueeze(0), None
 
 

@@ -9,7 +9,7 @@ Ampere or newer GPU. ``unavailable`` says which of those a configuration misses;
 uses the kernel only where nothing is missing and its self-test at start (``self_test``) agrees with
 the gathered reads of ``paged_attention``, and gathers otherwise.
 
-Everywhere else ``attend_paged`` computes the same reads from the same tables and lengths by
+Everywhere else ``attend_paged`` computes the same reads from the same ``PagedGroup`` by
 gathering the blocks (``gathered_reference``): the oracle of the self-test, and what lets the tests
 run the paged read path's step building, on the CPU, against ``model.generate``.
 """
@@ -17,6 +17,7 @@ run the paged read path's step building, on the CPU, against ``model.generate``.
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -48,75 +49,70 @@ def unavailable(device: torch.device, dtype: torch.dtype, block_size: int, head_
     return None
 
 
+@dataclass(frozen=True)
+class PagedGroup:
+    """Single-token decodes read in place through their block tables (``attend_paged``), as every
+    layer of a step reads them: built once a step, on the device, so a graph captures it."""
+
+    rows: torch.Tensor  # [D] query rows in the packed sequence
+    block_tables: torch.Tensor  # [D, W] int32, each decode's blocks from its first, padded with the scratch block
+    lengths: torch.Tensor  # [D] int32, the keys each reads (its new token's included)
+    # [D + 1] int32 each: one query per row, and where each row's keys would start packed. The kernel
+    # takes each row's length from ``lengths`` and its blocks from its table, but its varlen entry
+    # point wants these too.
+    query_offsets: torch.Tensor
+    key_offsets: torch.Tensor
+
+    @classmethod
+    def of(cls, rows: torch.Tensor, block_tables: torch.Tensor, lengths: torch.Tensor) -> PagedGroup:
+        """The group of ``rows``, whose tables and lengths are cast to int32 (what the kernel reads)."""
+        lengths = lengths.to(torch.int32)
+        count = lengths.shape[0]
+        key_offsets = torch.zeros(count + 1, dtype=torch.int32, device=lengths.device)
+        torch.cumsum(lengths, 0, out=key_offsets[1:])
+        query_offsets = torch.arange(count + 1, dtype=torch.int32, device=lengths.device)
+        return cls(rows, block_tables.to(torch.int32), lengths, query_offsets, key_offsets)
+
+
 def attend_paged(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    tables: torch.Tensor,
-    lengths: torch.Tensor,
-    block_size: int,
-    scale: float,
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: PagedGroup, block_size: int, scale: float
 ) -> torch.Tensor:
-    """Each decode's attention over its own context.
+    """Each decode's attention over its own context: ``q`` [D, H, d], ``keys``/``values`` one layer's
+    pool [slots, Hkv, d]; returns [D, H, d]."""
+    if not q.is_cuda:
+        return gathered_reference(q, keys, values, group, block_size, scale)
+    from torch.nn.attention.varlen import varlen_attn
 
-    ``q`` [D, H, d]; ``keys``/``values`` one layer's pool [slots, Hkv, d]; ``tables`` [D, W] int32,
-    each row's blocks from its first, padded with any valid block; ``lengths`` [D] int32, the keys
-    each row reads (its new token's included). Returns [D, H, d].
-    """
-    if q.is_cuda:
-        from torch.nn.attention.varlen import varlen_attn
-
-        kv_heads, dim = keys.shape[1], keys.shape[2]
-        out = varlen_attn(
-            q,
-            keys.view(-1, block_size, kv_heads, dim),
-            values.view(-1, block_size, kv_heads, dim),
-            _query_offsets(q.shape[0], q.device),
-            _key_offsets(lengths),
-            1,
-            tables.shape[1] * block_size,
-            scale=scale,
-            enable_gqa=q.shape[1] != kv_heads,
-            seqused_k=lengths,
-            block_table=tables,
-        )
-        return out[0] if isinstance(out, tuple) else out  # a tuple only where return_aux asks for more
-    return gathered_reference(q, keys, values, tables, lengths, block_size, scale)
-
-
-def _query_offsets(count: int, device: torch.device) -> torch.Tensor:
-    """[count + 1] int32: one query per row."""
-    return torch.arange(count + 1, dtype=torch.int32, device=device)
-
-
-def _key_offsets(lengths: torch.Tensor) -> torch.Tensor:
-    """[count + 1] int32, where each row's keys would start packed: the kernel takes each row's length
-    from ``seqused_k`` and its blocks from the table, but its varlen entry point wants these too. On the
-    device, with no host synchronisation, so a graph captures it."""
-    offsets = torch.zeros(lengths.shape[0] + 1, dtype=torch.int32, device=lengths.device)
-    torch.cumsum(lengths, 0, out=offsets[1:])
-    return offsets
+    kv_heads, dim = keys.shape[1], keys.shape[2]
+    out = varlen_attn(
+        q,
+        keys.view(-1, block_size, kv_heads, dim),
+        values.view(-1, block_size, kv_heads, dim),
+        group.query_offsets,
+        group.key_offsets,
+        1,
+        group.block_tables.shape[1] * block_size,
+        scale=scale,
+        enable_gqa=q.shape[1] != kv_heads,
+        seqused_k=group.lengths,
+        block_table=group.block_tables,
+    )
+    return out[0] if isinstance(out, tuple) else out  # a tuple only where return_aux asks for more
 
 
 def gathered_reference(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    tables: torch.Tensor,
-    lengths: torch.Tensor,
-    block_size: int,
-    scale: float,
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: PagedGroup, block_size: int, scale: float
 ) -> torch.Tensor:
     """``attend_paged``'s result by gathering every row's blocks and masking past its length (SDPA)."""
-    count, width = tables.shape
+    count, width = group.block_tables.shape
     kv_heads, dim = keys.shape[1], keys.shape[2]
     heads = q.shape[1]
     shape = (count, width * block_size, kv_heads, dim)
-    flat = tables.reshape(-1).long()
+    flat = group.block_tables.reshape(-1).long()
     k = keys.view(-1, block_size, kv_heads, dim).index_select(0, flat).view(shape).transpose(1, 2)
     v = values.view(-1, block_size, kv_heads, dim).index_select(0, flat).view(shape).transpose(1, 2)
     span = torch.arange(width * block_size, device=q.device)
-    mask = (span.unsqueeze(0) < lengths.long().unsqueeze(1))[:, None, None]  # [D, 1, 1, W * bs]
+    mask = (span.unsqueeze(0) < group.lengths.long().unsqueeze(1))[:, None, None]  # [D, 1, 1, W * bs]
     grouped = q.view(count, kv_heads, heads // kv_heads, dim)  # query heads folded into the query length
     out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, scale=scale)
     return out.reshape(count, heads, dim)
@@ -137,11 +133,11 @@ def self_test(
         values = torch.randn(slots, kv_heads, head_dim, generator=generator).to(device, dtype)
         q = torch.randn(count, heads, head_dim, generator=generator).to(device, dtype)
         order = torch.randperm(num_blocks, generator=generator)[: count * width].view(count, width)
-        tables = order.to(device=device, dtype=torch.int32)
-        lengths = torch.tensor(lengths_list, dtype=torch.int32, device=device)
+        lengths = torch.tensor(lengths_list, device=device)
+        group = PagedGroup.of(torch.arange(count, device=device), order.to(device), lengths)
         scale = head_dim**-0.5
-        got = attend_paged(q, keys, values, tables, lengths, block_size, scale)
-        want = gathered_reference(q, keys, values, tables, lengths, block_size, scale)
+        got = attend_paged(q, keys, values, group, block_size, scale)
+        want = gathered_reference(q, keys, values, group, block_size, scale)
     except Exception as exc:  # any failure of the kernel keeps the gathered reads
         return f"{type(exc).__name__}: {exc}"
     if got.shape != want.shape or got.dtype != want.dtype:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from executor_service import paged_decode
-from executor_service.paged_decode import attend_paged, gathered_reference, self_test, unavailable
+from executor_service.paged_decode import PagedGroup, attend_paged, gathered_reference, self_test, unavailable
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -47,7 +47,8 @@ def test_gathered_reference_equals_attention_over_each_requests_own_slots(heads:
     order = torch.randperm(16, generator=torch.Generator().manual_seed(2))
     tables = order[: len(lengths) * width].view(len(lengths), width).to(torch.int32)
     q = torch.randn(len(lengths), heads, dim, generator=torch.Generator().manual_seed(3))
-    got = gathered_reference(q, keys, values, tables, torch.tensor(lengths, dtype=torch.int32), block_size, 0.3)
+    group = PagedGroup.of(torch.arange(len(lengths)), tables, torch.tensor(lengths))
+    got = gathered_reference(q, keys, values, group, block_size, 0.3)
     for row, length in enumerate(lengths):
         slots = [int(tables[row, t // block_size]) * block_size + t % block_size for t in range(length)]
         k = keys[slots].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, d]
@@ -58,11 +59,10 @@ def test_gathered_reference_equals_attention_over_each_requests_own_slots(heads:
 
 def test_attend_paged_off_cuda_is_the_gathered_reference() -> None:
     keys, values = _pool(8, 4, 2, 8, seed=4)
-    tables = torch.tensor([[3, 1], [0, 7]], dtype=torch.int32)
-    lengths = torch.tensor([6, 2], dtype=torch.int32)
+    group = PagedGroup.of(torch.arange(2), torch.tensor([[3, 1], [0, 7]]), torch.tensor([6, 2]))
     q = torch.randn(2, 4, 8)
-    got = attend_paged(q, keys, values, tables, lengths, 4, 0.5)
-    torch.testing.assert_close(got, gathered_reference(q, keys, values, tables, lengths, 4, 0.5))
+    got = attend_paged(q, keys, values, group, 4, 0.5)
+    torch.testing.assert_close(got, gathered_reference(q, keys, values, group, 4, 0.5))
 
 
 def test_self_test_passes_the_reference_and_catches_a_wrong_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,15 +70,11 @@ def test_self_test_passes_the_reference_and_catches_a_wrong_kernel(monkeypatch: 
     assert self_test(cpu, torch.float32, 16, 4, 2, 8) is None
 
     def ignores_lengths(
-        q: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        tables: torch.Tensor,
-        lengths: torch.Tensor,
-        *rest: float,
+        q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: PagedGroup, *rest: float
     ) -> torch.Tensor:
-        every_key = torch.full_like(lengths, tables.shape[1] * 16)  # reads each table's padding too
-        return gathered_reference(q, keys, values, tables, every_key, 16, 8**-0.5)
+        tables = group.block_tables
+        every_key = torch.full_like(group.lengths, tables.shape[1] * 16)  # reads each table's padding too
+        return gathered_reference(q, keys, values, PagedGroup.of(group.rows, tables, every_key), 16, 8**-0.5)
 
     monkeypatch.setattr(paged_decode, "attend_paged", ignores_lengths)
     found = self_test(cpu, torch.float32, 16, 4, 2, 8)
@@ -100,14 +96,14 @@ def test_flash_attention_reads_the_pool_in_place_as_the_gather_does(dtype: torch
         pytest.skip(str(unavailable(device, dtype, 256, 64)))
     assert self_test(device, dtype, 256, 8, 2, 64) is None
     keys, values = (t.to(device, dtype) for t in _pool(10, 256, 2, 64, seed=5))
-    tables = torch.tensor([[4, 2, 9], [0, 7, 7], [1, 1, 1]], dtype=torch.int32, device=device)  # padding repeats
-    lengths = torch.tensor([700, 257, 1], dtype=torch.int32, device=device)
+    tables = torch.tensor([[4, 2, 9], [0, 7, 7], [1, 1, 1]], device=device)  # padding repeats
+    group = PagedGroup.of(torch.arange(3, device=device), tables, torch.tensor([700, 257, 1], device=device))
     q = torch.randn(3, 8, 64, device=device, dtype=dtype)
-    got = attend_paged(q, keys, values, tables, lengths, 256, 0.125)
-    want = gathered_reference(q, keys, values, tables, lengths, 256, 0.125)
+    got = attend_paged(q, keys, values, group, 256, 0.125)
+    want = gathered_reference(q, keys, values, group, 256, 0.125)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
 def test_key_offsets_are_the_rows_keys_packed() -> None:
-    offsets = paged_decode._key_offsets(torch.tensor([3, 1, 5], dtype=torch.int32))
+    offsets = PagedGroup.of(torch.arange(3), torch.zeros(3, 1), torch.tensor([3, 1, 5])).key_offsets
     assert offsets.dtype == torch.int32 and offsets.tolist() == [0, 3, 4, 9]
