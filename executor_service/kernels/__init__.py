@@ -99,7 +99,7 @@ def decode_attention_library() -> ctypes.CDLL | None:
         _PTR, _I64, _I64,  # out, row stride, head stride
         _PTR, _PTR, _PTR, _PTR, _I64,  # rows, lengths, table offsets, tables, count
         _I64, _I64, _I64, _I64, _I64,  # block size, sliding window (0: none), heads, kv heads, head dim
-        ctypes.c_float, ctypes.c_int, ctypes.c_int,  # scale, is_bf16, threads
+        ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int,  # scale, is_bf16, threads, share
     ]  # fmt: skip
     return library
 

@@ -239,98 +239,237 @@ static const float *block_rows(const void *pool, int64_t offset, int64_t slot_st
     return staging;
 }
 
-/* One request: every query head against its context, read block by block through the block table.
- * All KV heads are handled together so that each token's row (kv_heads * dim values) is read once,
- * front to back: the context streams through memory in order. Returns 0, or -1 when its scratch
- * memory could not be had. */
-static int attend_request(const void *q, int64_t q_row_stride, int64_t q_head_stride, const void *k, const void *v,
-                          int64_t slot_stride, int64_t kv_head_stride, void *out, int64_t out_row_stride,
-                          int64_t out_head_stride, int64_t row, int64_t length, const int64_t *table,
-                          int64_t block_size, int64_t window, int64_t heads, int64_t kv_heads, int64_t dim,
-                          float scale, int is_bf16) {
-    int64_t group = heads / kv_heads, row_width = kv_heads * kv_head_stride;
-    int64_t first = window > 0 && length > window ? length - window : 0; /* the first token read */
-    length -= first;                                                     /* from here on: tokens read */
-    /* The staging block holds whole pool rows (slot_stride >= row_width): float32 blocks are copied as they lie. */
-    size_t floats = (size_t)(heads * length + 2 * heads * dim + heads + block_size * slot_stride);
-    float *scores = malloc(sizeof(float) * floats);
-    if (scores == NULL) return -1;
-    float *qf = scores + heads * length; /* [heads, dim] the queries in float32 */
-    float *acc = qf + heads * dim;       /* [heads, dim] weighted sums of values */
-    float *totals = acc + heads * dim;   /* [heads] softmax denominators */
-    float *staging = totals + heads;     /* [block_size, slot_stride] one block, in float32 */
-    for (int64_t h = 0; h < heads; ++h) {
-        int64_t offset = row * q_row_stride + h * q_head_stride;
-        for (int64_t t = 0; t < dim; ++t)
-            qf[h * dim + t] = is_bf16 ? bf16_to_f32(((const uint16_t *)q)[offset + t]) : ((const float *)q)[offset + t];
+/* What every decode of one layer call shares: where the queries, the pool and the outputs lie, and
+ * the model's shape. */
+typedef struct {
+    const void *q, *k, *v;
+    void *out;
+    int64_t q_row_stride, q_head_stride, slot_stride, kv_head_stride, row_width, out_row_stride, out_head_stride;
+    int64_t block_size, window, heads, group, dim;
+    float scale;
+    int is_bf16, in_place;
+} layer_t;
+
+/* One decode's working state: it reads tokens [first, first + length) of its context. */
+typedef struct {
+    int64_t row, first, length;
+    const int64_t *table;
+    float *scores; /* [heads, length] */
+    float *qf;     /* [heads, dim] the queries in float32 */
+    float *acc;    /* [heads, dim] weighted sums of values */
+    float *totals; /* [heads] softmax denominators */
+} decode_t;
+
+static size_t decode_floats(const layer_t *L, int64_t length) {
+    return (size_t)(L->heads * length + 2 * L->heads * L->dim + L->heads);
+}
+
+/* Lay out a decode's state in `memory` (decode_floats of it) and read its queries as float32. */
+static void decode_begin(const layer_t *L, decode_t *d, int64_t row, int64_t length, const int64_t *table,
+                         float *memory) {
+    d->row = row;
+    d->first = L->window > 0 && length > L->window ? length - L->window : 0; /* the first token read */
+    d->length = length - d->first;                                          /* from here on: tokens read */
+    d->table = table;
+    d->scores = memory;
+    d->qf = d->scores + L->heads * d->length;
+    d->acc = d->qf + L->heads * L->dim;
+    d->totals = d->acc + L->heads * L->dim;
+    for (int64_t h = 0; h < L->heads; ++h) {
+        int64_t offset = row * L->q_row_stride + h * L->q_head_stride;
+        for (int64_t t = 0; t < L->dim; ++t)
+            d->qf[h * L->dim + t] = L->is_bf16 ? bf16_to_f32(((const uint16_t *)L->q)[offset + t])
+                                               : ((const float *)L->q)[offset + t];
     }
-    int64_t stride;
-    /* With AVX-512 a bfloat16 pool is read in place where its float32 staging block would not sit in
-     * L1 beside the rest (16 KB): smaller blocks (the tiny model's 8 KB) stage as fast. */
-    int in_place = WIDE && is_bf16 && dim % 64 == 0 && block_size * row_width * (int64_t)sizeof(float) > 16384;
-    (void)in_place;
+}
+
+/* Pass KEYS scores `count` tokens of the decode from `start` (counted from its first token read),
+ * pass VALUES adds them to its weighted sums. `offset` is their first slot's in the pool, `rows` the
+ * same rows staged in float32 (`stride` apart), or NULL where the pool is read in place. */
+enum pass { KEYS, VALUES };
+
+static void attend_run(const layer_t *L, decode_t *d, enum pass pass, int64_t start, int64_t count, int64_t offset,
+                       const float *rows, int64_t stride) {
+#if WIDE
+    if (L->in_place) {
+        if (pass == KEYS)
+            score_block_bf16(d->qf, (const uint16_t *)L->k + offset, L->slot_stride, L->kv_head_stride, count,
+                             L->heads, L->group, L->dim, L->scale, d->scores + start, d->length);
+        else
+            accumulate_block_bf16(d->acc, d->scores + start, (const uint16_t *)L->v + offset, L->slot_stride,
+                                  L->kv_head_stride, count, L->heads, L->group, L->dim, d->length);
+        return;
+    }
+#endif
+    (void)offset;
+    for (int64_t h = 0; h < L->heads; ++h) {
+        const float *head = rows + (h / L->group) * L->kv_head_stride;
+        if (pass == KEYS)
+            score_rows(d->qf + h * L->dim, head, stride, count, L->dim, L->scale, d->scores + h * d->length + start);
+        else
+            accumulate_rows(d->acc + h * L->dim, d->scores + h * d->length + start, head, stride, count, L->dim);
+    }
+}
+
+/* One pass over the decode's tokens from `from` on, read block by block through its block table. All
+ * KV heads are handled together so that each token's row (kv_heads * dim values) is read once, front
+ * to back: the context streams through memory in order. */
+static void attend_from(const layer_t *L, decode_t *d, enum pass pass, int64_t from, float *staging) {
+    const void *pool = pass == KEYS ? L->k : L->v;
     /* start: the first token of each run read from one block, counted from `first`; its slots follow
      * from the token's position in the sequence, start + first. */
-    for (int64_t start = 0, count; start < length; start += count) {
-        int64_t token = start + first, within = token % block_size;
-        count = block_size - within < length - start ? block_size - within : length - start;
-        int64_t offset = (table[token / block_size] * block_size + within) * slot_stride;
-#if WIDE
-        if (in_place) {
-            score_block_bf16(qf, (const uint16_t *)k + offset, slot_stride, kv_head_stride, count, heads, group, dim,
-                             scale, scores + start, length);
-            continue;
-        }
-#endif
-        const float *rows = block_rows(k, offset, slot_stride, count, row_width, is_bf16, staging, &stride);
-        for (int64_t h = 0; h < heads; ++h)
-            score_rows(qf + h * dim, rows + (h / group) * kv_head_stride, stride, count, dim, scale,
-                       scores + h * length + start);
+    for (int64_t start = from, count; start < d->length; start += count) {
+        int64_t token = start + d->first, within = token % L->block_size;
+        count = L->block_size - within < d->length - start ? L->block_size - within : d->length - start;
+        int64_t offset = (d->table[token / L->block_size] * L->block_size + within) * L->slot_stride, stride = 0;
+        const float *rows = L->in_place ? NULL
+                                        : block_rows(pool, offset, L->slot_stride, count, L->row_width, L->is_bf16,
+                                                     staging, &stride);
+        attend_run(L, d, pass, start, count, offset, rows, stride);
     }
-    for (int64_t h = 0; h < heads; ++h) totals[h] = softmax_numerators(scores + h * length, length);
-    memset(acc, 0, sizeof(float) * (size_t)(heads * dim));
-    for (int64_t start = 0, count; start < length; start += count) {
-        int64_t token = start + first, within = token % block_size;
-        count = block_size - within < length - start ? block_size - within : length - start;
-        int64_t offset = (table[token / block_size] * block_size + within) * slot_stride;
-#if WIDE
-        if (in_place) {
-            accumulate_block_bf16(acc, scores + start, (const uint16_t *)v + offset, slot_stride, kv_head_stride,
-                                  count, heads, group, dim, length);
-            continue;
-        }
-#endif
-        const float *rows = block_rows(v, offset, slot_stride, count, row_width, is_bf16, staging, &stride);
-        for (int64_t h = 0; h < heads; ++h)
-            accumulate_rows(acc + h * dim, scores + h * length + start, rows + (h / group) * kv_head_stride, stride,
-                            count, dim);
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-        int64_t offset = row * out_row_stride + h * out_head_stride;
-        float norm = 1.0f / totals[h];
-        for (int64_t t = 0; t < dim; ++t) {
-            if (is_bf16)
-                ((uint16_t *)out)[offset + t] = f32_to_bf16(acc[h * dim + t] * norm);
+}
+
+/* Between the passes: the scores become softmax numerators, the weighted sums start at zero. */
+static void decode_softmax(const layer_t *L, decode_t *d) {
+    for (int64_t h = 0; h < L->heads; ++h) d->totals[h] = softmax_numerators(d->scores + h * d->length, d->length);
+    memset(d->acc, 0, sizeof(float) * (size_t)(L->heads * L->dim));
+}
+
+static void decode_finish(const layer_t *L, const decode_t *d) {
+    for (int64_t h = 0; h < L->heads; ++h) {
+        int64_t offset = d->row * L->out_row_stride + h * L->out_head_stride;
+        float norm = 1.0f / d->totals[h];
+        for (int64_t t = 0; t < L->dim; ++t) {
+            if (L->is_bf16)
+                ((uint16_t *)L->out)[offset + t] = f32_to_bf16(d->acc[h * L->dim + t] * norm);
             else
-                ((float *)out)[offset + t] = acc[h * dim + t] * norm;
+                ((float *)L->out)[offset + t] = d->acc[h * L->dim + t] * norm;
         }
     }
-    free(scores);
+}
+
+/* Decodes whose contexts begin with the same `shared` blocks of the pool (requests on one cached
+ * prompt prefix), attended together: each shared block is read and staged once for all of them,
+ * where alone each would read it again. Every decode still computes exactly what it computes
+ * alone, in the same order (its shared blocks are its first, read in order, then its own), so the
+ * outputs are bit for bit the same. `count` == 1 and `shared` == 0 is one decode alone. Returns 0,
+ * or -1 when scratch memory could not be had. */
+static int attend_together(const layer_t *L, const int64_t *members, int64_t count, int64_t shared,
+                           const int64_t *rows, const int64_t *lengths, const int64_t *table_offsets,
+                           const int64_t *tables) {
+    size_t floats = (size_t)(L->block_size * L->slot_stride); /* the staging block holds whole pool rows */
+    for (int64_t m = 0; m < count; ++m) floats += decode_floats(L, lengths[members[m]]);
+    floats = (floats + 3) & ~(size_t)3; /* the decodes' states follow, aligned */
+    float *memory = malloc(sizeof(float) * floats + sizeof(decode_t) * (size_t)count);
+    if (memory == NULL) return -1;
+    float *staging = memory, *next = staging + L->block_size * L->slot_stride;
+    decode_t *decodes = (decode_t *)(memory + floats);
+    for (int64_t m = 0; m < count; ++m) {
+        int64_t i = members[m];
+        decode_begin(L, &decodes[m], rows[i], lengths[i], tables + table_offsets[i], next);
+        next += decode_floats(L, lengths[i]);
+    }
+    const int64_t *table = decodes[0].table; /* the shared blocks are the same in every member's table */
+    for (enum pass pass = KEYS; pass <= VALUES; ++pass) {
+        const void *pool = pass == KEYS ? L->k : L->v;
+        for (int64_t b = 0; b < shared; ++b) {
+            int64_t offset = table[b] * L->block_size * L->slot_stride, stride = 0;
+            const float *staged = L->in_place ? NULL
+                                              : block_rows(pool, offset, L->slot_stride, L->block_size,
+                                                           L->row_width, L->is_bf16, staging, &stride);
+            for (int64_t m = 0; m < count; ++m)
+                attend_run(L, &decodes[m], pass, b * L->block_size, L->block_size, offset, staged, stride);
+        }
+        for (int64_t m = 0; m < count; ++m) {
+            attend_from(L, &decodes[m], pass, shared * L->block_size, staging);
+            if (pass == KEYS) decode_softmax(L, &decodes[m]);
+        }
+    }
+    for (int64_t m = 0; m < count; ++m) decode_finish(L, &decodes[m]);
+    free(memory);
     return 0;
 }
 
-/* Returns 0 on success, -1 if memory ran out (the caller falls back to the torch path). */
+/* A decode's first block, the key that groups decodes on one prompt prefix. */
+typedef struct {
+    int64_t block, index;
+} keyed_t;
+
+static int by_block(const void *a, const void *b) {
+    const keyed_t *x = a, *y = b;
+    if (x->block != y->block) return x->block < y->block ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+/* One unit of parallel work: decodes order[start .. start + count) sharing their first `shared` blocks. */
+typedef struct {
+    int64_t start, count, shared;
+} work_t;
+
+/* Split the decodes into work: runs of decodes whose tables begin with the same blocks, at most
+ * `most` a unit (so that threads share one hot prefix), each with the full blocks all of them share;
+ * every other decode alone. `order` receives the decodes' indices, grouped. Returns the units. */
+static int64_t plan_work(const int64_t *lengths, const int64_t *table_offsets, const int64_t *tables, int64_t count,
+                         int64_t block_size, int share, int64_t most, keyed_t *keyed, int64_t *order, work_t *work) {
+    for (int64_t i = 0; i < count; ++i) {
+        /* A decode without a full block (or any, with sharing off) keys alone: -1 - i is no block id. */
+        int whole = share && lengths[i] >= block_size;
+        keyed[i] = (keyed_t){whole ? tables[table_offsets[i]] : -1 - i, i};
+    }
+    qsort(keyed, (size_t)count, sizeof(keyed_t), by_block);
+    int64_t units = 0;
+    for (int64_t i = 0; i < count; ++i) order[i] = keyed[i].index;
+    for (int64_t start = 0, end; start < count; start = end) {
+        for (end = start + 1; end < count && end - start < most && keyed[end].block == keyed[start].block;) ++end;
+        int64_t shared = keyed[start].block < 0 || end - start == 1 ? 0 : INT64_MAX;
+        const int64_t *lead = tables + table_offsets[order[start]];
+        for (int64_t m = start; m < end && shared > 0; ++m) {
+            const int64_t *table = tables + table_offsets[order[m]];
+            int64_t full = lengths[order[m]] / block_size, same = 0;
+            while (same < full && same < shared && table[same] == lead[same]) ++same;
+            shared = same;
+        }
+        if (shared == 0) { /* nothing to read once for several: each alone */
+            for (int64_t m = start; m < end; ++m) work[units++] = (work_t){m, 1, 0};
+        } else {
+            work[units++] = (work_t){start, end - start, shared};
+        }
+    }
+    return units;
+}
+
+/* Returns 0 on success, -1 if memory ran out (the caller falls back to the torch path). `share`:
+ * decodes whose contexts begin with the same pool blocks read them once together (attend_together);
+ * 0 attends each alone (the outputs are the same either way). */
 int baton_decode_attention(const void *q, int64_t q_row_stride, int64_t q_head_stride, const void *k, const void *v,
                            int64_t slot_stride, int64_t kv_head_stride, void *out, int64_t out_row_stride,
                            int64_t out_head_stride, const int64_t *rows, const int64_t *lengths,
                            const int64_t *table_offsets, const int64_t *tables, int64_t count, int64_t block_size,
                            int64_t window, int64_t heads, int64_t kv_heads, int64_t dim, float scale, int is_bf16,
-                           int threads) {
-    int failed = 0;
+                           int threads, int share) {
+    layer_t L = {q, k, v, out, q_row_stride, q_head_stride, slot_stride, kv_head_stride, kv_heads * kv_head_stride,
+                 out_row_stride, out_head_stride, block_size, window, heads, heads / kv_heads, dim, scale, is_bf16, 0};
+    /* With AVX-512 a bfloat16 pool is read in place where its float32 staging block would not sit in
+     * L1 beside the rest (16 KB): smaller blocks (the tiny model's 8 KB) stage as fast. */
+    L.in_place = WIDE && is_bf16 && dim % 64 == 0 && block_size * L.row_width * (int64_t)sizeof(float) > 16384;
+    if (count <= 0) return 0;
+    keyed_t *keyed = malloc(sizeof(keyed_t) * (size_t)count);
+    int64_t *order = malloc(sizeof(int64_t) * (size_t)count);
+    work_t *work = malloc(sizeof(work_t) * (size_t)count);
+    int failed = keyed == NULL || order == NULL || work == NULL;
+    if (!failed) {
+        /* A sliding window reads no fixed first blocks, so windowed decodes attend alone. Several
+         * threads split a hot prefix's decodes into a few units each, so that none idles. */
+        int64_t most = threads > 1 ? (count + 4 * threads - 1) / (4 * threads) : count;
+        int64_t units = plan_work(lengths, table_offsets, tables, count, block_size, share && window == 0,
+                                  most > 1 ? most : 1, keyed, order, work);
 #pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1) reduction(| : failed)
-    for (int64_t i = 0; i < count; ++i)
-        failed |= attend_request(q, q_row_stride, q_head_stride, k, v, slot_stride, kv_head_stride, out,
-                                 out_row_stride, out_head_stride, rows[i], lengths[i], tables + table_offsets[i],
-                                 block_size, window, heads, kv_heads, dim, scale, is_bf16) != 0;
+        for (int64_t u = 0; u < units; ++u)
+            failed |= attend_together(&L, order + work[u].start, work[u].count, work[u].shared, rows, lengths,
+                                      table_offsets, tables) != 0;
+    }
+    free(keyed);
+    free(order);
+    free(work);
     return failed ? -1 : 0;
 }

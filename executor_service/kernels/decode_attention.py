@@ -52,12 +52,15 @@ def decode_attention(
     scale: float,
     out: torch.Tensor,
     window: int = 0,
+    share: bool = True,
 ) -> None:
     """Write ``out[row]`` for every decode.
 
     query [1, H, N, d] (any strides, head_dim contiguous), one layer's keys/values [slots, Hkv, d], out [N, H, d].
     ``window`` > 0: each decode reads only the last ``window`` tokens of its context (a sliding window);
     the blocks before them are never read, so their table entries may be anything.
+    ``share``: decodes whose tables begin with the same blocks (one cached prompt prefix) read those
+    blocks once together; False reads each decode's context alone. The outputs are bit for bit the same.
     """
     library = decode_attention_library()
     if library is None:
@@ -75,7 +78,7 @@ def decode_attention(
         decodes.rows.data_ptr(), decodes.lengths.data_ptr(),
         decodes.table_offsets.data_ptr(), decodes.tables.data_ptr(), decodes.rows.numel(),
         block_size, window, heads, kv_heads, dim,
-        ctypes.c_float(scale), SUPPORTED_DTYPES[query.dtype], torch.get_num_threads(),
+        ctypes.c_float(scale), SUPPORTED_DTYPES[query.dtype], torch.get_num_threads(), int(share),
     )  # fmt: skip
     if status != 0:
         raise MemoryError("decode_attention could not allocate its score buffers")

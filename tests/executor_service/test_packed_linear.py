@@ -26,6 +26,25 @@ def test_packed_linear_matches_linear_for_any_row_count() -> None:
     assert packed.weight is linear.weight, "the original weight stays the module's weight"
 
 
+def test_row_counts_are_rounded_to_few_shapes() -> None:
+    rounded = [torch_private.onednn_rows(rows) for rows in range(1, 4097)]
+    assert rounded[:16] == list(range(1, 17)), "up to 16 rows run as they are"
+    assert all(r >= rows and r - rows < max(16, rows // 8) for rows, r in enumerate(rounded, 1))
+    assert len(set(rounded)) < 80, "every step's row count maps to a few dozen compiled shapes"
+    assert [torch_private.onednn_rows(n) for n in (17, 256, 257, 1024, 1025, 2048)] == [32, 256, 288, 1024, 1152, 2048]
+
+
+@pytest.mark.parametrize("rows", [17, 100, 257, 1025])
+def test_padded_rows_leave_every_real_row_as_linear_computes_it(rows: int) -> None:
+    torch.manual_seed(rows)
+    linear = nn.Linear(32, 40, bias=True)
+    packed = PackedLinear(linear)
+    x = torch.randn(1, rows, 32)
+    got = packed(x)
+    assert got.shape == (1, rows, 40)
+    torch.testing.assert_close(got, linear(x), atol=1e-5, rtol=1e-5)
+
+
 NATIVE_BF16 = GuardedOps.probe(CPU, torch.bfloat16).packed_linear
 
 

@@ -146,3 +146,80 @@ def test_without_a_compiler_the_engine_keeps_the_torch_path(tmp_path: Path, monk
         assert not available(torch.device("cpu"), torch.float32)
     finally:
         kernels.decode_attention_library.cache_clear()
+
+
+def shared_prefix_tables(block_size: int, rng: random.Random) -> tuple[list[int], list[list[int]], int]:
+    """Decodes as a prefix cache lays them out: groups whose tables begin with the same blocks (one of
+    them sharing a shorter run with part of its group, one ending exactly on its shared blocks), a
+    group of one, and decodes with no full block; returns lengths, tables and the pool's block count."""
+    free = list(range(400))
+    rng.shuffle(free)
+    lengths: list[int] = []
+    tables: list[list[int]] = []
+
+    def add(prefix: list[int], length: int) -> None:
+        own = -(-length // block_size) - len(prefix)
+        lengths.append(length)
+        tables.append(prefix + [free.pop() for _ in range(own)])
+
+    system = [free.pop() for _ in range(5)]
+    for extra in (1, 9, block_size, 3 * block_size + 2, 0):
+        add(system, 5 * block_size + extra)  # 0: ends exactly where the shared blocks end
+    add(system[:2], 2 * block_size + 7)  # shares only the first two of them
+    other = [free.pop() for _ in range(3)]
+    for extra in (4, 20):
+        add(other, 3 * block_size + extra)
+    add([free.pop()], block_size + 3)  # alone on its first block
+    add([], block_size - 1)  # no full block
+    add([], 1)
+    order = list(range(len(lengths)))
+    rng.shuffle(order)  # the step's order mixes the groups
+    return [lengths[i] for i in order], [tables[i] for i in order], 400
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "block_size", "dtype"),
+    [
+        (4, 2, 64, 16, torch.float32),
+        (4, 2, 64, 16, torch.bfloat16),  # staged once for the group
+        (12, 12, 64, 16, torch.bfloat16),  # read in place where the CPU has AVX-512
+        (6, 3, 80, 5, torch.float32),
+    ],
+)
+def test_decodes_on_one_prefix_read_it_together_with_the_same_outputs(
+    heads: int, kv_heads: int, dim: int, block_size: int, dtype: torch.dtype, threads: int
+) -> None:
+    """Decodes whose tables begin with the same blocks are attended together (each shared block read
+    once for all): every output is bit for bit what the decode computes alone, and matches SDPA."""
+    if not available(torch.device("cpu"), dtype):
+        pytest.skip("no C compiler here")
+    rng = random.Random(heads + dim + threads)
+    torch.manual_seed(2)
+    lengths, tables, num_blocks = shared_prefix_tables(block_size, rng)
+    keys = torch.randn(num_blocks * block_size, kv_heads, dim).to(dtype)
+    values = torch.randn(num_blocks * block_size, kv_heads, dim).to(dtype)
+    rows = list(range(len(lengths)))
+    query = torch.randn(1, heads, len(lengths), dim).to(dtype)
+    decodes = PagedDecodes.build(rows, lengths, tables)
+    together = torch.empty(len(lengths), heads, dim, dtype=dtype)
+    alone = torch.empty_like(together)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        decode_attention(query, keys, values, decodes, block_size, dim**-0.5, together)
+        decode_attention(query, keys, values, decodes, block_size, dim**-0.5, alone, share=False)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(together, alone), "reading a shared prefix together changed some output"
+    one_by_one = torch.empty_like(together)
+    for i in rows:  # each decode in a call of its own: nothing to share
+        single = PagedDecodes.build([0], [lengths[i]], [tables[i]])
+        decode_attention(query[:, :, i : i + 1], keys, values, single, block_size, dim**-0.5, one_by_one[i : i + 1])
+    assert torch.equal(together, one_by_one)
+    slots = [
+        torch.tensor([table[t // block_size] * block_size + t % block_size for t in range(n)])
+        for table, n in zip(tables, lengths, strict=True)
+    ]
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(together.float(), reference(query, keys, values, slots), atol=tolerance, rtol=tolerance)
