@@ -119,7 +119,7 @@ class DecodeStep:
         return table_width if self._reads_full else min(table_width, self._window_blocks)
 
     def forward(self, forward: Forward, decode_read: DecodeRead, batch: int, width: int) -> torch.Tensor:
-        """Float logits [batch, vocab] of the rows ``prepare`` uploaded. Fixed shapes for a given
+        """Logits [batch, vocab] of the rows ``prepare`` uploaded, in the model's dtype. Fixed shapes for a given
         ``(batch, width)`` and no host synchronisation: the part a CUDA graph captures."""
         state, block_size = self.state, self.pool.block_size
         rows = state.step_rows[:batch]
@@ -157,4 +157,4 @@ class DecodeStep:
                 group = DecodeGroup(rows=query_rows, block_tables=read, mask=mask[:, None, None])
             windowed = ContextReads(window=size, decodes=group, native_decodes=native)
         batch_info = AttentionBatch(pool=self.pool, slot_mapping=slots, full=full, windowed=windowed)
-        return forward(input_ids, positions, query_rows, batch_info).float()
+        return forward(input_ids, positions, query_rows, batch_info)

@@ -328,6 +328,7 @@ class Engine:
             if not self._special:
                 sampled = self.sampler.sample_greedy(rows)
             else:
+                rows = rows.float()  # adjusted and sampled in float32 (a copy unless they are already)
                 generators = [None if s.generator is None else self._generator_for(s) for s in completing]
                 if self.grammar_masks is not None and any(s.grammar is not None for s in completing):
                     self.grammar_masks.apply(rows, [s.grammar for s in completing])  # in place, before sampling

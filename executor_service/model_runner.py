@@ -128,7 +128,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None = None) -> torch.Tensor:
-        """Compute the chunks' K/V into the pool; return float32 logits [num completing chunks, vocab].
+        """Compute the chunks' K/V into the pool; return logits [num completing chunks, vocab] in the
+        model's dtype (a greedy argmax reads bfloat16 as it is; what adjusts logits widens them first).
 
         ``leading[i]``: also keep the logits of chunk i's first that many positions, after the
         completing chunks' rows (see ``_run_packed``); such a step always takes the packed path.
@@ -308,7 +309,7 @@ class ModelRunner:
         if completing:
             rows = self._tensor([self.decode.state.row_of(seq) for seq in completing])
             self._uncommitted = _Uncommitted(completing, rows, self._tensor(next_positions))
-        return logits.float() if kept else logits[:0].float()
+        return logits if kept else logits[:0]
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, batch: AttentionBatch

@@ -28,8 +28,9 @@ from executor_service.logits_processing import LogitsProcessing, SamplingRow
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(dim=-1)``; float32 on the CPU through the native kernel, 2-3x faster over a large vocabulary."""
-    if logits.dim() == 2 and logits.dtype == torch.float32 and layer_ops.available(logits.device, logits.dtype):
+    """``logits.argmax(dim=-1)``; float32 or bfloat16 on the CPU through the native kernel, 2-3x faster
+    over a large vocabulary (and bfloat16 logits need no float32 copy first)."""
+    if logits.dim() == 2 and layer_ops.available(logits.device, logits.dtype):
         return layer_ops.argmax_rows(logits)
     return logits.argmax(dim=-1)
 

@@ -120,6 +120,7 @@ def layer_ops_library() -> ctypes.PyDLL | None:
         "baton_rope_store_bf16": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR],
         "baton_silu_mul_bf16": [_PTR, _I64, _I64, _PTR],
         "baton_argmax_rows": [_PTR, _I64, _I64, _I64, _PTR],
+        "baton_argmax_rows_bf16": [_PTR, _I64, _I64, _I64, _PTR],
     }
     for name, argtypes in signatures.items():
         function = getattr(library, name)

@@ -289,3 +289,27 @@ static int64_t argmax_row(const float *x, int64_t n) {
 void baton_argmax_rows(const float *logits, int64_t rows, int64_t cols, int64_t row_stride, int64_t *out) {
     for (int64_t r = 0; r < rows; ++r) out[r] = argmax_row(logits + r * row_stride, cols);
 }
+
+/* baton_argmax_rows over bfloat16 logits: each row widened (exactly) a chunk at a time into a scratch
+ * that stays in L1, so the whole [rows, cols] block is never copied to float32 first. The first NaN,
+ * else the first maximum, wins across chunks as within one. */
+#define ARGMAX_CHUNK 2048
+void baton_argmax_rows_bf16(const uint16_t *logits, int64_t rows, int64_t cols, int64_t row_stride, int64_t *out) {
+    float chunk[ARGMAX_CHUNK];
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint16_t *row = logits + r * row_stride;
+        int64_t best = 0;
+        float top = 0.0f;
+        for (int64_t start = 0; start < cols; start += ARGMAX_CHUNK) {
+            int64_t n = cols - start < ARGMAX_CHUNK ? cols - start : ARGMAX_CHUNK;
+            for (int64_t i = 0; i < n; ++i) chunk[i] = bf16_to_f32(row[start + i]);
+            int64_t at = argmax_row(chunk, n);
+            if (isnan(chunk[at])) {
+                best = start + at;
+                break;
+            }
+            if (start == 0 || chunk[at] > top) best = start + at, top = chunk[at];
+        }
+        out[r] = best;
+    }
+}

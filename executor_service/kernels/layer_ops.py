@@ -1,5 +1,5 @@
 """Torch-facing side of the native layer ops (``layer_ops.c``): float32 or bfloat16 CPU tensors
-(every tensor of one call in the same dtype; the argmax takes float32 logits only).
+(every tensor of one call in the same dtype).
 
 Each function checks what the C code assumes (dtype, device, contiguous rows) and raises ValueError
 otherwise, so a wrong call fails loudly instead of reading the wrong memory.
@@ -111,10 +111,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(dim=-1)`` for float32 [rows, cols] on the CPU (rows may be strided)."""
-    _check("logits", logits, row_stride_ok=True)
+    """``logits.argmax(dim=-1)`` for float32 or bfloat16 [rows, cols] on the CPU (rows may be strided)."""
+    dtype = _layer_dtype(logits)
+    _check("logits", logits, row_stride_ok=True, dtype=dtype)
     rows, cols = logits.shape
     out = torch.empty(rows, dtype=torch.long)
     if rows and cols:
-        _library().baton_argmax_rows(logits.data_ptr(), rows, cols, logits.stride(0), out.data_ptr())
+        argmax = getattr(_library(), "baton_argmax_rows" + _suffix(dtype))
+        argmax(logits.data_ptr(), rows, cols, logits.stride(0), out.data_ptr())
     return out

@@ -114,9 +114,10 @@ def test_bfloat16_silu_mul_matches_torch_within_a_bf16_ulp() -> None:
     torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-30)
 
 
-def test_argmax_rows_equals_torch_argmax() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_rows_equals_torch_argmax(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
-    logits = torch.randn(12, 8192 + 16)[:, :8192]  # strided rows
+    logits = torch.randn(14, 8192 + 16).to(dtype)[:, :8192]  # strided rows
     logits[1, 100] = float("nan")
     logits[1, 5000] = float("nan")
     logits[2, 8191] = float("nan")
@@ -125,9 +126,13 @@ def test_argmax_rows_equals_torch_argmax() -> None:
     logits[5] = float("-inf")
     logits[6, 3] = logits[6].max() + 1
     logits[6, 4] = logits[6, 3]
+    logits[7, 100] = logits[7, 6000] = 60.0  # bfloat16 widens a chunk at a time: a tie across chunks
+    logits[8, 5000] = 70.0  # the maximum past the first chunk
+    logits[9, 10] = 80.0
+    logits[9, 3000] = float("nan")  # a NaN past the first chunk still wins
     assert torch.equal(layer_ops.argmax_rows(logits), logits.argmax(dim=-1))
-    for cols in (1, 2, 8, 15, 16, 17, 31, 33):
-        small = torch.randn(5, cols)
+    for cols in (1, 2, 8, 15, 16, 17, 31, 33, 2047, 2048, 2049):
+        small = torch.randn(5, cols).to(dtype)
         assert torch.equal(layer_ops.argmax_rows(small), small.argmax(dim=-1)), cols
 
 
@@ -136,8 +141,8 @@ def test_checks_refuse_what_the_c_code_cannot_read() -> None:
         layer_ops.silu_mul(torch.randn(2, 8, dtype=torch.float16))
     with pytest.raises(ValueError, match="weight must be bfloat16"):
         layer_ops.add_rms_norm(torch.randn(2, 8, dtype=torch.bfloat16), None, torch.ones(8), 1e-6)
-    with pytest.raises(ValueError, match="float32"):
-        layer_ops.argmax_rows(torch.randn(2, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        layer_ops.argmax_rows(torch.randn(2, 8, dtype=torch.float16))
     with pytest.raises(ValueError, match="contiguous"):
         layer_ops.add_rms_norm(torch.randn(8, 4).t(), None, torch.ones(8), 1e-6)
     with pytest.raises(ValueError, match="slots"):
