@@ -29,7 +29,14 @@ from executor_service.decode_graphs import DecodeGraphs
 from executor_service.decode_step import DecodeShape, DecodeStep, width_bucket, width_buckets
 from executor_service.kernels.decode_attention import PagedDecodes
 from executor_service.kv_cache import KVPool
-from executor_service.paged_attention import AttentionBatch, ContextReads, DecodeGroup, DecodeView, PrefillSegment
+from executor_service.paged_attention import (
+    AttentionBatch,
+    ContextBlocks,
+    ContextReads,
+    DecodeGroup,
+    DecodeView,
+    PrefillSegment,
+)
 from executor_service.paged_decode import PagedGroup
 from executor_service.sequence import Sequence
 from executor_service.sliding_window import SlidingWindow
@@ -193,8 +200,11 @@ class ModelRunner:
         mask = keys <= queries
         if window is not None:
             mask &= keys > queries - window.size
-        first = self._keys_slot(table, key_start, end)
-        context = first if first is not None else self._tensor(self.pool.slots(table, key_start, end))
+        context: int | ContextBlocks | None = self._keys_slot(table, key_start, end)
+        if context is None:
+            size = self.pool.block_size
+            blocks = self._tensor(table[key_start // size : (end - 1) // size + 1])
+            context = ContextBlocks(blocks, key_start % size, size)
         return PrefillSegment(start=row, end=chunk_end, context=context, context_len=end - key_start, mask=mask)
 
     def _padded_tables(self, seqs: list[Sequence], firsts: list[int]) -> torch.Tensor:

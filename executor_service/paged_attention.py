@@ -53,6 +53,22 @@ ATTENTION_NAME = "baton_paged"
 
 
 @dataclass(frozen=True)
+class ContextBlocks:
+    """Keys that lie in whole blocks of the pool, not one after another: ``blocks`` (int64, in order),
+    read from token ``offset`` of the first. Gathered a block at a time, a copy of ``block_size``
+    rows per index, where gathering by slot indexes every row on its own."""
+
+    blocks: torch.Tensor
+    offset: int
+    block_size: int
+
+    def gather(self, pool: torch.Tensor, length: int) -> torch.Tensor:
+        """``length`` rows of ``pool`` [slots, ...] from the first block's ``offset`` on, in order."""
+        blocks = pool.view(-1, self.block_size, *pool.shape[1:]).index_select(0, self.blocks)
+        return blocks.flatten(0, 1)[self.offset : self.offset + length]
+
+
+@dataclass(frozen=True)
 class PrefillSegment:
     """One request's chunk of query tokens within the packed step, and the keys it reads."""
 
@@ -60,8 +76,8 @@ class PrefillSegment:
     end: int  # one past the last query row
     # Where the keys the chunk reads are (its cached context, from the first key any of its queries
     # reads, then the chunk): None for a fresh prefill (the chunk is the whole context: it attends to
-    # its own K/V directly), a first slot when those keys are contiguous in the pool, or else their slots.
-    context: int | torch.Tensor | None
+    # its own K/V directly), a first slot when those keys are contiguous in the pool, or else their blocks.
+    context: int | ContextBlocks | None
     context_len: int  # keys read
     # Boolean [chunk, keys] mask, True where attention is allowed. None: plain causal attention over
     # the chunk's own K/V (a fresh prefill no window cuts into).
@@ -189,7 +205,7 @@ def _prefill(
         ctx = slice(seg.context, seg.context + seg.context_len)
         k, v = keys[ctx], values[ctx]
     else:
-        k, v = keys[seg.context], values[seg.context]
+        k, v = seg.context.gather(keys, seg.context_len), seg.context.gather(values, seg.context_len)
     k, v = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
     o = attend(q, k, v, scaling, softcap, mask=seg.mask, enable_gqa=gqa)
     return o[0].transpose(0, 1)
