@@ -197,8 +197,22 @@ static void accumulate_rows(float *acc, const float *p, const float *rows, int64
 /* s[0..n) = exp(s - peak), returning their sum. */
 static float softmax_numerators(float *s, int64_t n) {
     float peak = -INFINITY, total = 0.0f;
-    for (int64_t j = 0; j < n; ++j) peak = s[j] > peak ? s[j] : peak;
     int64_t j = 0;
+#if VECTOR
+    /* The maximum over eight lanes: one running maximum was a chain of dependent compares, a quarter
+     * of the kernel's own time. A NaN score is passed over as the scalar loop passes it (max_ps
+     * returns its second operand when either is NaN), and where the peak is a zero its sign does not
+     * change any exp(s - peak). */
+    if (n >= 8) {
+        __m256 lanes = _mm256_set1_ps(-INFINITY);
+        for (; j + 8 <= n; j += 8) lanes = _mm256_max_ps(_mm256_loadu_ps(s + j), lanes);
+        float top8[8];
+        _mm256_storeu_ps(top8, lanes);
+        for (int u = 0; u < 8; ++u) peak = top8[u] > peak ? top8[u] : peak;
+    }
+#endif
+    for (; j < n; ++j) peak = s[j] > peak ? s[j] : peak;
+    j = 0;
 #if VECTOR
     __m256 sums = _mm256_setzero_ps(), top = _mm256_set1_ps(peak);
     for (; j + 8 <= n; j += 8) {
