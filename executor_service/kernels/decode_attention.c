@@ -16,6 +16,10 @@
  * tables[table_offsets[i] .. table_offsets[i + 1]); token t lives in slot
  * table[t / block_size] * block_size + t % block_size.
  *
+ * Decodes on one cached prompt prefix (their tables begin with the same blocks) are attended
+ * together: each shared block is read once for all of them (attend_together), each decode computing
+ * exactly what it computes alone.
+ *
  * A sliding window (window > 0) reads only the last `window` tokens of each context, as
  * transformers' sliding_window_overlay does: blocks wholly before them are never read (their table
  * entries may be placeholders for released blocks), and the block the window starts in is read from
