@@ -136,9 +136,9 @@ def _run_scheduler(args: argparse.Namespace) -> int:
 
 
 def _run_executor(args: argparse.Namespace) -> int:
-    from executor_service.cpu_threads import prefer_passive_openmp
+    from executor_service.cpu_threads import prefer_brief_openmp_spin
 
-    prefer_passive_openmp()  # before anything loads torch: libgomp reads it once
+    prefer_brief_openmp_spin()  # before anything loads torch: libgomp reads it once
     from common.service import setup_logging
     from executor_service.server import serve
 

@@ -22,7 +22,7 @@ from bench.device_watch import DeviceWatch, sampler_reader
 from bench.throughput_setup import MAX_BATCH, WARM_PROMPT, WARM_TOKENS, Result, Setup, Workload, finish, progress, say
 from common.config import ExecutorConfig
 from common.sampling_params import SamplingParams
-from executor_service.cpu_threads import prefer_passive_openmp
+from executor_service.cpu_threads import prefer_brief_openmp_spin
 from executor_service.engine import Engine
 from executor_service.engine_io import AdmitSpec, PlanUpdate
 from executor_service.model_loader import load_engine
@@ -132,7 +132,7 @@ def run_engine_processes(model_dir: Path, wl: Workload, kv_mb: int, setup: Setup
     # Each child loads libgomp with the policy an executor process gets (PASSIVE: idle OpenMP
     # workers sleep). Spinning workers of N processes on shared cores would wait on each other.
     saved = dict(os.environ)
-    prefer_passive_openmp()
+    prefer_brief_openmp_spin()
     try:
         for i, shard in enumerate(shards):
             part = Workload([wl.prompts[j] for j in shard], [wl.max_tokens[j] for j in shard])

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from executor_service.cpu_threads import prefer_passive_openmp
+from executor_service.cpu_threads import prefer_brief_openmp_spin
 
 # Engines run in this process too, and their thread governor may give light steps both cores; as in
 # the executor, idle OpenMP workers must then sleep rather than spin beside the services the tests
 # start. Set before any test module imports torch (this module does not).
-prefer_passive_openmp()
+prefer_brief_openmp_spin()
 
 
 def free_port() -> int:

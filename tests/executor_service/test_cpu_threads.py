@@ -11,10 +11,11 @@ import pytest
 from executor_service.cpu_threads import (
     HEAVY_STEP_CPU_MS,
     LIGHT_STEP_CPU_MS,
+    OPENMP_SPIN_COUNT,
     OTHERS_BUSY_CORES,
     OtherLoad,
     ThreadGovernor,
-    prefer_passive_openmp,
+    prefer_brief_openmp_spin,
 )
 
 
@@ -112,12 +113,16 @@ def test_rejects_no_cores() -> None:
         ThreadGovernor(0, lambda n: None)
 
 
-def test_passive_openmp_respects_an_operators_choice() -> None:
+def test_openmp_spins_briefly_unless_the_operator_chose_a_policy() -> None:
     env: dict[str, str] = {}
-    prefer_passive_openmp(env)
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    prefer_brief_openmp_spin(env)
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(OPENMP_SPIN_COUNT)}
+    own_spin = {"GOMP_SPINCOUNT": "0"}
+    prefer_brief_openmp_spin(own_spin)
+    assert own_spin == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}
+    # A chosen policy keeps its own spin: GOMP_SPINCOUNT would override it.
     chosen = {"OMP_WAIT_POLICY": "ACTIVE"}
-    prefer_passive_openmp(chosen)
+    prefer_brief_openmp_spin(chosen)
     assert chosen == {"OMP_WAIT_POLICY": "ACTIVE"}
 
 
