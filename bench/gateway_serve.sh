@@ -20,6 +20,9 @@ MODEL=$WORKDIR/model-tiny
 mkdir -p "$OUT"
 [ -f "$MODEL/config.json" ] || "$PY" -m baton.cli make-model --out "$MODEL" --size tiny
 export OMP_NUM_THREADS=$THREADS OMP_WAIT_POLICY=PASSIVE
+# vllm serve as vLLM's CPU guide sets it up: tcmalloc and Intel OpenMP preloaded where found (its workers
+# then get vLLM's own Intel OpenMP spin, KMP_BLOCKTIME=5).
+VLLM_PRELOAD=$("$PY" -m bench.vllm_process --ld-preload "$VLLM_PY")
 ENDPOINT=/v1/completions
 [ "$BACKEND" = openai-chat ] && ENDPOINT=/v1/chat/completions
 
@@ -70,7 +73,7 @@ for side in $SIDES; do
   else
     echo "== vLLM: vllm serve, vllm bench serve --backend $BACKEND" >&2
     PORT=$(free_port)
-    VLLM_CPU_KVCACHE_SPACE=1 "$VLLM_PY" bench/vllm_cli.py serve "$MODEL" --dtype "$DTYPE" --host 127.0.0.1 \
+    LD_PRELOAD=$VLLM_PRELOAD VLLM_CPU_KVCACHE_SPACE=1 "$VLLM_PY" bench/vllm_cli.py serve "$MODEL" --dtype "$DTYPE" --host 127.0.0.1 \
       --port "$PORT" --max-model-len 1024 --seed 0 > "$OUT/vllm-serve.log" 2>&1 &
     PIDS+=($!)
     wait_http "http://127.0.0.1:$PORT/health" "${PIDS[-1]}" "$OUT/vllm-serve.log"

@@ -20,6 +20,9 @@ MODEL=$WORKDIR/model-tiny
 mkdir -p "$OUT"
 [ -f "$MODEL/config.json" ] || "$PY" -m baton.cli make-model --out "$MODEL" --size tiny
 export OMP_NUM_THREADS=$THREADS OMP_WAIT_POLICY=PASSIVE
+# vllm serve as vLLM's CPU guide sets it up: tcmalloc and Intel OpenMP preloaded where found (its workers
+# then get vLLM's own Intel OpenMP spin, KMP_BLOCKTIME=5).
+VLLM_PRELOAD=$("$PY" -m bench.vllm_process --ld-preload "$VLLM_PY")
 COMMON=(--num-prompts "$PROMPTS" --request-rate "$RATE" --burstiness 1 --max-concurrency "$CONC" --seed 0
         --save-result --result-dir "$OUT")
 
@@ -30,7 +33,7 @@ BATON_EXECUTOR__TORCH_THREADS=$BATON_THREADS "$PY" -m baton.cli bench serve --lo
 
 echo "== vLLM: vllm serve + vllm bench serve" >&2
 PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-VLLM_CPU_KVCACHE_SPACE=1 "$VLLM_PY" bench/vllm_cli.py serve "$MODEL" --dtype "$DTYPE" --host 127.0.0.1 --port "$PORT" \
+LD_PRELOAD=$VLLM_PRELOAD VLLM_CPU_KVCACHE_SPACE=1 "$VLLM_PY" bench/vllm_cli.py serve "$MODEL" --dtype "$DTYPE" --host 127.0.0.1 --port "$PORT" \
   --max-num-seqs "$CONC" --max-model-len 1024 --seed 0 > "$OUT/vllm-serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true' EXIT

@@ -87,6 +87,14 @@ def omp_env(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE"}
 
 
+def vllm_omp_env(threads: int) -> dict[str, str]:
+    """``omp_env`` plus the Intel OpenMP settings vLLM gives its own CPU workers (its
+    ``OMPProcessManager``: a 5 ms spin before a thread sleeps, no low-power pause). Its in-process
+    engine never sets them, and PASSIVE alone means no spin at all to Intel OpenMP: vLLM then ran the
+    small model's shared-prefix workload about a fifth slower than with the spin."""
+    return {**omp_env(threads), "KMP_BLOCKTIME": "5", "KMP_TPAUSE": "0"}
+
+
 def preloads(venv: Path, tcmalloc: Path = TCMALLOC) -> list[Path]:
     """The libraries vLLM's CPU guide preloads that are here: tcmalloc, then the venv's Intel OpenMP."""
     return [lib for lib in (tcmalloc, venv / "lib" / IOMP) if lib.exists()]
@@ -182,7 +190,7 @@ class VllmWorker:
 def start_vllm(
     python: Path, model_dir: Path, dtype: str, wl_path: Path, kv_gib: int, log: IO[str], args: argparse.Namespace
 ) -> VllmWorker:
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), **omp_env(vllm_threads(args)))
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), **vllm_omp_env(vllm_threads(args)))
     venv = python.parent.parent
     libs = preloads(venv)
     env.update(allocator_env(libs, glibc_fallback=not args.vllm_default_malloc))
@@ -204,3 +212,17 @@ def start_vllm(
     cmd.append("--prefix-caching" if args.vllm_prefix_caching else "--no-prefix-caching")
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     return VllmWorker(proc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.vllm_process --ld-preload VENV_PYTHON``: prints the ``LD_PRELOAD`` for a
+    ``vllm serve`` of that venv (the shell benchmarks), the libraries vLLM's CPU guide preloads."""
+    parser = argparse.ArgumentParser(prog="python -m bench.vllm_process")
+    parser.add_argument("--ld-preload", metavar="VENV_PYTHON", required=True, help="the vLLM venv's python")
+    venv = Path(parser.parse_args(argv).ld_preload).parent.parent
+    print(allocator_env(preloads(venv), glibc_fallback=False).get("LD_PRELOAD", ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

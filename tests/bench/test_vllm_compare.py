@@ -52,6 +52,10 @@ def test_same_openmp_settings_for_both_sides() -> None:
     assert compare.omp_env(2) == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
+def test_vllm_gets_the_intel_openmp_spin_its_own_workers_get() -> None:
+    assert vllm_process.vllm_omp_env(2) == {**compare.omp_env(2), "KMP_BLOCKTIME": "5", "KMP_TPAUSE": "0"}
+
+
 def test_default_threads_give_vllm_every_core() -> None:
     assert compare.vllm_threads(compare.parse_args([])) >= 1
     assert compare.vllm_threads(compare.parse_args(["--threads", "3"])) == 3
@@ -85,6 +89,14 @@ def test_without_tcmalloc_glibc_keeps_the_thresholds_as_the_fallback(tmp_path: P
     env = vllm_process.allocator_env([iomp], tmp_path / "libtcmalloc_minimal.so.4")
     assert env["LD_PRELOAD"].startswith(str(iomp)) and "MALLOC_MMAP_THRESHOLD_" in env
     assert vllm_process.allocator_env([], tmp_path / "missing", glibc_fallback=False) == {}
+
+
+def test_prints_the_ld_preload_for_vllm_serve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    venv = tmp_path / "venv"
+    (venv / "lib").mkdir(parents=True)
+    (venv / "lib" / "libiomp5.so").touch()
+    assert vllm_process.main(["--ld-preload", str(venv / "bin" / "python")]) == 0
+    assert capsys.readouterr().out.strip().split(":")[-1] == str(venv / "lib" / "libiomp5.so")
 
 
 class _FakeProc:
