@@ -58,8 +58,8 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-# libgomp's spins before a worker sleeps: 20,000 took 0.22 ms on the 2-core machine of the figures
-# below. With none, a heavy step's workers fell asleep between the dozens of parallel regions of
+# libgomp's spins before a worker sleeps: 20,000 took 0.22 ms on the 2-core machine these figures
+# come from. With none, a heavy step's workers fell asleep between the dozens of parallel regions of
 # every layer and each region paid a futex wake-up: the small model's shared-prefix workload end to
 # end, alternated four times on 2 cores, ran 1.08-1.10x faster with this spin than with none (and
 # within noise of ten times as many); the tiny model's workloads, whose light steps run one thread,
