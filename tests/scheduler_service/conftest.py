@@ -19,13 +19,15 @@ async def store(redis_url: str) -> AsyncIterator[Store]:
     await client.aclose()
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A failed test that ran Baton as processes shows their logs' tails: the temporary directory
     that holds them is gone by the time anyone reads CI's output."""
-    outcome = yield
-    report = outcome.get_result()
+    report = yield
     stack = getattr(item, "funcargs", {}).get("processes")
     if report.when == "call" and report.failed and isinstance(stack, ProcessStack):
         for log in sorted(stack.workdir.glob("*.log")):
             report.sections.append((f"process log {log.name}", log.read_text(errors="replace")[-3000:]))
+    return report
