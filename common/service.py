@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import faulthandler
 import logging
 import signal
 from collections.abc import Mapping
@@ -14,6 +16,8 @@ from common.grpc_errors import ErrorMappingInterceptor
 from common.netaddr import host_port, reachable_host
 from common.security import BearerAuthInterceptor, FleetSecretInterceptor, server_credentials
 from common.tracing import server_interceptors
+
+log = logging.getLogger(__name__)
 
 
 def setup_logging(level: str) -> None:
@@ -68,6 +72,33 @@ def install_signal_handlers(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # not the main thread (e.g. tests)
             return
+
+
+# Longer than any graceful step (a 2 s gRPC grace, a 10 s engine-thread join), shorter than the
+# 30 s an orchestrator commonly waits before its SIGKILL.
+SHUTDOWN_LIMIT_S = 20.0
+
+
+def bound_shutdown(limit_s: float = SHUTDOWN_LIMIT_S) -> None:
+    """Exit the process if the graceful shutdown that starts now is not over in ``limit_s``.
+
+    A shutdown that hangs says where instead of waiting for a SIGKILL that leaves nothing behind:
+    halfway, the stacks of the event loop's unfinished tasks are logged (a hang is mostly an await
+    that never ends, invisible in thread stacks); at the limit, every thread's Python stack goes
+    to stderr (the service's log) and the process exits.
+    """
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # stderr not a real file
+        faulthandler.dump_traceback_later(limit_s, exit=True)
+    with contextlib.suppress(RuntimeError):  # no running loop: the thread stacks alone
+        asyncio.get_running_loop().call_later(limit_s / 2, _log_unfinished_tasks)
+
+
+def _log_unfinished_tasks() -> None:
+    for task in asyncio.all_tasks():
+        # Not ``task.print_stack``: it fails on the frames of compiled coroutines (grpc's
+        # Cython ones have no line number), which is where a gRPC shutdown would be waiting.
+        frames = [f"  {f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}" for f in task.get_stack()]
+        log.warning("shutdown still waits on %r\n%s", task, "\n".join(frames))
 
 
 def advertise_address(host: str, port: int, configured: str, environ: Mapping[str, str] | None = None) -> str:

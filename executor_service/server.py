@@ -177,5 +177,6 @@ async def serve(config: BatonConfig) -> None:
     service.install_signal_handlers(stop)
     running = await start_executor(config, before_serving=freeze_startup_heap)
     await stop.wait()
+    service.bound_shutdown()
     log.info("executor %s shutting down after %d steps", running.executor_id, running.worker.engine.iteration)
     await running.stop()

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 import grpc
 
 from common.config import SchedulerConfig, SecurityConfig
+from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as pb
 from common.pb import executor_pb2_grpc
 from common.redis_client import with_redis_retry
@@ -304,15 +305,19 @@ class ExecutorLink:
         write would be refused too and its stream would stall for good. So abort it on the
         executor, admit nothing here until the executor confirms the abort (as when a link
         starts), and hand it back: it resumes from what Redis recorded, and readers trim any
-        prefix a client already saw. Returns whether it handed any back.
+        prefix a client already saw. A refused final write counts too: the request left this
+        link's table when its report came in, but Redis did not end it, and nothing else will.
+        Returns whether it handed any back.
         """
         refused = [
-            w.request_id for w, ok in zip(writes, accepted, strict=True) if not ok and w.request_id in self.requests
+            w.request_id
+            for w, ok in zip(writes, accepted, strict=True)
+            if not ok and (w.request_id in self.requests or w.event.finish_reason is not FinishReason.NONE)
         ]
         if not refused:
             return False
         for request_id in refused:
-            del self.requests[request_id]
+            self.requests.pop(request_id, None)
             self._report_writes.forget(request_id)
             self.preempting.discard(request_id)
         self._fence_seq = self._next_seq()

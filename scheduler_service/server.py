@@ -113,5 +113,6 @@ async def serve(config: BatonConfig) -> None:
     running = await start_scheduler(config, after_tokenizer_load=freeze_startup_heap)
     freeze_startup_heap()  # before the readiness task has run: health still says NOT_SERVING
     await stop.wait()
+    service.bound_shutdown()
     log.info("scheduler shutting down")
     await running.stop()

@@ -213,8 +213,11 @@ return finish(KEYS, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7
 """
 )
 
-# One executor step for all its requests in one call: exactly APPEND_TOKENS then FINISH for each,
-# in order (a finish runs even when its append was refused, as two separate calls would).
+# One executor step for all its requests in one call: APPEND_TOKENS then FINISH for each, in
+# order. A finish runs only where its tokens were accepted: a record behind the executor (a write
+# lost with a Redis that restarted from an older AOF, or failed over) must not end with a hole in
+# its output and no final event. The caller re-queues such a request from what Redis holds. A
+# completing finish that brings no tokens is held to the same rule: its index must be the count.
 # KEYS: running, pending, waiting, counters, tenant_running, estimator, then req_i, tokens_i (and
 # stream_i when publishing) per request. ARGV: append_owner, finish_owner ('' = any), now_ms,
 # ttl_s, tenant_queue_prefix, estimator_alpha, publish ('1': XADD here), then per request: id,
@@ -246,16 +249,21 @@ for w = 1, (#KEYS - 6) / stride do
     bad = s ~= 'stream' and s ~= 'none'
   end
   local appended = 0
+  local state, reason = ARGV[a + 3 + n], ARGV[a + 4 + n]
+  local final = state ~= ''
   if bad then
     appended = -9
   elseif n > 0 then
     appended = append_tokens(req, toks, ARGV[1], index, ARGV[3], ARGV, a + 3, a + 2 + n)
+  elseif final and (reason == 'STOP' or reason == 'LENGTH') and redis.call('LLEN', toks) ~= index then
+    appended = -2
   end
   a = a + 3 + n
   local finished = 0
-  local final = ARGV[a] ~= ''
   if bad then
     finished = -9
+  elseif appended < 0 then
+    finished = appended
   elseif final then
     k[1], k[3] = req, toks
     finished = finish(k, id, ARGV[2], ARGV[a], ARGV[a + 1], ARGV[3], ARGV[4], ARGV[a + 2], ARGV[5], ARGV[6])
@@ -264,7 +272,7 @@ for w = 1, (#KEYS - 6) / stride do
   local entry = ''
   if publish then
     local m = tonumber(ARGV[a])
-    local ok = not bad and (n == 0 or appended > 0) and (not final or finished == 1 or finished == 2)
+    local ok = (n == 0 and appended == 0 or appended > 0) and (not final or finished == 1 or finished == 2)
     if ok then
       entry = redis.call('XADD', KEYS[base + 3], '*', unpack(ARGV, a + 1, a + m))
       if final then redis.call('EXPIRE', KEYS[base + 3], ARGV[4]) end

@@ -99,7 +99,8 @@ class StepPublisher:
         accepted = []
         for i, write in enumerate(writes):
             # FINISH's 2: a retried finish whose first attempt landed; its final event must still go out.
-            ok = not write.event.token_ids or int(results[3 * i]) > 0
+            appended = int(results[3 * i])
+            ok = appended > 0 if write.event.token_ids else appended == 0
             if write.event.finish_reason is not none:
                 ok = int(results[3 * i + 1]) in (1, 2) and ok
             accepted.append(ok)

@@ -226,3 +226,23 @@ async def test_one_step_judges_each_request_on_its_own(store: Store) -> None:
     replay = [writes[0], writes[3]]
     assert await store.steps.publish("e1", replay) == [True, True]
     assert await tokens_of(store.redis, "ok") == ["5", "6"]
+
+
+@pytest.mark.parametrize("tokens", [(7, 8), ()], ids=["with-tokens", "no-tokens"])
+async def test_a_final_step_behind_the_record_ends_nothing(store: Store, tokens: tuple[int, ...]) -> None:
+    """Redis holds fewer tokens than the executor made (its AOF's tail was lost): the request's
+    last step is refused whole, so it is not ended with a hole in its output and no final event."""
+    await enqueue(store, "r1")
+    await store.requests.claim("r1", "e1")
+    assert await append(store, "r1", "e1", 0, (5,)) == 1
+    usage = {"prompt_tokens": 3.0, "completion_tokens": 4.0}
+    final = StepWrite("r1", TokenEvent(3, tokens, "x", FinishReason.LENGTH, usage))
+    assert await store.steps.publish("e1", [final]) == [False]
+    record = await store.requests.get("r1")
+    assert record is not None and record["state"] == "RUNNING"
+    assert await tokens_of(store.redis, "r1") == ["5"]
+    assert await store.streams.read_events("r1", "0", 10) == []
+    # A cancel's final step is not held to the count: it ends the request whatever it holds.
+    cancel = StepWrite("r1", TokenEvent(3, (), "", FinishReason.CANCELLED, usage))
+    assert await store.steps.publish("e1", [cancel]) == [True]
+    assert (await store.requests.get("r1") or {})["state"] == "CANCELLED"

@@ -1,0 +1,54 @@
+"""The executor link against a real redis-server: what it does when Redis refuses a step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.keys import KeySchema
+from common.lifecycle import FinishReason
+from common.pb import executor_pb2 as epb
+from common.redis_client import connect
+from common.sampling_params import SamplingParams
+from scheduler_service.executor_link import ExecutorLink
+from scheduler_service.requests import NewRequest
+from scheduler_service.store import Store
+from tests.stack import stack_config
+
+
+async def test_a_final_step_refused_as_behind_re_queues_the_request(redis_url: str) -> None:
+    """Redis restarted from an older AOF holds fewer tokens than the executor made, and the first
+    step it sees after the restart is the request's last. That step must not end the request with
+    a hole in its output and no final event: the link aborts it and re-queues it from Redis's record.
+    """
+    client = connect(redis_url)
+    try:
+        store = Store(client, KeySchema(), request_ttl_s=60)
+        await store.requests.enqueue(
+            NewRequest("behind", (1, 5, 6), SamplingParams(max_tokens=5, ignore_eos=True), 5, "t", 0, 0), 0.0, 100
+        )
+        link = ExecutorLink(
+            "exec-x", "unused:0", store, stack_config(redis_url, Path(".")).scheduler, lambda _queue_moved: None
+        )
+        claimed = await store.requests.claim("behind", "exec-x", link.owner)
+        assert claimed is not None
+        link.admit(claimed)
+        await link._on_reports([epb.StepReport(tokens=[epb.TokenDelta(request_id="behind", token_ids=[40], index=0)])])
+        await link._on_reports(
+            [epb.StepReport(tokens=[epb.TokenDelta(request_id="behind", token_ids=[41, 42], index=1)])]
+        )
+        await client.rpop(KeySchema().tokens("behind"), 2)  # acknowledged, then lost with the AOF's tail
+        final = epb.StepReport(
+            tokens=[epb.TokenDelta(request_id="behind", token_ids=[43, 44], index=3)],
+            finished=[epb.FinishedRequest(request_id="behind", finish_reason=FinishReason.LENGTH.value)],
+        )
+        await link._on_reports([final])
+        record = await store.requests.get("behind") or {}
+        assert (record["state"], record.get("migrations")) == ("QUEUED", "1"), record
+        assert await store.requests.tokens_between("behind", 0, 5) == (40,)
+        events = [event for _, event in await store.streams.read_events("behind", "0", 100)]
+        assert all(event.finish_reason is FinishReason.NONE for event in events), events
+        assert "behind" not in link.requests
+        abort = link._outbox.get_nowait()
+        assert abort is not None and list(abort.abort) == ["behind"]
+    finally:
+        await client.aclose()
