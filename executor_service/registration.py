@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -15,6 +14,7 @@ from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from common.keys import KeySchema
+from common.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,8 @@ class Registration:
         self._id = executor_id
         self._fields = dict(fields)
         self._load = load
-        self._interval = interval_ms / 1000
         self._ttl_ms = timeout_ms * 4
-        self._task: asyncio.Task[None] | None = None
+        self._heartbeats = Periodic(self._next_beat, interval_ms / 1000, f"heartbeat of {executor_id}")
 
     async def beat(self) -> None:
         key = self._keys.executor(self._id)
@@ -50,21 +49,16 @@ class Registration:
 
     async def start(self) -> None:
         await self.beat()
-        self._task = asyncio.create_task(self._loop())
+        self._heartbeats.start(wait_first=True)
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
-            try:
-                await self.beat()
-            except RedisError as exc:  # keep serving; schedulers see a stale heartbeat meanwhile
-                log.warning("heartbeat failed: %s", exc)
+    async def _next_beat(self) -> None:
+        try:
+            await self.beat()
+        except RedisError as exc:  # keep serving; schedulers see a stale heartbeat meanwhile
+            log.warning("heartbeat failed: %s", exc)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._heartbeats.stop()
         with contextlib.suppress(RedisError):
             await self._redis.zrem(self._keys.executors, self._id)
             # The fleet's index of this executor's prefix cache goes with the cache: normally its

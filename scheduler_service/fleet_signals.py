@@ -9,7 +9,6 @@ values: aggregate them with ``max()`` in queries, never ``sum()``. Queue depth i
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -92,11 +91,9 @@ class FleetSignals:
         self.publish(snapshot)
         return snapshot
 
-    async def run(self, interval_s: float = 1.0) -> None:
-        """Refresh forever (cancel to stop); a Redis outage only leaves the gauges stale."""
-        while True:
-            try:
-                await self.refresh()
-            except RedisError as exc:
-                log.debug("fleet signals not refreshed: %s", exc)
-            await asyncio.sleep(interval_s)
+    async def refresh_quietly(self) -> None:
+        """``refresh``, the scheduler's periodic step: a Redis outage only leaves the gauges stale."""
+        try:
+            await self.refresh()
+        except RedisError as exc:
+            log.debug("fleet signals not refreshed: %s", exc)

@@ -19,6 +19,7 @@ from common.keys import KeySchema
 from common.metrics import serve_metrics
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
+from common.periodic import Periodic
 from common.redis_client import check_deployment, connect
 from common.security import fleet_secret, load_tokens
 from common.tracing import setup_tracing
@@ -47,13 +48,13 @@ class RunningScheduler:
     frontend: Frontend
     health: health.aio.HealthServicer
     metrics_port: int = 0
-    readiness: asyncio.Task[None] | None = None
-    signals: asyncio.Task[None] | None = None  # the fleet-wide autoscaling gauges
+    readiness: Periodic | None = None
+    signals: Periodic | None = None  # the fleet-wide autoscaling gauges
 
     async def stop(self, grace: float = 2.0) -> None:
-        for task in (self.readiness, self.signals):
-            if task is not None:
-                task.cancel()
+        for loop in (self.readiness, self.signals):
+            if loop is not None:
+                await loop.stop()
         await set_serving(self.health, [SERVICE_NAME], serving=False)
         await self.server.stop(grace)
         await self.dispatcher.stop()
@@ -83,28 +84,36 @@ async def start_scheduler(
     await server.start()
     metrics_port = serve_metrics(metrics.registry, config.monitoring.metrics_port)
     await dispatcher.start()
-    readiness = asyncio.create_task(_track_readiness(store, health_servicer), name="readiness")
+    readiness = Periodic(_Readiness(store, health_servicer).check, _Readiness.INTERVAL_S, "readiness")
+    readiness.start()
     fleet = FleetSignals(store.queue, store.fleet, metrics, dist.executor_timeout_ms)
-    signals = asyncio.create_task(fleet.run(), name="fleet-signals")
+    signals = Periodic(fleet.refresh_quietly, 1.0, "fleet-signals")
+    signals.start()
     log.info("scheduler %s listening on port %d", dispatcher.replica_id, port)
     return RunningScheduler(
         port, server, store, dispatcher, frontend, health_servicer, metrics_port, readiness, signals
     )
 
 
-async def _track_readiness(store: Store, health_servicer: health.aio.HealthServicer, interval: float = 1.0) -> None:
+class _Readiness:
     """SERVING exactly while Redis answers: without it the scheduler can neither queue nor stream."""
-    serving: bool | None = None
-    while True:
+
+    INTERVAL_S = 1.0
+
+    def __init__(self, store: Store, health_servicer: health.aio.HealthServicer) -> None:
+        self._store = store
+        self._health = health_servicer
+        self._serving: bool | None = None
+
+    async def check(self) -> None:
         try:
-            ok = await asyncio.wait_for(store.ping(), timeout=interval)
+            ok = await asyncio.wait_for(self._store.ping(), timeout=self.INTERVAL_S)
         except (RedisError, OSError, TimeoutError):
             ok = False
-        if ok != serving:
-            serving = ok
-            await set_serving(health_servicer, [SERVICE_NAME], serving=ok)
+        if ok != self._serving:
+            self._serving = ok
+            await set_serving(self._health, [SERVICE_NAME], serving=ok)
             log.info("health: %s (Redis %s)", "SERVING" if ok else "NOT_SERVING", "up" if ok else "unreachable")
-        await asyncio.sleep(interval)
 
 
 async def serve(config: BatonConfig) -> None:
