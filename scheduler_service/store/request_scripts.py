@@ -223,7 +223,8 @@ return finish(KEYS, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7
 # ttl_s, tenant_queue_prefix, estimator_alpha, publish ('1': XADD here), then per request: id,
 # index, n, n token ids, state ('' = not finishing), finish_reason, error, and when publishing
 # m then m stream field/value strings. Returns {append_i, finish_i, entry_i, ...}: each result as
-# its own script's (0 where a request had no tokens or did not finish), and the stream entry id
+# its own script's (0 where a request had no tokens or did not finish; a finish skipped because
+# its step was refused repeats that refusal), and the stream entry id
 # of an accepted event when publishing ('' otherwise). A malformed request (its stream too, when
 # publishing) gets MALFORMED for both results and is not touched; the others are recorded as usual.
 # Publishing in the script saves the second round trip, but only a single Redis can do it: on a
