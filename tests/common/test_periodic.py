@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 
 from common.periodic import Periodic
@@ -11,19 +12,22 @@ from common.periodic import Periodic
 
 async def test_steps_repeat_at_the_interval_until_stopped() -> None:
     steps: list[float] = []
+    enough = asyncio.Event()
 
     async def step() -> None:
         steps.append(time.monotonic())
+        if len(steps) == 4:
+            enough.set()
 
     loop = Periodic(step, 0.05, "test")
     loop.start()
-    await asyncio.sleep(0.28)
-    started = time.monotonic()
-    await loop.stop()
-    assert time.monotonic() - started < 0.05  # a wait is cut short at once
+    await asyncio.wait_for(enough.wait(), 5.0)
+    await asyncio.wait_for(loop.stop(), 1.0)  # its wait is cut short, not sat out
+    gaps = [later - earlier for earlier, later in itertools.pairwise(steps)]
+    assert all(gap >= 0.045 for gap in gaps), gaps
     count = len(steps)
-    assert 4 <= count <= 7, steps
-    await asyncio.sleep(0.12)
+    for _ in range(5):
+        await asyncio.sleep(0)
     assert len(steps) == count
 
 
@@ -34,11 +38,12 @@ async def test_wait_first_skips_the_immediate_step() -> None:
         nonlocal steps
         steps += 1
 
-    loop = Periodic(step, 0.2, "test")
+    loop = Periodic(step, 10.0, "test")
     loop.start(wait_first=True)
-    await asyncio.sleep(0.05)
+    for _ in range(5):
+        await asyncio.sleep(0)
     assert steps == 0
-    await loop.stop()
+    await asyncio.wait_for(loop.stop(), 1.0)
 
 
 async def test_a_step_that_absorbs_the_cancel_still_ends_the_loop() -> None:

@@ -7,6 +7,14 @@ import sys
 import textwrap
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=20, check=False
+    )
+
 
 def test_a_hung_shutdown_exits_saying_where_it_hung() -> None:
     script = textwrap.dedent(
@@ -28,10 +36,7 @@ def test_a_hung_shutdown_exits_saying_where_it_hung() -> None:
         asyncio.run(main())
         """
     )
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=20, check=False
-    )
+    done = _run(script)
     assert done.returncode != 0
     waiting, threads = done.stderr.split("Timeout (0:00:01)!")
     assert "shutdown still waits on" in waiting and "stuck_await" in waiting, done.stderr
@@ -40,8 +45,5 @@ def test_a_hung_shutdown_exits_saying_where_it_hung() -> None:
 
 def test_a_shutdown_that_ends_in_time_is_left_alone() -> None:
     script = "from common import service\nservice.bound_shutdown(5.0)\nprint('clean')\n"
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=20, check=False
-    )
+    done = _run(script)
     assert (done.returncode, done.stdout.strip()) == (0, "clean"), done.stderr
