@@ -140,6 +140,7 @@ def _run_executor(args: argparse.Namespace) -> int:
 
     prefer_brief_openmp_spin()  # before anything loads torch: libgomp reads it once
     from common.service import setup_logging
+    from executor_service.cpu_priority import lower_cpu_priority
     from executor_service.server import serve
 
     flags = [
@@ -155,6 +156,7 @@ def _run_executor(args: argparse.Namespace) -> int:
     ]
     config = _service_config(args, "executor", {f: f for f in flags})
     setup_logging(config.monitoring.log_level)  # type: ignore[attr-defined]
+    lower_cpu_priority(config.executor.nice)  # type: ignore[attr-defined]  # before serve starts thread pools
     asyncio.run(serve(config))  # type: ignore[arg-type]
     return 0
 

@@ -297,6 +297,10 @@ class ExecutorConfig:
     # the device computes asynchronously (CUDA); "on": on the CPU too, where it gains nothing (the host
     # computes the step itself); "off": each step's tokens are read before the next is planned.
     async_scheduling: str = "auto"
+    # The nice value (0-19) of the executor's threads: above 0, the scheduler, Redis and the gateway
+    # on the same host run first when they need the CPU, so a busy executor does not delay placing
+    # and streaming every request (executor_service/cpu_priority.py). 0 shares the cores equally.
+    nice: int = 10
 
     def __post_init__(self) -> None:
         if self.executor_id:
@@ -313,6 +317,8 @@ class ExecutorConfig:
             raise ValueError("executor.backend must be auto or a backend's name")
         if self.async_scheduling not in ("auto", "on", "off"):
             raise ValueError(f"executor.async_scheduling must be auto, on or off, not {self.async_scheduling!r}")
+        if not 0 <= self.nice <= 19:
+            raise ValueError(f"executor.nice must be 0-19, not {self.nice}")
 
 
 def check_fleet_secret(secret: str, where: str) -> None:

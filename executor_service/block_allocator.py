@@ -176,6 +176,13 @@ class BlockAllocator:
             blocks.append(block)
         return blocks
 
+    def add_reference(self, block: int) -> None:
+        """One more table holds ``block``, which is in use: a sequence starting from a block that
+        another fills in the same step, before it has a name to be found by."""
+        if self._refs[block] < 1:
+            raise ValueError(f"block {block} is not in use, so it cannot be shared")
+        self._refs[block] += 1
+
     def name(self, block: int, name: int) -> None:
         """Register a full, computed ``block`` under ``name``. When another block already holds
         that name (two sequences computed the same prefix at once) the first keeps it and this

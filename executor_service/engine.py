@@ -279,9 +279,11 @@ class Engine:
             ranked = self._ranked()
         if self._pending is not None:  # those at their length limit end when the pending tokens are read
             ranked = [s for s in ranked if len(s.output_ids) + s.num_pending < s.max_output]
-        # Only prefills share blocks or wait for them: a step of decodes alone skips the pass.
-        ready = self.prefix_cache.share(ranked) if self._prefilling else ranked
-        plan = self.step_scheduler.schedule(ready, self.token_budget, self._grants)
+        # Only prefills share blocks or wait for them: a step of decodes alone skips the rule.
+        sharing = self.prefix_cache.sharing() if self._prefilling else None
+        plan = self.step_scheduler.schedule(
+            ranked, self.token_budget, self._grants, sharing.may_compute if sharing is not None else None
+        )
         self._grants = {}
         self._preempted.extend(s.request_id for s in plan.preempted)
         if plan.chunks:

@@ -2,22 +2,31 @@
 and names its own blocks as they fill, so later sequences can start from them.
 
 The engine calls ``match`` when a sequence joins the batch (new, re-admitted, resumed after a
-preemption, or migrated with its output so far), ``share`` before every step and ``name_computed``
-after it. The blocks themselves, their reference counts and the eviction order are
-``block_allocator``'s.
+preemption, or migrated with its output so far), plans every step with a ``sharing`` rule and calls
+``name_computed`` after the step. The blocks themselves, their reference counts and the eviction
+order are ``block_allocator``'s.
 
 Requests on one new prefix often arrive together (a burst behind one system prompt, ``n``
-samples of a prompt): none finds it cached when it joins. ``share`` makes the first compute it
-while the others wait, then start from its blocks, as SGLang's scheduler does for a batch's
-shared prefixes. Without it every one of them computed the whole prefix: on a burst of 96 requests
-behind 8 system prompts that was twelve times the prefill the prompts needed.
+samples of a prompt): none finds it cached when it joins. The step's ``StepSharing`` lets the first
+compute it and the others start from its blocks in the same step, as vLLM's scheduler does: every
+layer writes the whole step's keys and values into the pool before any request of the step reads
+its context (``paged_attention``), so a chunk may read blocks that a chunk ahead of it fills in
+that very forward pass. A block that a chunk ahead only begins (its chunk ends inside the block),
+or that a prefill ahead computes next but is not planned to this step, is waited for: the others
+take it once it is named. Without this every one of them computed the whole prefix: on a burst of
+96 requests behind 8 system prompts that was twelve times the prefill the prompts needed; waiting a
+step for it instead cost the repeats that arrived with their prefix's first request a whole step
+of time to first token.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
+
 from common.block_hashing import ROOT, block_hashes
 from executor_service.block_allocator import BlockAllocator
 from executor_service.sequence import Sequence
+from executor_service.step_scheduler import ScheduledChunk
 
 
 class PrefixCache:
@@ -47,36 +56,11 @@ class PrefixCache:
         self.queries += seq.num_tokens
         self.hits += seq.num_computed
 
-    def share(self, ordered: list[Sequence]) -> list[Sequence]:
-        """The sequences this step may compute (``ordered`` in rank order, minus those told to wait).
+    def sharing(self) -> StepSharing | None:
+        """The rule for one step's prefills (``StepScheduler.schedule``'s ``may_compute``); None when off."""
+        return StepSharing(self) if self.enabled else None
 
-        A prefill that has computed nothing of its own yet first takes the blocks named since it
-        joined. Then, if the block it would compute next is the one a sequence ahead of it is
-        computing (the same name), it waits this step and takes that block once it is named.
-        """
-        if not self.enabled:
-            return ordered
-        block_size = self.allocator.block_size
-        claimed: set[int] = set()  # names of the blocks that sequences ahead of this one compute next
-        out: list[Sequence] = []
-        for seq in ordered:
-            # A sequence that never matched (one scoring its prompt) has names only for the blocks
-            # it computed itself, so it neither takes blocks nor waits here.
-            if seq.is_decoding or not seq.block_names:
-                out.append(seq)
-                continue
-            if seq.num_computed == len(seq.block_table) * block_size == seq.num_named * block_size:
-                self._take_newly_cached(seq)
-            next_block = seq.num_computed // block_size
-            if next_block < len(seq.block_names) and next_block < (seq.num_tokens - 1) // block_size:
-                name = seq.block_names[next_block]
-                if name in claimed:
-                    continue  # another computes this block now: wait for it
-                claimed.add(name)
-            out.append(seq)
-        return out
-
-    def _take_newly_cached(self, seq: Sequence) -> None:
+    def take_newly_cached(self, seq: Sequence) -> None:
         """Extend a sequence that holds only cached blocks by those cached since it looked."""
         cap = (seq.num_tokens - 1) // self.allocator.block_size
         start = len(seq.block_table)
@@ -104,3 +88,73 @@ class PrefixCache:
         for index in range(seq.num_named, full):
             self.allocator.name(seq.block_table[index], names[index])
         seq.num_named = full
+
+
+class StepSharing:
+    """One step's sharing of blocks between prefills on the same prefix, asked of each prefill in rank
+    order with the chunks planned ahead of it (``may_compute``)."""
+
+    def __init__(self, cache: PrefixCache) -> None:
+        self.cache = cache
+        self.block_size = cache.allocator.block_size
+        # Names of the blocks that prefills planned so far compute next: a prefill whose next block
+        # is one of them waits for it.
+        self._claimed: set[int] = set()
+        # Blocks that this step's chunks fill, by name: a prefill behind them may start after them.
+        self._filling: dict[int, int] = {}
+        self._chunks_seen = 0
+
+    def may_compute(self, seq: Sequence, chunks: Seq[ScheduledChunk[Sequence]]) -> bool:
+        """Extend a prefill that holds only cached blocks by those named since it joined and those the
+        chunks ahead of it fill in this step; False when the block it would compute next is one a
+        prefill ahead of it computes next (it waits for that block)."""
+        # A sequence that never matched (one scoring its prompt) has names only for the blocks it
+        # computed itself, so it neither takes blocks nor waits here.
+        if seq.is_decoding or not seq.block_names:
+            return True
+        size = self.block_size
+        self._note(chunks)
+        if seq.num_computed == len(seq.block_table) * size == seq.num_named * size:
+            self.cache.take_newly_cached(seq)
+            self._take_filling(seq)
+        next_block = seq.num_computed // size
+        if next_block < len(seq.block_names) and next_block < (seq.num_tokens - 1) // size:
+            name = seq.block_names[next_block]
+            if name in self._claimed:
+                return False
+            self._claimed.add(name)
+        return True
+
+    def _take_filling(self, seq: Sequence) -> None:
+        """Give ``seq`` the blocks after its own that chunks ahead of it fill in this step. Counted as
+        computed and named now: the forward pass fills them before ``seq``'s chunk reads them, and
+        their filler names them after the step (both name the same block, which names it once)."""
+        if not self._filling:
+            return
+        size, names, table = self.block_size, seq.block_names, seq.block_table
+        cap = min(len(names), (seq.num_tokens - 1) // size)
+        while len(table) < cap:
+            block = self._filling.get(names[len(table)])
+            if block is None:
+                return
+            self.cache.allocator.add_reference(block)
+            table.append(block)
+            seq.num_named += 1
+            seq.num_computed += size
+            self.cache.hits += size
+
+    def _note(self, chunks: Seq[ScheduledChunk[Sequence]]) -> None:
+        """Record the blocks that the chunks planned since the last look fill (block ``i`` of a chunk
+        over tokens ``start..end-1`` fills when ``start < (i + 1) * block_size <= end``), and claim the
+        block a chunk ends inside: it is being computed, so a prefill behind waits for it."""
+        size = self.block_size
+        for chunk in chunks[self._chunks_seen :]:
+            filler = chunk.seq
+            names = filler.block_names
+            start = filler.num_computed
+            end = start + chunk.num_tokens
+            for index in range(start // size, min(end // size, len(names))):
+                self._filling.setdefault(names[index], filler.block_table[index])
+            if end % size and end // size < len(names):
+                self._claimed.add(names[end // size])
+        self._chunks_seen = len(chunks)

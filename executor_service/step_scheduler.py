@@ -8,12 +8,14 @@ KV cache. When blocks run out for a decode it preempts the highest-ranked (least
 sequence, recompute-style, and the scheduler service re-queues it.
 
 Pure: it sees sequences and blocks only through ``executor_service.schedulable``, so the engine
-and a simulated executor run the same rule.
+and a simulated executor run the same rule. The engine's prefix cache joins in through
+``may_compute``: a prefill may first take blocks computed before it or by a chunk ahead of it in
+this very step, or wait for one (``prefix_cache.StepSharing``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -56,8 +58,15 @@ class StepScheduler(Generic[S]):
         # hundreds of them afresh cost a quarter of planning a decode step.
         self._decode_chunks: dict[S, ScheduledChunk[S]] = {}
 
-    def schedule(self, running: list[S], budget: int, grants: Mapping[str, int]) -> StepPlan[S]:
-        """``running`` in rank order (most important first)."""
+    def schedule(
+        self,
+        running: list[S],
+        budget: int,
+        grants: Mapping[str, int],
+        may_compute: Callable[[S, Sequence[ScheduledChunk[S]]], bool] | None = None,
+    ) -> StepPlan[S]:
+        """``running`` in rank order (most important first). ``may_compute(seq, chunks)``: asked of each
+        prefill in turn with the chunks planned ahead of it; False leaves it out of this step."""
         queue = list(running)
         chunks: list[ScheduledChunk[S]] = []
         preempted: list[S] = []
@@ -83,6 +92,8 @@ class StepScheduler(Generic[S]):
         for seq in waiting:
             if budget <= 0:
                 break
+            if may_compute is not None and not may_compute(seq, chunks):
+                continue
             size = min(seq.num_uncomputed, budget, grants.get(seq.request_id, budget))
             if size <= 0:
                 continue

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 
@@ -38,6 +40,11 @@ def test_two_executor_processes_share_the_work(tiny_model_dir: Path, tmp_path: P
         assert all("startup objects out of the garbage collector" in text for text in logs.values())
         # The scheduler loads the tokenizer with the first request, and freezes again after it.
         assert logs["scheduler"].count("startup objects out of the garbage collector") == 2
+        # Every executor thread (torch's, gRPC's, asyncio's) runs below the serving path's priority.
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        for name in names:
+            nices = {os.getpriority(os.PRIO_PROCESS, t.id) for t in psutil.Process(stack.pids[name]).threads()}
+            assert nices == ({own} if name == "scheduler" else {max(own, 10)}), name
 
 
 def test_at_least_one_executor(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -215,6 +215,14 @@ def test_the_backend_and_private_ops_switch_come_from_the_environment() -> None:
         ExecutorConfig(backend="")
 
 
+def test_the_executors_nice_value_comes_from_the_environment_within_0_to_19() -> None:
+    assert ExecutorConfig().nice == 10
+    assert load_config(None, environ={"BATON_EXECUTOR__NICE": "0"}).executor.nice == 0
+    for nice in (-1, 20):
+        with pytest.raises(ValueError, match=r"executor\.nice must be 0-19"):
+            ExecutorConfig(nice=nice)
+
+
 def test_low_load_threshold_above_high_raises() -> None:
     with pytest.raises(ValueError, match="low_load_threshold <= high_load_threshold"):
         LoadAwareConfig(low_load_threshold=0.9, high_load_threshold=0.5)

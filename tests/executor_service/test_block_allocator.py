@@ -116,6 +116,25 @@ def test_shared_blocks_are_counted_and_freed_only_by_their_last_table() -> None:
         alloc.grow([], 1)
 
 
+def test_a_block_shared_before_it_is_named_is_freed_by_its_last_table_and_cached_once_named() -> None:
+    alloc = BlockAllocator(num_blocks=4, block_size=4)
+    filler: list[int] = []
+    alloc.grow(filler, 8)
+    follower = list(filler)  # starts from the blocks its filler fills in the same step
+    first = follower[0]
+    for block in follower:
+        alloc.add_reference(block)
+    assert alloc.num_used == 2
+    alloc.release(filler)
+    assert alloc.num_used == 2  # the follower still reads them
+    alloc.name(first, 11)  # named after the step, by whichever of the two names it first
+    alloc.release(follower)
+    assert alloc.num_free == 4 and alloc.num_cached == 1
+    assert alloc.cached_prefix([11]) == [first]
+    with pytest.raises(ValueError, match="not in use"):
+        alloc.add_reference(3)
+
+
 def test_eviction_takes_plain_free_blocks_first_then_the_least_recently_released_tail_first() -> None:
     alloc = BlockAllocator(num_blocks=6, block_size=1)
     old = filled(alloc, [1, 2])  # blocks 0, 1

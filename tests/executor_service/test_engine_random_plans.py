@@ -38,6 +38,10 @@ def alone(ref: Engine, prompt: tuple[int, ...], params: SamplingParams) -> tuple
 def run_fuzz(engine: Engine, ref: Engine, seed: int, steps: int = 160) -> None:
     rng = random.Random(seed)
     pool = [tuple(p) for p in prompts(6, seed=seed)]
+    # Prompts that share a prefix (whole blocks and a part of one) with different tails: admitted in
+    # one plan, the later ones start from blocks the first fills in the same step.
+    base = max(pool, key=len)
+    pool += [base[: len(base) * k // 4] + tail for k, tail in ((2, (7, 8, 9)), (3, (10, 11)), (3, (12,) * 20))]
     probe = {p: alone(ref, p, SamplingParams(max_tokens=24, ignore_eos=True))[0] for p in pool}
     live: dict[str, tuple[tuple[int, ...], SamplingParams]] = {}  # admitted, not finished / preempted
     handed_back: dict[str, tuple[tuple[int, ...], SamplingParams]] = {}  # preempted, to re-admit

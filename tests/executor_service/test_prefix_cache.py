@@ -37,6 +37,7 @@ class Checker:
         self.model = load_reference_model(model_dir)
         self.count = 0
         self.events = KvCacheEvents()  # since the last take_events
+        self.first_token_step: dict[str, int] = {}  # the last run's: the step each request's first token came in
 
     def run(self, prompts: list[list[int]], max_tokens: int = 10) -> dict[str, list[int]]:
         specs = []
@@ -45,11 +46,15 @@ class Checker:
             specs.append(admit(f"q{self.count}", prompt, max_tokens))
         self.engine.apply(PlanUpdate(seq=self.count, admit=tuple(specs)))
         outputs: dict[str, list[int]] = {spec.request_id: [] for spec in specs}
+        self.first_token_step = {}
+        step = 0
         while self.engine.has_work:
             out = self.engine.step()
             self.events = self.events.then(out.kv_events)
             for delta in out.tokens:
                 outputs[delta.request_id] += delta.token_ids
+                self.first_token_step.setdefault(delta.request_id, step)
+            step += 1
         for spec, prompt in zip(specs, prompts, strict=True):
             ref = reference_greedy(self.model, prompt, max_tokens)
             assert_matches_reference(outputs[spec.request_id], ref, f"{spec.request_id} ({len(prompt)} tokens)")
@@ -123,12 +128,43 @@ def test_requests_on_the_same_new_prefix_in_one_step_match_generate(tiny_model_d
     check = Checker(engine, tiny_model_dir)
     prefix = [1, *random_tokens(79, seed=6)]
     together = [prefix + random_tokens(5 + 7 * i, seed=10 + i) for i in range(3)] + [list(prefix)]
-    # All admitted before any of them computed the prefix: the first computes it, the others wait
-    # a step and start from its 5 blocks (the bare prefix, 80 tokens, from 4: its last one is computed).
+    # All admitted before any of them computed the prefix: the first computes it, and the others start
+    # from its 5 blocks (the bare prefix, 80 tokens, from 4: its last one is computed) in the same step,
+    # reading the blocks that the first fills in that forward pass.
     assert check.hits_of(together) == 2 * 5 * BLOCK + 4 * BLOCK
+    assert set(check.first_token_step.values()) == {0}, check.first_token_step
     stored = check.take_events().stored
     assert len(stored) == len(set(stored)) == len(engine.allocator.cached_names())
     assert check.hits_of([[*prefix, 3, 4]]) == 5 * BLOCK
+    assert engine.allocator.num_free == engine.allocator.num_blocks
+
+
+def test_a_block_a_chunk_ahead_only_begins_is_waited_for_then_shared(tiny_model_dir: Path) -> None:
+    """The first request's grant ends inside its third block: the second takes the two blocks filled in
+    that step, waits for the third, and takes it and the rest in the step that completes them."""
+    engine = make_engine(tiny_model_dir, block_size=BLOCK, token_budget=512)
+    model = load_reference_model(tiny_model_dir)
+    prefix = [1, *random_tokens(79, seed=41)]  # 5 blocks
+    first, second = prefix + random_tokens(6, seed=42), prefix + random_tokens(9, seed=43)
+    specs = (admit("first", first, 8), admit("second", second, 8))
+    engine.apply(PlanUpdate(seq=1, admit=specs, grants={"first": 40}))
+    outputs: dict[str, list[int]] = {"first": [], "second": []}
+    out = engine.step()
+    assert not out.tokens
+    leader, follower = engine.running["first"], engine.running["second"]
+    assert leader.num_computed == 40
+    assert follower.block_table == leader.block_table[:2] and follower.num_computed == 2 * BLOCK
+    first_steps: dict[str, int] = {}
+    for step in range(1, 20):
+        for delta in engine.step().tokens:
+            outputs[delta.request_id] += delta.token_ids
+            first_steps.setdefault(delta.request_id, step)
+        if not engine.has_work:
+            break
+    assert first_steps == {"first": 1, "second": 1}
+    assert engine.prefix_cache.hits == 5 * BLOCK
+    for name, prompt in (("first", first), ("second", second)):
+        assert_matches_reference(outputs[name], reference_greedy(model, prompt, 8), name)
     assert engine.allocator.num_free == engine.allocator.num_blocks
 
 
