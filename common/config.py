@@ -298,9 +298,10 @@ class ExecutorConfig:
     # computes the step itself); "off": each step's tokens are read before the next is planned.
     async_scheduling: str = "auto"
     # The nice value (0-19) of the executor's threads: above 0, the scheduler, Redis and the gateway
-    # on the same host run first when they need the CPU, so a busy executor does not delay placing
-    # and streaming every request (executor_service/cpu_priority.py). 0 shares the cores equally.
-    nice: int = 10
+    # on the same host run first when they need the CPU, so a busy executor delays placing and
+    # streaming requests less, at a cost in throughput when the host is saturated
+    # (executor_service/cpu_priority.py). 0 shares the cores equally.
+    nice: int = 0
 
     def __post_init__(self) -> None:
         if self.executor_id:

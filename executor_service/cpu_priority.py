@@ -1,15 +1,20 @@
-"""The executor's CPU scheduling priority: below the serving path's when they share a host.
+"""The executor's CPU scheduling priority, for a host it shares with the serving path (``executor.nice``).
 
 Why: every request's latency runs through the scheduler, Redis and the gateway, which need a few
 milliseconds of CPU each step, while an executor on the CPU takes every cycle it is given. At equal
-priority the kernel shares the cores fairly, so on a small host a new request waited behind the
-executors' steps before the scheduler could place it. Measured on 2 cores with two executors of the
-tiny model and the scheduler, Redis and the benchmark client beside them (the shared-prefix workload,
-16 requests in flight, three seeds alternated): with the executors at nice 10, a request's time from
-arrival to placement went from 15-24 ms to about 4 ms, and the time to first token of requests that
-found their prefix cached from 52-69 ms to 33-38 ms, at the same output throughput. The executor
-loses nothing it needs: it waits for the scheduler's plans anyway, and a host with nothing else on it
-gives a low priority every core.
+priority the kernel shares the cores fairly, so on a small host a new request waits behind the
+executors' steps before the scheduler can place it. Measured on 2 cores (AMD EPYC), the tiny model:
+
+- two executors beside the scheduler, Redis and the benchmark client, the shared-prefix workload with
+  16 requests in flight, three seeds alternated: at nice 10 a request's time from arrival to placement
+  went from 15-24 ms to about 4 ms, and the time to first token of requests that found their prefix
+  cached from 52-69 ms to 33-38 ms, at the same output throughput;
+- but a saturated host loses throughput: one executor given 64 or 96 requests at once, alternated six
+  times, produced 13-17 % fewer tokens per second at nice 10 and 6-8 % fewer at nice 5, the host's
+  cores partly idle: the executor's OpenMP workers, preempted more often, hold up each parallel region.
+
+So the default is 0, an equal share, and an operator who wants latency first on a shared host raises
+it. A host with nothing else on it gives any priority every core.
 
 Linux gives each thread its own nice value and a new thread inherits its creator's, so this runs
 before the executor starts its thread pools (torch's OpenMP workers, gRPC's, asyncio's), and it also

@@ -216,8 +216,8 @@ def test_the_backend_and_private_ops_switch_come_from_the_environment() -> None:
 
 
 def test_the_executors_nice_value_comes_from_the_environment_within_0_to_19() -> None:
-    assert ExecutorConfig().nice == 10
-    assert load_config(None, environ={"BATON_EXECUTOR__NICE": "0"}).executor.nice == 0
+    assert ExecutorConfig().nice == 0
+    assert load_config(None, environ={"BATON_EXECUTOR__NICE": "10"}).executor.nice == 10
     for nice in (-1, 20):
         with pytest.raises(ValueError, match=r"executor\.nice must be 0-19"):
             ExecutorConfig(nice=nice)
