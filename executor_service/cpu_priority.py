@@ -10,8 +10,10 @@ executors' steps before the scheduler can place it. Measured on 2 cores (AMD EPY
   went from 15-24 ms to about 4 ms, and the time to first token of requests that found their prefix
   cached from 52-69 ms to 33-38 ms, at the same output throughput;
 - but a saturated host loses throughput: one executor given 64 or 96 requests at once, alternated six
-  times, produced 13-17 % fewer tokens per second at nice 10 and 6-8 % fewer at nice 5, the host's
-  cores partly idle: the executor's OpenMP workers, preempted more often, hold up each parallel region.
+  times, produced 13-17 % fewer tokens per second at nice 10 and 6-8 % fewer at nice 5; two executors,
+  3-10 % fewer at nice 10. The processes then left part of the cores idle (their CPU seconds summed to
+  less of the run's time), most likely because the executor's OpenMP workers, preempted more often,
+  hold up each parallel region.
 
 So the default is 0, an equal share, and an operator who wants latency first on a shared host raises
 it. A host with nothing else on it gives any priority every core.
