@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import cast
 
 import grpc
 import pytest
@@ -13,10 +14,15 @@ import pytest
 from common.pb import executor_pb2, executor_pb2_grpc
 from common.pb import generate_pb2 as gen_pb
 from common.sampling_params import SamplingParams
+from executor_service.block_allocator import BlockAllocator
 from executor_service.convert import report_to_pb
+from executor_service.detokenizer import IncrementalDetokenizer
 from executor_service.engine import Engine
 from executor_service.engine_io import AdmitSpec, KvCacheEvents, PlanUpdate
 from executor_service.load_metrics import DeviceLoad
+from executor_service.prefix_cache import PrefixCache
+from executor_service.sequence import Sequence
+from executor_service.step_scheduler import StepPlan, StepScheduler
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.executor_service.test_engine import admit, make_engine, run_to_end
 from tests.stack import Stack, eventually, joined_tokens, stack_config, start_stack
@@ -292,3 +298,71 @@ async def test_repeated_prompts_through_a_stack_hit_the_cache_and_match_generate
     async with grpc.aio.insecure_channel(cached_stack.executors[0].address) as channel:
         info = await executor_pb2_grpc.ExecutorStub(channel).Info(executor_pb2.InfoRequest(), timeout=10)
     assert info.prefix_caching
+
+
+# ---- the step's sharing rule alone: sequences and the allocator's bookkeeping, no model ------------
+def _sequence(request_id: str, tokens: list[int], rank: float) -> Sequence:
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    return Sequence(request_id, list(tokens), [], params, rank, None, cast(IncrementalDetokenizer, None))
+
+
+def _plan(cache: PrefixCache, seqs: list[Sequence], budget: int = 1024) -> StepPlan[Sequence]:
+    """One step's plan for ``seqs``, in rank order; those without blocks match the cache first."""
+    for seq in seqs:
+        if not seq.block_table:
+            cache.match(seq)
+    scheduler: StepScheduler[Sequence] = StepScheduler(cache.allocator, lambda seq: None)
+    sharing = cache.sharing()
+    assert sharing is not None
+    return scheduler.schedule(seqs, budget, {}, sharing.may_compute)
+
+
+def test_followers_take_only_the_blocks_a_chunk_ahead_fills_and_that_their_own_tokens_name() -> None:
+    cache = PrefixCache(BlockAllocator(64, 4))
+    prefix = list(range(1, 13))  # 3 blocks of 4
+    filler = _sequence("filler", [*prefix, 50, 51], 0.0)
+    follower = _sequence("follower", [*prefix, 60], 1.0)
+    diverging = _sequence("diverging", [*prefix[:6], 70, 71, 72, 73, 74, 75, 76], 2.0)  # shares block 0 only
+    plan = _plan(cache, [filler, follower, diverging])
+    planned = [(c.seq.request_id, c.num_tokens) for c in plan.chunks]
+    assert planned == [("filler", 14), ("follower", 1), ("diverging", 9)]
+    assert follower.block_table[:3] == filler.block_table[:3] and follower.num_computed == 12
+    assert diverging.block_table[0] == filler.block_table[0] and diverging.block_table[1] != filler.block_table[1]
+    assert diverging.num_computed == 4
+    assert cache.hits == 12 + 4
+
+
+def test_a_block_being_begun_or_claimed_is_waited_for() -> None:
+    cache = PrefixCache(BlockAllocator(64, 4))
+    prefix = list(range(1, 17))  # 4 blocks
+    filler = _sequence("filler", [*prefix, 50], 0.0)
+    follower = _sequence("follower", [*prefix, 60], 1.0)
+    for seq in (filler, follower):
+        cache.match(seq)
+    scheduler: StepScheduler[Sequence] = StepScheduler(cache.allocator, lambda seq: None)
+    sharing = cache.sharing()
+    assert sharing is not None
+    plan = scheduler.schedule([filler, follower], 1024, {"filler": 6}, sharing.may_compute)
+    # The filler's grant ends inside block 1: the follower takes block 0 and waits for block 1.
+    assert [c.seq.request_id for c in plan.chunks] == ["filler"]
+    assert follower.block_table == filler.block_table[:1] and follower.num_computed == 4
+    # A filler granted nothing this step still claims the block it computes next.
+    waiting = _sequence("waiting", [*prefix, 70], 2.0)
+    cache.match(waiting)
+    sharing = cache.sharing()
+    assert sharing is not None
+    plan = scheduler.schedule([filler, waiting], 1024, {"filler": 0}, sharing.may_compute)
+    assert plan.chunks == () and waiting.num_computed == 0 and waiting.block_table == []
+
+
+def test_a_decode_filling_a_block_shares_nothing_before_it_is_named() -> None:
+    cache = PrefixCache(BlockAllocator(64, 4))
+    decoding = _sequence("decoding", [1, 2, 3], 0.0)
+    cache.match(decoding)
+    cache.allocator.grow(decoding.block_table, 4)
+    decoding.output_ids.append(4)
+    decoding.num_computed = 3  # its output token, which fills block 0, is computed this step
+    other = _sequence("other", [1, 2, 3, 4, 8], 1.0)
+    plan = _plan(cache, [decoding, other])
+    assert [(c.seq.request_id, c.num_tokens) for c in plan.chunks] == [("decoding", 1), ("other", 5)]
+    assert other.num_computed == 0 and other.block_table[0] != decoding.block_table[0]
