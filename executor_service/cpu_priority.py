@@ -6,17 +6,17 @@ priority the kernel shares the cores fairly, so on a small host a new request wa
 executors' steps before the scheduler can place it. Measured on 2 cores (AMD EPYC), the tiny model:
 
 - two executors beside the scheduler, Redis and the benchmark client, the shared-prefix workload with
-  16 requests in flight, three seeds alternated: at nice 10 a request's time from arrival to placement
-  went from 15-24 ms to about 4 ms, and the time to first token of requests that found their prefix
-  cached from 52-69 ms to 33-38 ms, at the same output throughput;
-- but a saturated host loses throughput: one executor given 64 or 96 requests at once, alternated six
-  times, produced 13-17 % fewer tokens per second at nice 10 and 6-8 % fewer at nice 5; two executors,
-  3-10 % fewer at nice 10. The processes then left part of the cores idle (their CPU seconds summed to
-  less of the run's time), most likely because the executor's OpenMP workers, preempted more often,
-  hold up each parallel region.
+  16 requests in flight, seeds alternated: at nice 10 a request's time from arrival to placement went
+  from 15-24 ms to about 4 ms, the time to first token of requests that found their prefix cached
+  from 52-69 ms to 33-38 ms, and output throughput was the same or up to 8 % higher;
+- one executor serving 200 requests at 16 requests/s gained nothing (TTFT p50 39 against 37 ms);
+- a saturated host loses throughput: one executor given 64 or 96 requests at once produced 13-17 %
+  fewer tokens per second at nice 10 and 6-8 % fewer at nice 5 (with one torch thread as with two,
+  so not OpenMP's barriers); two executors, 3-10 % fewer.
 
-So the default is 0, an equal share, and an operator who wants latency first on a shared host raises
-it. A host with nothing else on it gives any priority every core.
+So the default is 0, an equal share; an operator running several executors beside the scheduler on
+a small host, who wants latency first, raises it. A host with nothing else on it gives any priority
+every core.
 
 Linux gives each thread its own nice value and a new thread inherits its creator's, so this runs
 before the executor starts its thread pools (torch's OpenMP workers, gRPC's, asyncio's), and it also
