@@ -300,7 +300,7 @@ class ExecutorConfig:
     # The nice value (0-19) of the executor's threads: above 0, the scheduler, Redis and the gateway
     # on the same host run first when they need the CPU, so a busy executor delays placing and
     # streaming requests less, at a cost in throughput when the host is saturated
-    # (executor_service/cpu_priority.py). 0 shares the cores equally.
+    # (executor_service/cpu_priority.py). 0 leaves the priority the process started with.
     nice: int = 0
 
     def __post_init__(self) -> None:

@@ -48,7 +48,10 @@ class BlockAllocator:
         self._state = bytearray(num_blocks)  # one byte per block: bytes.find locates runs in C
         self._refs = [0] * num_blocks  # tables holding each block
         self._num_free = num_blocks
-        self._rooms: dict[int, range] = {}  # first block of a table -> the blocks held for it
+        # First block of a table -> the blocks held for it, and the table (its id) they are held for:
+        # another table starting with the same blocks (one that took them while this one runs)
+        # must not grow into them.
+        self._rooms: dict[int, tuple[range, int]] = {}
         self._name_of: dict[int, int] = {}  # named block -> its name
         self._block_of: dict[int, int] = {}  # name -> the block holding it
         # Unreferenced named blocks, oldest release first: the order they are evicted in.
@@ -92,14 +95,18 @@ class BlockAllocator:
         if missing > self._num_free:
             raise OutOfBlocks(f"need {missing} blocks, {self._num_free} free")
         if not block_table:
-            start = self._place(missing, max(missing, self.blocks_for(final_tokens)))
+            start = self._place(missing, max(missing, self.blocks_for(final_tokens)), id(block_table))
             if start is not None:
                 block_table.extend(self._take(b) for b in range(start, start + missing))
                 return
         state = self._state
+        # Grow in place into plain free blocks, or into the room held for this very table: not into
+        # room held for another, such as the running sequence whose blocks this table started from.
+        room, owner = self._rooms.get(block_table[0], (range(0), 0)) if block_table else (range(0), 0)
+        own_room = room if owner == id(block_table) else range(0)
         for taken in range(missing):
             after = block_table[-1] + 1 if block_table else self.num_blocks
-            if after < self.num_blocks and state[after] in (_FREE, _HELD):
+            if after < self.num_blocks and (state[after] == _FREE or (state[after] == _HELD and after in own_room)):
                 block_table.append(self._take(after))
             elif self._num_free > len(self._lru):
                 block_table.append(self._take(self._any_free()))
@@ -142,7 +149,7 @@ class BlockAllocator:
         room held after it is free for anyone."""
         if self._refs[first] == 1:
             state = self._state
-            for block in self._rooms.pop(first, range(0)):
+            for block in self._rooms.pop(first, (range(0), 0))[0]:
                 if state[block] == _HELD:
                     state[block] = _FREE
 
@@ -218,8 +225,9 @@ class BlockAllocator:
             return None
         return first if list(block_table) == list(range(first, first + len(block_table))) else None
 
-    def _place(self, need: int, want: int) -> int | None:
-        """Start of ``need`` free blocks in a row, with room held after them up to ``want``."""
+    def _place(self, need: int, want: int, owner: int) -> int | None:
+        """Start of ``need`` free blocks in a row, with room held after them up to ``want`` for the
+        table whose id is ``owner``."""
         state = self._state
         for size in (want, need):
             start = state.find(bytes(size))
@@ -228,7 +236,7 @@ class BlockAllocator:
                 for block in room:
                     state[block] = _HELD
                 if room:
-                    self._rooms[start] = room
+                    self._rooms[start] = (room, owner)
                 return start
         return None
 

@@ -34,11 +34,14 @@ MAX_NICE = 19
 
 
 def lower_cpu_priority(nice: int) -> int:
-    """Run every thread of this process at ``nice`` at least (0-19); return the process's nice value."""
+    """Run every thread of this process at ``nice`` at least (1-19); 0 leaves the priority the process
+    started with, a negative nice an operator gave it included. Return the process's nice value."""
     if not 0 <= nice <= MAX_NICE:
         raise ValueError(f"nice must be 0-{MAX_NICE}, got {nice}")
-    if not hasattr(os, "setpriority"):
+    if not hasattr(os, "getpriority"):
         return 0  # no per-process priorities on this platform
+    if nice == 0:
+        return os.getpriority(os.PRIO_PROCESS, 0)
     for tid in _thread_ids():
         with contextlib.suppress(ProcessLookupError, PermissionError):  # a thread that just ended
             if os.getpriority(os.PRIO_PROCESS, tid) < nice:
@@ -47,8 +50,9 @@ def lower_cpu_priority(nice: int) -> int:
 
 
 def _thread_ids() -> list[int]:
-    """This process's threads (Linux names each under /proc/self/task); elsewhere the process itself,
-    where ``setpriority`` covers every thread."""
+    """This process's threads (Linux names each under /proc/self/task); elsewhere 0, the caller: the
+    whole process where ``setpriority`` covers every thread (BSD, macOS), the calling thread on a Linux
+    without /proc (the threads it starts later inherit its value)."""
     tasks = Path("/proc/self/task")
     if tasks.is_dir():
         return [int(entry.name) for entry in tasks.iterdir()]

@@ -135,6 +135,22 @@ def test_a_block_shared_before_it_is_named_is_freed_by_its_last_table_and_cached
         alloc.add_reference(3)
 
 
+def test_a_table_sharing_a_running_tables_blocks_grows_outside_its_room() -> None:
+    alloc = BlockAllocator(num_blocks=16, block_size=4)
+    filler: list[int] = []
+    alloc.grow(filler, 8, final_tokens=24)  # blocks 0-1, and 2-5 held as its room
+    follower = list(filler)
+    for block in follower:
+        alloc.add_reference(block)
+    alloc.grow(follower, 12)
+    assert follower[2] not in range(2, 6)
+    alloc.grow(filler, 24)
+    assert alloc.contiguous_start(filler) == 0  # its prefill still reads its context as a view
+    alloc.release(filler)
+    alloc.grow(follower, 16)  # the room's last holder is gone: it is anyone's again
+    assert alloc.num_used == 4
+
+
 def test_eviction_takes_plain_free_blocks_first_then_the_least_recently_released_tail_first() -> None:
     alloc = BlockAllocator(num_blocks=6, block_size=1)
     old = filled(alloc, [1, 2])  # blocks 0, 1

@@ -71,6 +71,12 @@ def test_zero_leaves_the_priority_alone() -> None:
     assert _child(0) == [own] * 4
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may start a process at a negative nice value")
+def test_zero_keeps_a_negative_nice_the_operator_gave() -> None:
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert _child(0, start_at=-5) == [max(-20, own - 5)] * 4
+
+
 @pytest.mark.parametrize("nice", [-1, 20])
 def test_out_of_range_is_refused(nice: int) -> None:
     with pytest.raises(ValueError, match="nice must be 0-19"):
