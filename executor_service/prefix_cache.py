@@ -15,8 +15,8 @@ that very forward pass. A block that a chunk ahead only begins (its chunk ends i
 or that a prefill ahead computes next but is not planned to this step, is waited for: the others
 take it once it is named. Without this every one of them computed the whole prefix: on a burst of
 96 requests behind 8 system prompts that was twelve times the prefill the prompts needed; waiting a
-step for it instead cost the repeats that arrived with their prefix's first request a whole step
-of time to first token.
+step for it instead would cost the repeats that arrive with their prefix's first request a whole
+step of time to first token.
 """
 
 from __future__ import annotations
