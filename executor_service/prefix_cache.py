@@ -92,7 +92,7 @@ class PrefixCache:
 
 class StepSharing:
     """One step's sharing of blocks between prefills on the same prefix, asked of each prefill in rank
-    order with the chunks planned ahead of it (``may_compute``)."""
+    order with the prefill chunks planned ahead of it (``may_compute``)."""
 
     def __init__(self, cache: PrefixCache) -> None:
         self.cache = cache

@@ -65,8 +65,9 @@ class StepScheduler(Generic[S]):
         grants: Mapping[str, int],
         may_compute: Callable[[S, Sequence[ScheduledChunk[S]]], bool] | None = None,
     ) -> StepPlan[S]:
-        """``running`` in rank order (most important first). ``may_compute(seq, chunks)``: asked of each
-        prefill in turn with the chunks planned ahead of it; False leaves it out of this step."""
+        """``running`` in rank order (most important first). ``may_compute(seq, prefills)``: asked of each
+        prefill in turn with the prefill chunks planned ahead of it (not the decodes: a decode's token
+        never completes a block that has a name yet); False leaves it out of this step."""
         queue = list(running)
         chunks: list[ScheduledChunk[S]] = []
         preempted: list[S] = []
@@ -89,10 +90,11 @@ class StepScheduler(Generic[S]):
         budget -= num_decodes
         if preempted:
             waiting = [seq for seq in waiting if not any(victim is seq for victim in preempted)]
+        prefills: list[ScheduledChunk[S]] = []
         for seq in waiting:
             if budget <= 0:
                 break
-            if may_compute is not None and not may_compute(seq, chunks):
+            if may_compute is not None and not may_compute(seq, prefills):
                 continue
             size = min(seq.num_uncomputed, budget, grants.get(seq.request_id, budget))
             if size <= 0:
@@ -101,8 +103,9 @@ class StepScheduler(Generic[S]):
                 self.allocator.grow(seq.block_table, seq.num_computed + size, seq.final_len)
             except OutOfBlocks:
                 continue  # prefill waits for blocks; decodes above keep going
-            chunks.append(ScheduledChunk(seq, size))
+            prefills.append(ScheduledChunk(seq, size))
             budget -= size
+        chunks += prefills
         if not chunks and queue:
             # Nothing fits: partially prefilled sequences hold every block. Free the least important.
             victim = queue[-1]
