@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from redis.exceptions import RedisError
@@ -25,12 +25,13 @@ from scheduler_service.batching import merge_order, should_hold
 from scheduler_service.executor_link import ExecutorLink
 from scheduler_service.fair_share import QueuedRequest, fair_order
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.placement import Candidate, ExecutorCapacity, Placement, place, unplaceable
+from scheduler_service.placement import Candidate, Placement, place, unplaceable
 from scheduler_service.preemption import choose_victims
 from scheduler_service.requests import TokenEvent
 from scheduler_service.samples import affinity, may_place
 from scheduler_service.scoring import RequestScorer
 from scheduler_service.store import Store
+from scheduler_service.store.prefix_index import CachedRuns
 from scheduler_service.store.queue import MalformedRecord
 from scheduler_service.store.request_records import MALFORMED_FIELDS
 
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 
 _MAX_TENANTS = 64  # waiting tenants considered per round: those with the smallest counters
 _MAX_CANDIDATES = 256
+# Most prompts whose cached prefixes the round's queue read looks up; a burst into an idle fleet
+# with more room than this looks the rest up in a round trip of its own, so no read holds Redis long.
+_MAX_PREFIX_LOOKUPS = 64
 _PREEMPT_CHECK_S = 0.05
 # A queue found empty is read again on a wake that says the queue moved, or after this long
 # without one: those wakes (submits here, hand-backs, other replicas' submits) cover every way
@@ -61,6 +65,9 @@ class Admission:
         self._unsettled: list[tuple[str, ExecutorLink]] = []
         self._found_empty_at: float | None = None  # when the last read found no waiting tenant
         self._rotation = 0  # where placement's ties start: moved on by every placement
+        # The pending queue's length as the last round read it (None: this round did not read it).
+        self.queue_length: int | None = None
+        self._runs: dict[str, CachedRuns] = {}  # what the round's read said each head's prompt has cached
 
     @property
     def queue_known_empty(self) -> bool:
@@ -81,6 +88,7 @@ class Admission:
         """Admit what fits now; return how many requests were admitted. Without ``queue_moved``,
         a queue known to be empty is not read: an idle tick, or a finish that only freed room,
         costs no round trip."""
+        self.queue_length = None
         if queue_moved:
             self._found_empty_at = None
         if self._unsettled:
@@ -97,7 +105,14 @@ class Admission:
             if time.monotonic() - self._preempt_checked < _PREEMPT_CHECK_S or not self._could_preempt(links):
                 return 0
             self._preempt_checked = time.monotonic()
-        ordered = await self._with_promise(await self.candidates(min(_MAX_CANDIDATES, 2 * max(room, 1))))
+        # Executors that cache prefixes and have room, by block size: what placement asks about.
+        caching = {
+            link.executor_id: cap.block_size
+            for link, cap in zip(links, capacities, strict=True)
+            if cap.free_slots > 0 and cap.free_blocks > 0 and link.info is not None and link.info.prefix_caching
+        }
+        limit = min(_MAX_CANDIDATES, 2 * max(room, 1))
+        ordered = await self._with_promise(await self.candidates(limit, list(caching), room))
         if not ordered:
             return 0
         running = sum(len(link.requests) for link in links)
@@ -117,7 +132,7 @@ class Admission:
         by_id = {link.executor_id: link for link in links}
         placements: list[Placement] = []
         if room:
-            candidates = await self._with_cached_prefixes(candidates[:room], links, capacities) + candidates[room:]
+            candidates = await self._with_cached_prefixes(candidates[:room], caching) + candidates[room:]
             marked = any(c.marks for c in candidates)  # without marks no candidate shares a placed prompt
             in_flight = {link.executor_id: link.placed_marks() for link in links} if marked else {}
             placements = place(candidates, capacities, self._rotation, in_flight)
@@ -149,32 +164,31 @@ class Admission:
         budget = self._scaled(self.config.scheduler.load_aware.min_token_budget_fraction)
         for link in links:
             link.flush(budget)
+        if self.queue_length is not None:
+            self.queue_length = max(0, self.queue_length - admitted)
         return admitted
 
-    async def _with_cached_prefixes(
-        self, candidates: list[Candidate], links: Sequence[ExecutorLink], capacities: Sequence[ExecutorCapacity]
-    ) -> list[Candidate]:
-        """``candidates`` with how much of each one's prompt each executor with room caches.
-
-        Only as many candidates as there are free slots are asked about (placement cannot place
-        more), and only executors that cache prefixes and have room: one round trip, none when
-        no executor caches. An executor whose block size differs from the one the prompt's
-        names were computed with names other blocks, so it holds none of them.
+    async def _with_cached_prefixes(self, candidates: list[Candidate], caching: Mapping[str, int]) -> list[Candidate]:
+        """``candidates`` with how much of each one's prompt each executor in ``caching`` (those
+        that cache prefixes and have room, by block size) holds. The round's queue read brought
+        this for the heads placement can place; any other candidate (a promised request, one
+        behind a sample still waiting) costs one more round trip. An executor whose block size
+        differs from the one the prompt's names were computed with names other blocks, so it
+        holds none of them.
         """
-        caching = {
-            link.executor_id: cap.block_size
-            for link, cap in zip(links, capacities, strict=True)
-            if cap.free_slots > 0 and cap.free_blocks > 0 and link.info is not None and link.info.prefix_caching
-        }
         if not caching or not candidates:
             return candidates
-        runs = await self.store.prefixes.leading_runs([c.request_id for c in candidates], list(caching))
+        missing = [c.request_id for c in candidates if c.request_id not in self._runs]
+        if missing:
+            looked_up = await self.store.prefixes.leading_runs(missing, list(caching))
+            self._runs = {**self._runs, **dict(zip(missing, looked_up, strict=True))}
         out = []
-        for cand, run in zip(candidates, runs, strict=True):
+        for cand in candidates:
+            run = self._runs[cand.request_id]
             cached = {
                 eid: blocks * run.block_size
                 for eid, blocks in run.blocks.items()
-                if blocks and caching[eid] == run.block_size
+                if blocks and caching.get(eid) == run.block_size
             }
             out.append(replace(cand, cached_tokens=cached, marks=run.marks, marks_block_size=run.block_size))
         return out
@@ -201,33 +215,36 @@ class Admission:
         """1 at low load, ``minimum`` at high load, linear between."""
         return 1.0 - (1.0 - minimum) * self.scorer.load_factor
 
-    async def candidates(self, limit: int) -> list[QueuedRequest]:
-        """Up to ``limit`` queued requests in fair order: O(T log n) for T waiting tenants."""
+    async def candidates(
+        self, limit: int, prefix_executors: Sequence[str] = (), prefix_heads: int = 0
+    ) -> list[QueuedRequest]:
+        """Up to ``limit`` queued requests in fair order: O(T log n) for T waiting tenants, in one
+        round trip. The same read asks how much of each tenant's first ``prefix_heads`` prompts
+        each of ``prefix_executors`` caches (kept for ``_with_cached_prefixes``)."""
         read_at = time.monotonic()
-        counters = await self.store.queue.waiting_tenants(_MAX_TENANTS)
-        self._found_empty_at = None if counters else read_at  # no waiting tenant: nothing queued
-        if not counters:
-            return []
+        caps = self.config.scheduler.request_level.tenant_max_running
         # A fair round takes about limit / T from each tenant; a little more covers uneven
         # counters, and anything left over is simply read next round. This keeps a round's
         # reads near ``limit`` whatever the number of waiting tenants.
-        per_tenant = min(limit, -(-limit // len(counters)) + 2)
-        heads_raw = await self.store.queue.tenant_heads(list(counters), per_tenant)
-        ids = [rid for rows in heads_raw.values() for rid, _ in rows]
-        details = dict(zip(ids, await self.store.queue.queued_details(ids), strict=True))
+        view = await self.store.queue.admission_view(
+            _MAX_TENANTS, limit, bool(caps), prefix_executors, prefix_heads, _MAX_PREFIX_LOOKUPS
+        )
+        self.queue_length = view.queued
+        self._runs = view.runs
+        self._found_empty_at = None if view.counters else read_at  # no waiting tenant: nothing queued
+        if not view.counters:
+            return []
         heads: dict[str, list[QueuedRequest]] = {}
-        for tenant, rows in heads_raw.items():
+        for tenant, rows in view.heads.items():
             heads[tenant] = []
             for rid, score in rows:
-                if _waits_for_first_sample(details[rid]):
+                if _waits_for_first_sample(view.details[rid]):
                     continue
-                queued = await self._parsed(rid, tenant, score, details[rid])
+                queued = await self._parsed(rid, tenant, score, view.details[rid])
                 if queued is not None:
                     heads[tenant].append(queued)
-        caps = self.config.scheduler.request_level.tenant_max_running
-        running = await self.store.queue.tenant_running() if caps else {}
         credit = self.config.scheduler.request_level.fairness_priority_credit_tokens
-        return fair_order(heads, counters, limit, running, caps, credit)
+        return fair_order(heads, view.counters, limit, view.running, caps, credit)
 
     async def _parsed(
         self, request_id: str, tenant: str, score: float, details: dict[str, str] | MalformedRecord | None

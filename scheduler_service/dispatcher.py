@@ -268,10 +268,13 @@ class Dispatcher:
 
     async def refresh_queue_gauges(self, sample: int = 1000, every_s: float = 1.0) -> None:
         """Queue depth every tick; the fleet's load, the estimator and the queue by priority and
-        tenant (over the queue's head) at most every ``every_s``. A queue that admission just found
-        empty, with nothing new since, is not read again: an idle replica then makes no round trip
-        per tick."""
-        if not self.admission.queue_known_empty:
+        tenant (over the queue's head) at most every ``every_s``. The depth the round's own read
+        gave, less what it admitted, costs no round trip; a queue that admission just found empty,
+        with nothing new since, is not read again: an idle replica then makes no round trip per
+        tick."""
+        if self.admission.queue_length is not None:  # the round just read it
+            self.metrics.waiting.set(self.admission.queue_length)
+        elif not self.admission.queue_known_empty:
             self.metrics.waiting.set(await self.store.queue.length())
         else:
             self.metrics.waiting.set(0)

@@ -48,6 +48,17 @@ class CachedRuns:
     marks: tuple[str, ...] = ()
 
 
+def cached_runs(row: object, executor_ids: Sequence[str]) -> CachedRuns:
+    """One request's ``CachedRuns`` from the reply of ``prefix_scripts.LEADING_RUN_LIB``'s
+    ``leading_run`` over ``executor_ids``' sets; a failed or empty reply holds nothing anywhere."""
+    if isinstance(row, Exception) or not isinstance(row, list) or not row:
+        return CachedRuns(0, {})
+    count = len(executor_ids)
+    block_size, runs = int(row[0]), [int(v) for v in row[1 : 1 + count]]
+    marks = tuple(v.decode() if isinstance(v, bytes) else str(v) for v in row[1 + count :])
+    return CachedRuns(block_size, dict(zip(executor_ids, runs, strict=True)), marks)
+
+
 class PrefixIndex:
     def __init__(self, redis: aioredis.Redis, keys: KeySchema) -> None:
         self._redis = redis
@@ -92,16 +103,7 @@ class PrefixIndex:
             for request_id in request_ids:
                 await self._runs(keys=[self._keys.request(request_id), *sets], client=pipe)
             rows = await pipe.execute(raise_on_error=False)
-        out = []
-        count = len(executor_ids)
-        for row in rows:
-            if isinstance(row, Exception) or not row:
-                out.append(CachedRuns(0, {}))
-                continue
-            block_size, runs = int(row[0]), [int(v) for v in row[1 : 1 + count]]
-            marks = tuple(v.decode() if isinstance(v, bytes) else str(v) for v in row[1 + count :])
-            out.append(CachedRuns(block_size, dict(zip(executor_ids, runs, strict=True)), marks))
-        return out
+        return [cached_runs(row, executor_ids) for row in rows]
 
     async def size(self, executor_id: str) -> int:
         """How many block names the index holds for ``executor_id``."""

@@ -47,41 +47,52 @@ return 1
 
 # How many of a queued request's block names, from the first on, each executor holds, and the
 # prompt's marks: its names at positions 1, 2, 4, 8, ... (each names every block up to it).
-# KEYS: the request's record, then the executors' index sets. Returns {block size the names were
-# computed with (0: none stored), leading run of set 1, leading run of set 2, ..., mark 1, mark 2, ...}.
-# The walk stops for an executor at its first miss, and for all once every one has missed: a
-# request no one holds costs one SISMEMBER per executor. Of its names only the marks leave Redis,
-# at most nine for the 256 names a record keeps.
-LEADING_RUNS = """
-local raw = redis.call('HMGET', KEYS[1], 'prefix', 'prefix_block')
-local out = {tonumber(raw[2]) or 0}
-local live = {}
-for k = 2, #KEYS do
-  out[k] = 0
-  live[k] = true
-end
-if not raw[1] or out[1] == 0 then return out end
-local alive = #KEYS - 1
-local position, next_mark, slot = 0, 1, #KEYS + 1
-for name in string.gmatch(raw[1], '[^,]+') do
-  position = position + 1
-  if position == next_mark then
-    out[slot] = name
-    slot = slot + 1
-    next_mark = next_mark * 2
+# ``leading_run(record, sets)``: the request's record key and the executors' index sets; returns
+# {block size the names were computed with (0: none stored), leading run of set 1, leading run of
+# set 2, ..., mark 1, mark 2, ...}. The walk stops for an executor at its first miss, and for all
+# once every one has missed: a request no one holds costs one SISMEMBER per executor. Of its names
+# only the marks leave Redis, at most nine for the 256 names a record keeps. A set Redis cannot
+# read as one holds nothing. Also run inside the admission read (``queue_scripts.ADMISSION_VIEW``).
+LEADING_RUN_LIB = """
+local function leading_run(record, sets)
+  local raw = redis.call('HMGET', record, 'prefix', 'prefix_block')
+  local out = {tonumber(raw[2]) or 0}
+  local live = {}
+  for k = 1, #sets do
+    out[k + 1] = 0
+    live[k] = true
   end
-  if alive > 0 then
-    for k = 2, #KEYS do
-      if live[k] then
-        if redis.call('SISMEMBER', KEYS[k], name) == 1 then
-          out[k] = out[k] + 1
-        else
-          live[k] = false
-          alive = alive - 1
+  if not raw[1] or out[1] == 0 then return out end
+  local alive = #sets
+  local position, next_mark, slot = 0, 1, #sets + 2
+  for name in string.gmatch(raw[1], '[^,]+') do
+    position = position + 1
+    if position == next_mark then
+      out[slot] = name
+      slot = slot + 1
+      next_mark = next_mark * 2
+    end
+    if alive > 0 then
+      for k = 1, #sets do
+        if live[k] then
+          if redis.pcall('SISMEMBER', sets[k], name) == 1 then
+            out[k + 1] = out[k + 1] + 1
+          else
+            live[k] = false
+            alive = alive - 1
+          end
         end
       end
     end
   end
+  return out
 end
-return out
 """
+
+# One request's leading runs. KEYS: the request's record, then the executors' index sets.
+LEADING_RUNS = (
+    LEADING_RUN_LIB
+    + """
+return leading_run(KEYS[1], {unpack(KEYS, 2)})
+"""
+)

@@ -93,6 +93,39 @@ async def test_executors_that_do_not_cache_are_not_asked(store: Store, monkeypat
     assert [g.num_tokens for g in sent_plan(link).prefill] == [len(PROMPT)]
 
 
+async def test_the_rounds_queue_read_brings_the_cached_prefixes(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def no_lookups(*_args: object) -> None:
+        raise AssertionError("the round's queue read brought them: no round trip of its own")
+
+    monkeypatch.setattr(store.prefixes, "leading_runs", no_lookups)
+    links = [open_link(store, "exec-1"), open_link(store, "exec-2")]
+    await links[1]._on_reports([cache_report(cleared=True, stored=tuple(block_hashes(PROMPT, BLOCK)[:4]))])
+    await queue(store, "r1")
+    assert await admission(store).run(links) == 1
+    assert links[1].requests["r1"].cached_tokens == 64
+
+
+async def test_heads_past_the_reads_lookups_are_looked_up_in_one_more_call(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("scheduler_service.admission._MAX_PREFIX_LOOKUPS", 1)
+    calls: list[list[str]] = []
+    lookup = store.prefixes.leading_runs
+
+    async def counted(request_ids: list[str], executor_ids: list[str]) -> object:
+        calls.append(list(request_ids))
+        return await lookup(request_ids, executor_ids)
+
+    monkeypatch.setattr(store.prefixes, "leading_runs", counted)
+    links = [open_link(store, "exec-1"), open_link(store, "exec-2")]
+    await links[1]._on_reports([cache_report(cleared=True, stored=tuple(block_hashes(PROMPT, BLOCK)[:4]))])
+    for rid in ("r1", "r2", "r3"):
+        await queue(store, rid)
+    assert await admission(store).run(links) == 3
+    assert calls == [["r2", "r3"]]
+    assert [links[1].requests[rid].cached_tokens for rid in ("r1", "r2")] == [64, 64]
+
+
 async def test_names_made_with_another_block_size_hold_nothing(store: Store) -> None:
     link = open_link(store, "exec-1", block_size=32)
     await link._on_reports([cache_report(cleared=True, stored=tuple(block_hashes(PROMPT, BLOCK)))])

@@ -1,0 +1,82 @@
+"""The Lua script behind one admission round's read of the queue (run by ``PendingQueue``).
+
+Why one script: a round used to read the waiting tenants, then their queue heads, then the heads'
+records, then how much of each prompt every executor caches, one round trip after the other,
+each answer naming what the next asks for. On a loaded host every round trip waits for Redis and
+then for the scheduler to be given a core again (2-5 ms each on two busy cores), and admission
+latency is what a request that finds room waits before its executor sees it. Read here in one
+call, a round costs this read and the claims.
+
+Keys built inside the script (a tenant's queue, a head's record and token list, its sample 0's)
+carry the same ``{prefix}`` hash tag as the keys it names, so on a Redis Cluster they live in its
+slot, as for ``request_scripts``. Only reads: nothing here moves a request.
+"""
+
+from __future__ import annotations
+
+from scheduler_service.store.prefix_scripts import LEADING_RUN_LIB
+
+# KEYS: tenants waiting, pending, tenants running, then the index sets of the executors to ask
+# about cached prefixes. ARGV: most tenants, most requests (``limit``), tenant queue prefix,
+# request key prefix, '1' to read the tenants' running counts, heads per tenant to ask about
+# cached prefixes, most heads to ask about in all, then the record's fields to read.
+# Returns {queue length, {tenant, counter, ...} (smallest counters first), per tenant {id, score,
+# ...} (its ceil(limit / tenants) + 2 heads, at most limit), per head in that order {'' and its
+# fields, token count, and for a later sample ``ID~k`` its sample 0's state, executor and token
+# count} or {'!', the error} for a record Redis cannot read as the schema says, {tenant, running,
+# ...} or {}, {id, leading run, ...} (``prefix_scripts.LEADING_RUN_LIB``)}. A sample 0 whose record
+# cannot be read counts as gone.
+ADMISSION_VIEW = (
+    LEADING_RUN_LIB
+    + """
+local tenants = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
+local count = #tenants / 2
+local heads, details, running, runs = {}, {}, {}, {}
+local out = {redis.call('ZCARD', KEYS[2]), tenants, heads, details, running, runs}
+if count == 0 then return out end
+local limit = tonumber(ARGV[2])
+local per = math.min(limit, math.ceil(limit / count) + 2)
+local request, runs_each, runs_left = ARGV[4], tonumber(ARGV[6]), tonumber(ARGV[7])
+local fields = {unpack(ARGV, 8)}
+local sets = {unpack(KEYS, 4)}
+for i = 1, count do
+  local rows = redis.call('ZRANGE', ARGV[3] .. tenants[2 * i - 1], 0, per - 1, 'WITHSCORES')
+  heads[i] = rows
+  for j = 1, #rows, 2 do
+    local id = rows[j]
+    local record = request .. id
+    local values = redis.pcall('HMGET', record, unpack(fields))
+    local generated = redis.pcall('LLEN', record .. ':tokens')
+    local row
+    if values.err or type(generated) ~= 'number' then
+      row = {'!', values.err or generated.err}
+    else
+      row = {''}
+      for k = 1, #fields do row[k + 1] = values[k] end
+      row[#fields + 2] = generated
+      local first = string.match(id, '^(.+)~%d+$')
+      if first then
+        local state = redis.pcall('HMGET', request .. first, 'state', 'executor')
+        local first_generated = redis.pcall('LLEN', request .. first .. ':tokens')
+        if state.err then state = {false, false} end
+        if type(first_generated) ~= 'number' then first_generated = 0 end
+        row[#fields + 3] = state[1]
+        row[#fields + 4] = state[2]
+        row[#fields + 5] = first_generated
+      end
+      if #sets > 0 and (j + 1) / 2 <= runs_each and runs_left > 0 and values[1] then
+        runs[#runs + 1] = id
+        runs[#runs + 1] = leading_run(record, sets)
+        runs_left = runs_left - 1
+      end
+    end
+    details[#details + 1] = row
+  end
+end
+if ARGV[5] == '1' then
+  local all = redis.call('HGETALL', KEYS[3])
+  for k = 1, #all do running[k] = all[k] end
+end
+return out
+"""
+)
