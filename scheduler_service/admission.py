@@ -39,9 +39,12 @@ log = logging.getLogger(__name__)
 
 _MAX_TENANTS = 64  # waiting tenants considered per round: those with the smallest counters
 _MAX_CANDIDATES = 256
-# Most prompts whose cached prefixes the round's queue read looks up; a burst into an idle fleet
-# with more room than this looks the rest up in a round trip of its own, so no read holds Redis long.
+# Most prompts, and about most block names, whose cached prefixes the round's queue read looks up
+# (a prompt of 512 tokens names 32 blocks): past them (a burst into an idle fleet with many free
+# slots, many executors, long prompts) the rest are looked up in a round trip of their own, a
+# script per prompt, so no call holds Redis for long.
 _MAX_PREFIX_LOOKUPS = 64
+_MAX_PREFIX_NAMES = 4_096
 _PREEMPT_CHECK_S = 0.05
 # A queue found empty is read again on a wake that says the queue moved, or after this long
 # without one: those wakes (submits here, hand-backs, other replicas' submits) cover every way
@@ -227,7 +230,7 @@ class Admission:
         # counters, and anything left over is simply read next round. This keeps a round's
         # reads near ``limit`` whatever the number of waiting tenants.
         view = await self.store.queue.admission_view(
-            _MAX_TENANTS, limit, bool(caps), prefix_executors, prefix_heads, _MAX_PREFIX_LOOKUPS
+            _MAX_TENANTS, limit, bool(caps), prefix_executors, prefix_heads, _MAX_PREFIX_LOOKUPS, _MAX_PREFIX_NAMES
         )
         self.queue_length = view.queued
         self._runs = view.runs

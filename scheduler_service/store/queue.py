@@ -111,13 +111,17 @@ class PendingQueue:
         prefix_executors: Sequence[str] = (),
         prefix_heads: int = 0,
         most_prefix_lookups: int = 64,
+        most_prefix_names: int = 4_096,
     ) -> AdmissionView:
         """Everything one admission round reads, in one round trip (``queue_scripts.ADMISSION_VIEW``):
         the ``most_tenants`` waiting tenants with the smallest counters, each one's
         ceil(``limit`` / tenants) + 2 heads (at most ``limit``), the heads' details as
         ``queued_details`` gives them, the tenants' running counts when ``with_running``, and for
-        each tenant's first ``prefix_heads`` heads (``most_prefix_lookups`` in all) how much of
-        its prompt each of ``prefix_executors`` caches, as ``PrefixIndex.leading_runs`` gives it."""
+        each tenant's first ``prefix_heads`` heads, breadth first across tenants, how much of its
+        prompt each of ``prefix_executors`` caches, as ``PrefixIndex.leading_runs`` gives it:
+        at most ``most_prefix_lookups`` prompts and about ``most_prefix_names`` block names looked
+        up in all (a prompt is looked up whole once begun), which bounds how long the call holds
+        Redis."""
         sets = [self._keys.cached_blocks(executor_id) for executor_id in prefix_executors]
         keys = [self._keys.tenants_waiting, self._keys.pending, self._keys.tenant_running, *sets]
         args: list[EncodableT] = [
@@ -128,6 +132,7 @@ class PendingQueue:
             "1" if with_running else "0",
             prefix_heads if sets else 0,
             most_prefix_lookups,
+            most_prefix_names,
             *QUEUED_FIELDS,
         ]
         queued, tenants, heads_raw, details_raw, running_raw, runs_raw = cast(

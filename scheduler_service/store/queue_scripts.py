@@ -19,13 +19,17 @@ from scheduler_service.store.prefix_scripts import LEADING_RUN_LIB
 # KEYS: tenants waiting, pending, tenants running, then the index sets of the executors to ask
 # about cached prefixes. ARGV: most tenants, most requests (``limit``), tenant queue prefix,
 # request key prefix, '1' to read the tenants' running counts, heads per tenant to ask about
-# cached prefixes, most heads to ask about in all, then the record's fields to read.
+# cached prefixes, most heads to ask about in all, most names to look up in all, then the record's
+# fields to read.
 # Returns {queue length, {tenant, counter, ...} (smallest counters first), per tenant {id, score,
 # ...} (its ceil(limit / tenants) + 2 heads, at most limit), per head in that order {'' and its
 # fields, token count, and for a later sample ``ID~k`` its sample 0's state, executor and token
 # count} or {'!', the error} for a record Redis cannot read as the schema says, {tenant, running,
 # ...} or {}, {id, leading run, ...} (``prefix_scripts.LEADING_RUN_LIB``)}. A sample 0 whose record
 # cannot be read counts as gone.
+# Cached prefixes are looked up breadth first, every tenant's first head, then every tenant's
+# second, as fair order takes them, until either limit is spent: the name limit bounds how long
+# the call holds Redis whatever the prompts' lengths and the number of executors.
 ADMISSION_VIEW = (
     LEADING_RUN_LIB
     + """
@@ -36,12 +40,15 @@ local out = {redis.call('ZCARD', KEYS[2]), tenants, heads, details, running, run
 if count == 0 then return out end
 local limit = tonumber(ARGV[2])
 local per = math.min(limit, math.ceil(limit / count) + 2)
-local request, runs_each, runs_left = ARGV[4], tonumber(ARGV[6]), tonumber(ARGV[7])
-local fields = {unpack(ARGV, 8)}
+local request, runs_each = ARGV[4], tonumber(ARGV[6])
+local runs_left, names_left = tonumber(ARGV[7]), tonumber(ARGV[8])
+local fields = {unpack(ARGV, 9)}
 local sets = {unpack(KEYS, 4)}
+local readable = {}  -- per tenant: its heads with a record to look up, soonest first
 for i = 1, count do
   local rows = redis.call('ZRANGE', ARGV[3] .. tenants[2 * i - 1], 0, per - 1, 'WITHSCORES')
   heads[i] = rows
+  readable[i] = {}
   for j = 1, #rows, 2 do
     local id = rows[j]
     local record = request .. id
@@ -64,13 +71,26 @@ for i = 1, count do
         row[#fields + 4] = state[2]
         row[#fields + 5] = first_generated
       end
-      if #sets > 0 and (j + 1) / 2 <= runs_each and runs_left > 0 and values[1] then
-        runs[#runs + 1] = id
-        runs[#runs + 1] = leading_run(record, sets)
-        runs_left = runs_left - 1
-      end
+      if values[1] and #readable[i] < runs_each then readable[i][#readable[i] + 1] = record end
     end
     details[#details + 1] = row
+  end
+end
+if #sets > 0 then
+  for depth = 1, runs_each do
+    local more = false
+    for i = 1, count do
+      local record = readable[i][depth]
+      if record and runs_left > 0 and names_left > 0 then
+        local run, checked = leading_run(record, sets)
+        runs[#runs + 1] = string.sub(record, #request + 1)
+        runs[#runs + 1] = run
+        runs_left = runs_left - 1
+        names_left = names_left - checked
+        more = true
+      end
+    end
+    if not more then break end
   end
 end
 if ARGV[5] == '1' then

@@ -37,7 +37,7 @@ async def test_an_idle_scheduler_does_not_read_the_queue_every_tick(lone_stack: 
     # The planner's queue read (one script: ZRANGE of the waiting tenants, ZCARD for the depth
     # gauge). An empty queue is re-read only on a wake or every 0.25 s, not every tick (the fleet
     # signals add a ZRANGE or two a second).
-    assert stats.get("cmdstat_zcard", {}).get("calls", 0) <= 6  # a read per tick: 20
+    assert stats.get("cmdstat_zcard", {}).get("calls", 0) <= 8  # a read per tick: 20
     assert stats.get("cmdstat_zrange", {}).get("calls", 0) <= 12
     # A wake still reads it at once: a new request is admitted and served.
     assert len(joined_tokens(await stack.generate(greedy([1, 7, 8], 3)))) == 3

@@ -75,6 +75,11 @@ async def test_the_view_looks_up_cached_prefixes_as_leading_runs_does(store: Sto
     assert [view.runs[rid] for rid in ("a0", "a1", "b0")] == expected
     assert view.runs["a0"].blocks == {"all": 6, "two": 2, "broken": 0, "none": 0}
 
-    capped = await store.queue.admission_view(64, 8, prefix_executors=executors, prefix_heads=8, most_prefix_lookups=3)
-    assert len(capped.runs) == 3
+    # Breadth first, as fair order takes the heads: each tenant's first before anyone's second.
+    capped = await store.queue.admission_view(64, 8, prefix_executors=executors, prefix_heads=8, most_prefix_lookups=2)
+    assert set(capped.runs) == {"a0", "b0"}
+    # The names looked up are bounded too (a prompt is looked up whole once begun): a0's six
+    # names on two sets, and a probe of each of the others, already spend ten.
+    few = await store.queue.admission_view(64, 8, prefix_executors=executors, prefix_heads=8, most_prefix_names=10)
+    assert set(few.runs) == {"a0"} and few.runs["a0"] == view.runs["a0"]
     assert (await store.queue.admission_view(64, 8, prefix_heads=8)).runs == {}  # no executor asked about
