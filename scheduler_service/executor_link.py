@@ -255,14 +255,23 @@ class ExecutorLink:
         self.preempting.intersection_update(self.requests)  # those that finished meanwhile
         if len(reports) > 1:
             writes = coalesce(writes)
-        if writes:
-            accepted = await with_redis_retry(
-                lambda: self._store.steps.publish(self.executor_id, writes, self.owner),
-                self._redis_retry_s,
-                f"recording a step of {self.executor_id}",
-            )
-            requeued = await self._recover_refused(writes, accepted)
-        await self._index_cache(reports)
+        # The step's tokens and its prefix-cache events go to Redis together: two round trips one
+        # after the other held up the next report, whose tokens clients wait on, for the second
+        # (2.6 ms median on two busy cores, in two steps of five).
+        indexed = asyncio.ensure_future(self._index_cache(reports))
+        try:
+            if writes:
+                accepted = await with_redis_retry(
+                    lambda: self._store.steps.publish(self.executor_id, writes, self.owner),
+                    self._redis_retry_s,
+                    f"recording a step of {self.executor_id}",
+                )
+                requeued = await self._recover_refused(writes, accepted)
+        except BaseException:  # the link ends (the next stream's first report rebuilds the set)
+            indexed.cancel()
+            await asyncio.gather(indexed, return_exceptions=True)
+            raise
+        await indexed
         for report in reports:
             for request_id in [*report.preempted, *(r.request_id for r in report.rejected)]:
                 self.preempting.discard(request_id)
@@ -281,9 +290,9 @@ class ExecutorLink:
             self._on_change(requeued)
 
     async def _index_cache(self, reports: list[pb.StepReport]) -> None:
-        """Apply the reports' prefix-cache events to the fleet's index, in report order, after the
-        tokens went out (clients wait on those; placement can wait a step). A failure the retry
-        does not ride out ends the link, and the next stream's first report rebuilds the set."""
+        """Apply the reports' prefix-cache events to the fleet's index, in report order (each
+        call's before the next report's: the link awaits both). A failure the retry does not ride
+        out ends the link, and the next stream's first report rebuilds the set."""
         if not any(r.HasField("kv_events") for r in reports):
             return  # the common case: executors send the field only when their cache changed
         events = [
