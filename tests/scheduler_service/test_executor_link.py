@@ -1,8 +1,11 @@
-"""The executor link against a real redis-server: what it does when Redis refuses a step."""
+"""The executor link against a real redis-server: what it does when Redis refuses a step or its index write."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
+from redis.exceptions import ResponseError
 
 from common.keys import KeySchema
 from common.lifecycle import FinishReason
@@ -50,5 +53,35 @@ async def test_a_final_step_refused_as_behind_re_queues_the_request(redis_url: s
         assert "behind" not in link.requests
         abort = link._outbox.get_nowait()
         assert abort is not None and list(abort.abort) == ["behind"]
+    finally:
+        await client.aclose()
+
+
+async def test_a_failed_index_write_ends_the_link_after_the_steps_tokens_are_recorded(redis_url: str) -> None:
+    """A step's prefix-cache events go to Redis beside its tokens: when the index write fails (here
+    the executor's set holds another type), the tokens are still recorded and the failure ends the
+    link, whose next stream's first report rebuilds the set."""
+    client = connect(redis_url)
+    try:
+        keys = KeySchema()
+        store = Store(client, keys, request_ttl_s=60)
+        await store.requests.enqueue(
+            NewRequest("idx", (1, 5, 6), SamplingParams(max_tokens=5, ignore_eos=True), 5, "t", 0, 0), 0.0, 100
+        )
+        link = ExecutorLink(
+            "exec-i", "unused:0", store, stack_config(redis_url, Path(".")).scheduler, lambda _queue_moved: None
+        )
+        claimed = await store.requests.claim("idx", "exec-i", link.owner)
+        assert claimed is not None
+        link.admit(claimed)
+        await client.set(keys.cached_blocks("exec-i"), "not a set")
+        step = epb.StepReport(
+            tokens=[epb.TokenDelta(request_id="idx", token_ids=[40], index=0)],
+            kv_events=epb.KvCacheEvents(stored=[7]),
+        )
+        with pytest.raises(ResponseError, match="WRONGTYPE"):
+            await link._on_reports([step])
+        assert await store.requests.tokens_between("idx", 0, 1) == (40,)
+        assert [event.token_ids for _, event in await store.streams.read_events("idx", "0", 100)] == [(40,)]
     finally:
         await client.aclose()
