@@ -18,6 +18,20 @@ from scheduler_service.store import Store
 from tests.stack import stack_config
 
 
+async def running_on_a_link(store: Store, redis_url: str, request_id: str, executor_id: str) -> ExecutorLink:
+    """A link with no executor behind it, driving ``request_id`` (queued, claimed and admitted)."""
+    await store.requests.enqueue(
+        NewRequest(request_id, (1, 5, 6), SamplingParams(max_tokens=5, ignore_eos=True), 5, "t", 0, 0), 0.0, 100
+    )
+    link = ExecutorLink(
+        executor_id, "unused:0", store, stack_config(redis_url, Path(".")).scheduler, lambda _queue_moved: None
+    )
+    claimed = await store.requests.claim(request_id, executor_id, link.owner)
+    assert claimed is not None
+    link.admit(claimed)
+    return link
+
+
 async def test_a_final_step_refused_as_behind_re_queues_the_request(redis_url: str) -> None:
     """Redis restarted from an older AOF holds fewer tokens than the executor made, and the first
     step it sees after the restart is the request's last. That step must not end the request with
@@ -26,15 +40,7 @@ async def test_a_final_step_refused_as_behind_re_queues_the_request(redis_url: s
     client = connect(redis_url)
     try:
         store = Store(client, KeySchema(), request_ttl_s=60)
-        await store.requests.enqueue(
-            NewRequest("behind", (1, 5, 6), SamplingParams(max_tokens=5, ignore_eos=True), 5, "t", 0, 0), 0.0, 100
-        )
-        link = ExecutorLink(
-            "exec-x", "unused:0", store, stack_config(redis_url, Path(".")).scheduler, lambda _queue_moved: None
-        )
-        claimed = await store.requests.claim("behind", "exec-x", link.owner)
-        assert claimed is not None
-        link.admit(claimed)
+        link = await running_on_a_link(store, redis_url, "behind", "exec-x")
         await link._on_reports([epb.StepReport(tokens=[epb.TokenDelta(request_id="behind", token_ids=[40], index=0)])])
         await link._on_reports(
             [epb.StepReport(tokens=[epb.TokenDelta(request_id="behind", token_ids=[41, 42], index=1)])]
@@ -65,15 +71,7 @@ async def test_a_failed_index_write_ends_the_link_after_the_steps_tokens_are_rec
     try:
         keys = KeySchema()
         store = Store(client, keys, request_ttl_s=60)
-        await store.requests.enqueue(
-            NewRequest("idx", (1, 5, 6), SamplingParams(max_tokens=5, ignore_eos=True), 5, "t", 0, 0), 0.0, 100
-        )
-        link = ExecutorLink(
-            "exec-i", "unused:0", store, stack_config(redis_url, Path(".")).scheduler, lambda _queue_moved: None
-        )
-        claimed = await store.requests.claim("idx", "exec-i", link.owner)
-        assert claimed is not None
-        link.admit(claimed)
+        link = await running_on_a_link(store, redis_url, "idx", "exec-i")
         await client.set(keys.cached_blocks("exec-i"), "not a set")
         step = epb.StepReport(
             tokens=[epb.TokenDelta(request_id="idx", token_ids=[40], index=0)],
