@@ -184,7 +184,7 @@ class Admission:
         missing = [c.request_id for c in candidates if c.request_id not in self._runs]
         if missing:
             looked_up = await self.store.prefixes.leading_runs(missing, list(caching))
-            self._runs = {**self._runs, **dict(zip(missing, looked_up, strict=True))}
+            self._runs.update(zip(missing, looked_up, strict=True))
         out = []
         for cand in candidates:
             run = self._runs[cand.request_id]

@@ -258,7 +258,8 @@ class ExecutorLink:
         # The step's tokens and its prefix-cache events go to Redis together: two round trips one
         # after the other held up the next report, whose tokens clients wait on, for the second
         # (2.6 ms median on two busy cores, in two steps of five).
-        indexed = asyncio.ensure_future(self._index_cache(reports))
+        events = _cache_events(reports)
+        indexed = asyncio.ensure_future(self._index_cache(events)) if events else None
         try:
             if writes:
                 accepted = await with_redis_retry(
@@ -268,10 +269,12 @@ class ExecutorLink:
                 )
                 requeued = await self._recover_refused(writes, accepted)
         except BaseException:  # the link ends (the next stream's first report rebuilds the set)
-            indexed.cancel()
-            await asyncio.gather(indexed, return_exceptions=True)
+            if indexed is not None:
+                indexed.cancel()
+                await asyncio.gather(indexed, return_exceptions=True)
             raise
-        await indexed
+        if indexed is not None:
+            await indexed
         for report in reports:
             for request_id in [*report.preempted, *(r.request_id for r in report.rejected)]:
                 self.preempting.discard(request_id)
@@ -289,17 +292,10 @@ class ExecutorLink:
         if requeued or (len(self.requests), self.ready) != before:
             self._on_change(requeued)
 
-    async def _index_cache(self, reports: list[pb.StepReport]) -> None:
-        """Apply the reports' prefix-cache events to the fleet's index, in report order (each
-        call's before the next report's: the link awaits both). A failure the retry does not ride
-        out ends the link, and the next stream's first report rebuilds the set."""
-        if not any(r.HasField("kv_events") for r in reports):
-            return  # the common case: executors send the field only when their cache changed
-        events = [
-            CacheEvents(r.kv_events.cleared, tuple(r.kv_events.stored), tuple(r.kv_events.removed)) for r in reports
-        ]
-        if all(ev.empty for ev in events):
-            return
+    async def _index_cache(self, events: list[CacheEvents]) -> None:
+        """Apply consecutive reports' prefix-cache events to the fleet's index, in report order
+        (each call's before the next report's: the link awaits both). A failure the retry does not
+        ride out ends the link, and the next stream's first report rebuilds the set."""
         await with_redis_retry(
             lambda: self._store.prefixes.apply(self.executor_id, events, self.holder),
             self._redis_retry_s,
@@ -352,3 +348,12 @@ async def read_reports(
         raise
     except BaseException as exc:
         inbox.put_nowait(exc)
+
+
+def _cache_events(reports: list[pb.StepReport]) -> list[CacheEvents]:
+    """The reports' prefix-cache events, in report order; empty when none changed the cache (the
+    common case: executors send the field only when their cache changed)."""
+    if not any(r.HasField("kv_events") for r in reports):
+        return []
+    events = [CacheEvents(r.kv_events.cleared, tuple(r.kv_events.stored), tuple(r.kv_events.removed)) for r in reports]
+    return [] if all(ev.empty for ev in events) else events

@@ -44,7 +44,7 @@ local request, runs_each = ARGV[4], tonumber(ARGV[6])
 local runs_left, names_left = tonumber(ARGV[7]), tonumber(ARGV[8])
 local fields = {unpack(ARGV, 9)}
 local sets = {unpack(KEYS, 4)}
-local readable = {}  -- per tenant: its heads with a record to look up, soonest first
+local readable = {}  -- per tenant: ids of its heads with a record to look up, soonest first
 for i = 1, count do
   local rows = redis.call('ZRANGE', ARGV[3] .. tenants[2 * i - 1], 0, per - 1, 'WITHSCORES')
   heads[i] = rows
@@ -71,7 +71,7 @@ for i = 1, count do
         row[#fields + 4] = state[2]
         row[#fields + 5] = first_generated
       end
-      if values[1] and #readable[i] < runs_each then readable[i][#readable[i] + 1] = record end
+      if values[1] and #readable[i] < runs_each then readable[i][#readable[i] + 1] = id end
     end
     details[#details + 1] = row
   end
@@ -80,10 +80,10 @@ if #sets > 0 then
   for depth = 1, runs_each do
     local more = false
     for i = 1, count do
-      local record = readable[i][depth]
-      if record and runs_left > 0 and names_left > 0 then
-        local run, checked = leading_run(record, sets)
-        runs[#runs + 1] = string.sub(record, #request + 1)
+      local id = readable[i][depth]
+      if id and runs_left > 0 and names_left > 0 then
+        local run, checked = leading_run(request .. id, sets)
+        runs[#runs + 1] = id
         runs[#runs + 1] = run
         runs_left = runs_left - 1
         names_left = names_left - checked
