@@ -142,20 +142,22 @@ class Admission:
             self._rotation += len(placements)
         admitted = 0
         claims = [(p.request_id, p.executor_id, by_id[p.executor_id].owner) for p in placements]
+        for p in placements:
+            by_id[p.executor_id].claiming.add(p.request_id)
         try:
             results = await self.store.requests.claim_many(claims)
         except RedisError:
             self._unsettled += [(p.request_id, by_id[p.executor_id]) for p in placements]
             raise
         for placement, claimed in zip(placements, results, strict=True):
-            if claimed is None:
-                continue
             link = by_id[placement.executor_id]
-            if link.closed:
+            if claimed is not None and link.closed:
                 self._unsettled.append((claimed.request_id, link))
                 continue
-            link.admit(claimed, placement.cached_tokens, placement.marks)
-            admitted += 1
+            link.claiming.discard(placement.request_id)
+            if claimed is not None:
+                link.admit(claimed, placement.cached_tokens, placement.marks)
+                admitted += 1
         if self._unsettled:
             await self._settle()
         placed = {p.request_id for p in placements}
@@ -212,6 +214,7 @@ class Admission:
                 await self.store.requests.hand_back(request_id, link.executor_id, "unclaim", link.owner)
                 self._found_empty_at = None  # it may be queued again
                 log.info("request %s: a claim for %s reached no executor; handed back", request_id, link.executor_id)
+            link.claiming.discard(request_id)
             self._unsettled.pop()
 
     def _scaled(self, minimum: float) -> float:

@@ -46,6 +46,13 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
 ]
 
+# How often a link compares what Redis records running on its executor with what it drives.
+# They part only when Redis loses acknowledged writes (a restart from an AOF missing its tail, a
+# failover to a replica behind): a request whose finish or hand-back was lost would otherwise
+# stay RUNNING for good, with nothing left to drive it. One SMEMBERS per executor per period.
+_ORPHAN_CHECK_S = 2.0
+_CHECK_ORPHANS = "check-orphans"  # the inbox's marker: compare with Redis now
+
 
 class ExecutorLink:
     def __init__(
@@ -94,6 +101,9 @@ class ExecutorLink:
         # holds a request's tokens for its client's chunks (executor_service/token_batching.py).
         self._stream_interval = stream_interval
         self.preempting: set[str] = set()  # preempt plans sent, not yet reported back
+        # Admission's claims for this link that are in Redis, or may be, but not yet in
+        # ``requests``: the orphan check leaves them to admission.
+        self.claiming: set[str] = set()
         # Set by close(): admission must not hand this link work any more (its plans go nowhere).
         self.closed = False
 
@@ -128,8 +138,9 @@ class ExecutorLink:
             raise RuntimeError("connect() and fence() first")
         stub = executor_pb2_grpc.ExecutorStub(self._channel)
         call = stub.Run(self._plans(), metadata=self._metadata)
-        inbox: asyncio.Queue[pb.StepReport | BaseException | None] = asyncio.Queue()
+        inbox: asyncio.Queue[pb.StepReport | BaseException | str | None] = asyncio.Queue()
         reader = asyncio.create_task(read_reports(call, inbox), name=f"reports-{self.executor_id}")
+        ticker = asyncio.create_task(_tick(inbox, _ORPHAN_CHECK_S), name=f"orphan-checks-{self.executor_id}")
         try:
             while True:
                 # Group commit: every report that arrived while the last batch was being written
@@ -142,13 +153,18 @@ class ExecutorLink:
                 reports = [r for r in batch if isinstance(r, pb.StepReport)]
                 if reports:
                     await self._on_reports(reports)
-                end = batch[-1]
-                if isinstance(end, BaseException):
-                    raise end
-                if end is None:
-                    return
+                for item in batch:
+                    if isinstance(item, BaseException):
+                        raise item
+                    if item is None:
+                        return
+                # Between report batches: every step written so far is in Redis, so what Redis
+                # records running here and this link does not drive was lost there.
+                if _CHECK_ORPHANS in batch:
+                    await self.hand_back_orphans()
         finally:
             reader.cancel()
+            ticker.cancel()
 
     async def close(self) -> None:
         self.closed = True
@@ -321,23 +337,48 @@ class ExecutorLink:
         ]
         if not refused:
             return False
-        for request_id in refused:
+        await self._abort_and_hand_back(refused, "Redis refused its tokens")
+        return True
+
+    async def hand_back_orphans(self) -> None:
+        """Re-queue what Redis records running on this executor that this link no longer drives.
+
+        A request's finish (or hand-back) that Redis acknowledged and then lost, with the AOF's
+        tail or in a failover, leaves its record RUNNING here with its tokens cut back, and no
+        report will ever come for it: the executor is done with it. Re-queued under this link's
+        owner, it resumes from what Redis recorded and ends again, so every record reaches a
+        terminal state. Claims still on their way to ``requests`` are admission's, and another owner's records
+        are left to that owner.
+        """
+        recorded = await with_redis_retry(
+            lambda: self._store.requests.running_ids(self.executor_id),
+            self._redis_retry_s,
+            f"reading what runs on {self.executor_id}",
+        )
+        orphans = sorted(recorded - self.requests.keys() - self.claiming)
+        if orphans:
+            await self._abort_and_hand_back(orphans, "Redis records it running, but no report will come for it")
+            self._on_change(True)
+
+    async def _abort_and_hand_back(self, request_ids: list[str], reason: str) -> None:
+        """Abort ``request_ids`` on the executor, admit nothing here until it confirms (as when a
+        link starts), and re-queue them from what Redis recorded."""
+        for request_id in request_ids:
             self.requests.pop(request_id, None)
             self._report_writes.forget(request_id)
             self.preempting.discard(request_id)
         self._fence_seq = self._next_seq()
-        self._outbox.put_nowait(pb.Plan(seq=self._fence_seq, abort=refused))
-        for request_id in refused:
-            log.warning("request %s: Redis refused its tokens from %s; re-queued", request_id, self.executor_id)
+        self._outbox.put_nowait(pb.Plan(seq=self._fence_seq, abort=request_ids))
+        for request_id in request_ids:
+            log.warning("request %s on %s: %s; re-queued", request_id, self.executor_id, reason)
             await self._store.requests.hand_back(request_id, self.executor_id, "migrate", self.owner)
-        return True
 
     async def hand_back(self, request_id: str, kind: str = "preempt") -> None:
         await self._store.requests.hand_back(request_id, self.executor_id, kind, self.owner)
 
 
 async def read_reports(
-    call: AsyncIterable[pb.StepReport], inbox: asyncio.Queue[pb.StepReport | BaseException | None]
+    call: AsyncIterable[pb.StepReport], inbox: asyncio.Queue[pb.StepReport | BaseException | str | None]
 ) -> None:
     """Move the stream's reports into ``inbox``; then None at its end, or the error that ended it."""
     try:
@@ -348,6 +389,13 @@ async def read_reports(
         raise
     except BaseException as exc:
         inbox.put_nowait(exc)
+
+
+async def _tick(inbox: asyncio.Queue[pb.StepReport | BaseException | str | None], period_s: float) -> None:
+    """Put the orphan-check marker in ``inbox`` every ``period_s``."""
+    while True:
+        await asyncio.sleep(period_s)
+        inbox.put_nowait(_CHECK_ORPHANS)
 
 
 def _cache_events(reports: list[pb.StepReport]) -> list[CacheEvents]:

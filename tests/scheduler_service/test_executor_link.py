@@ -32,6 +32,51 @@ async def running_on_a_link(store: Store, redis_url: str, request_id: str, execu
     return link
 
 
+async def test_a_finish_redis_lost_is_found_by_the_orphan_check_and_re_queued(redis_url: str) -> None:
+    """Redis restarted from an AOF missing its tail after a request's last step was recorded: its
+    record is RUNNING here again with its tokens cut back, and the executor, done with it, will
+    never report it. The link's orphan check re-queues it from what Redis kept; what the link still
+    drives, and claims admission has made but not yet handed the link, are left alone."""
+    client = connect(redis_url)
+    try:
+        keys = KeySchema()
+        store = Store(client, keys, request_ttl_s=60)
+        link = await running_on_a_link(store, redis_url, "lost", "exec-o")
+        for request_id in ("driven", "claiming"):
+            await store.requests.enqueue(
+                NewRequest(request_id, (1, 7), SamplingParams(max_tokens=5, ignore_eos=True), 5, "t", 0, 0), 0.0, 100
+            )
+        link.claiming.add("claiming")
+        assert await store.requests.claim("claiming", "exec-o", link.owner) is not None
+        driven = await store.requests.claim("driven", "exec-o", link.owner)
+        assert driven is not None
+        link.admit(driven)
+        await link._on_reports([epb.StepReport(tokens=[epb.TokenDelta(request_id="lost", token_ids=[40], index=0)])])
+        rewound = [keys.request("lost"), keys.tokens("lost"), keys.running("exec-o"), keys.tenant_running]
+        snapshot = [await client.dump(key) for key in rewound]
+        final = epb.StepReport(
+            tokens=[epb.TokenDelta(request_id="lost", token_ids=[41], index=1)],
+            finished=[epb.FinishedRequest(request_id="lost", finish_reason=FinishReason.LENGTH.value)],
+        )
+        await link._on_reports([final])
+        assert (await store.requests.get("lost") or {})["state"] == "FINISHED"
+        for key, dumped in zip(rewound, snapshot, strict=True):
+            assert dumped is not None
+            await client.restore(key, 0, dumped, replace=True)  # acknowledged, then lost with the AOF's tail
+
+        await link.hand_back_orphans()
+        record = await store.requests.get("lost") or {}
+        assert (record["state"], record.get("migrations")) == ("QUEUED", "1"), record
+        assert await store.requests.tokens_between("lost", 0, 5) == (40,)
+        for request_id in ("driven", "claiming"):
+            assert (await store.requests.get(request_id) or {})["state"] == "ASSIGNED"
+        assert await store.requests.running_ids("exec-o") == {"driven", "claiming"}
+        abort = link._outbox.get_nowait()
+        assert abort is not None and list(abort.abort) == ["lost"]
+    finally:
+        await client.aclose()
+
+
 async def test_a_final_step_refused_as_behind_re_queues_the_request(redis_url: str) -> None:
     """Redis restarted from an older AOF holds fewer tokens than the executor made, and the first
     step it sees after the restart is the request's last. That step must not end the request with

@@ -29,6 +29,7 @@ from tests.stack import eventually
 MAX_TOKENS = 40
 LEASE = "{baton}:lease:executor:%s"
 TOKENS = "{baton}:req:%s:tokens"
+REQUEST = "{baton}:req:%s"
 _SERVER_GONE = (
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.CANCELLED,
@@ -207,18 +208,24 @@ async def test_redis_sigkill_mid_run_keeps_every_stream_exact(
     A killed Redis keeps what it wrote to its AOF (the kernel holds it), so ``aof-replayed`` loses
     nothing acknowledged. With ``appendfsync everysec`` a crashed host loses up to about a second
     of writes, acknowledged ones included: ``aof-tail-lost`` cuts the AOF back to where it stood
-    ``lost_s`` before the kill, so records restart behind what clients already saw.
+    ``lost_s`` before the kill, so records restart behind what clients already saw. Short requests
+    that end inside that window lose their ends too: their records say RUNNING again, on an
+    executor done with them, and must still reach their ends.
     """
     processes.start_executor("exec-a")
     target = processes.start_scheduler("sched-1")
     # Long enough that every stream outlives the lost window and the kill with room to spare.
     clients = Clients(random_prompts(10, seed=24), "rk", max_tokens=128)
+    short = Clients(random_prompts(3, seed=25), "rs", max_tokens=6)
     async with grpc.aio.insecure_channel(target) as channel:
         stub = generate_pb2_grpc.GenerationStub(channel)
         tasks = [asyncio.create_task(clients.stream(stub, i)) for i in range(10)]
+        short_tasks = [asyncio.create_task(short.stream(stub, i)) for i in range(3)]
         await clients.wait_all_started(minimum=1)
+        await short.wait_all_started(minimum=1)
         aof, cut = processes.aof_tail()
         await asyncio.sleep(lost_s)
+        await asyncio.wait_for(asyncio.gather(*short_tasks), 60)  # ended, and their clients saw it
         processes.kill("redis")
         killed_at = time.monotonic()
         seen = clients.seen()
@@ -228,21 +235,31 @@ async def test_redis_sigkill_mid_run_keeps_every_stream_exact(
             os.truncate(aof, cut)
             with processes.replayed() as disk:
                 behind = {rid: int(disk.llen(TOKENS % rid)) for rid in clients.ids}
+                unended = [rid for rid in short.ids if disk.hget(REQUEST % rid, "state") != "FINISHED"]
             regressed = [rid for rid in clients.ids if behind[rid] < seen[rid]]
             assert regressed, f"the cut lost no token a client had seen: {behind} vs {seen}"
+            assert unended == short.ids, "the cut kept a short request's end"
         processes.start_redis()
         await asyncio.wait_for(asyncio.gather(*tasks), 120)
-        states = [await stub.GetRequest(pb.GetRequestRequest(request_id=rid)) for rid in clients.ids]
+
+        async def all_finished() -> bool:
+            states[:] = [await stub.GetRequest(pb.GetRequestRequest(request_id=rid)) for rid in everyone]
+            return all(state.state == pb.REQUEST_STATE_FINISHED for state in states)
+
+        everyone = clients.ids + short.ids
+        states: list[pb.GetRequestResponse] = []
+        await eventually(all_finished, "every record to reach its end", 60.0)
     for name in ("exec-a", "sched-1"):
         assert processes.procs[name].poll() is None, f"{name} died: {processes.log(name)[-2000:]}"
     for rid in mid_stream:
         assert len(clients.tokens[rid]) == clients.max_tokens > seen[rid], rid
     clients.check_exact(tiny_model_dir)
+    short.check_exact(tiny_model_dir)
+    lengths = {rid: clients.max_tokens for rid in clients.ids} | {rid: short.max_tokens for rid in short.ids}
     for state in states:
-        assert state.state == pb.REQUEST_STATE_FINISHED, f"{state.request_id}: {state}"
-        assert state.tokens_generated == clients.max_tokens, f"{state.request_id}: {state}"
+        assert state.tokens_generated == lengths[state.request_id], f"{state.request_id}: {state}"
     print(
         f"\nredis sigkill ({lost_s:.1f} s lost): {len(mid_stream)} mid-stream"
-        + (f", {len(regressed)} records behind their clients" if lost_s else "")
+        + (f", {len(regressed)} records behind their clients, {len(unended)} ends lost" if lost_s else "")
         + f", recovery {clients.longest_pause_after(killed_at):.2f} s"
     )
