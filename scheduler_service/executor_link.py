@@ -347,8 +347,8 @@ class ExecutorLink:
         tail or in a failover, leaves its record RUNNING here with its tokens cut back, and no
         report will ever come for it: the executor is done with it. Re-queued under this link's
         owner, it resumes from what Redis recorded and ends again, so every record reaches a
-        terminal state. Claims still on their way to ``requests`` are admission's, and another owner's records
-        are left to that owner.
+        terminal state. Claims still on their way to ``requests`` are admission's to settle, and
+        the hand-back's owner check leaves a record another link holds to that link.
         """
         recorded = await with_redis_retry(
             lambda: self._store.requests.running_ids(self.executor_id),
