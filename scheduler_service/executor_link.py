@@ -14,6 +14,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from functools import partial
 
 import grpc
 
@@ -337,41 +338,61 @@ class ExecutorLink:
         ]
         if not refused:
             return False
-        await self._abort_and_hand_back(refused, "Redis refused its tokens")
+        for request_id in refused:
+            self.requests.pop(request_id, None)
+            self._report_writes.forget(request_id)
+            self.preempting.discard(request_id)
+        self._fence_seq = self._next_seq()
+        self._outbox.put_nowait(pb.Plan(seq=self._fence_seq, abort=refused))
+        for request_id in refused:
+            log.warning("request %s: Redis refused its tokens from %s; re-queued", request_id, self.executor_id)
+            await self._store.requests.hand_back(request_id, self.executor_id, "migrate", self.owner)
         return True
 
     async def hand_back_orphans(self) -> None:
         """Re-queue what Redis records running on this executor that this link no longer drives.
 
-        A request's finish (or hand-back) that Redis acknowledged and then lost, with the AOF's
-        tail or in a failover, leaves its record RUNNING here with its tokens cut back, and no
-        report will ever come for it: the executor is done with it. Re-queued under this link's
-        owner, it resumes from what Redis recorded and ends again, so every record reaches a
-        terminal state. Claims still on their way to ``requests`` are admission's to settle, and
-        the hand-back's owner check leaves a record another link holds to that link.
-        """
-        recorded = await with_redis_retry(
-            lambda: self._store.requests.running_ids(self.executor_id),
-            self._redis_retry_s,
-            f"reading what runs on {self.executor_id}",
-        )
-        orphans = sorted(recorded - self.requests.keys() - self.claiming)
-        if orphans:
-            await self._abort_and_hand_back(orphans, "Redis records it running, but no report will come for it")
-            self._on_change(True)
+        A request's end (or hand-back) that Redis acknowledged and then lost, with the AOF's tail
+        or in a failover, leaves its record RUNNING here with its tokens cut back, and no report
+        will ever come for it: the executor is done with it. Re-queued, it resumes from what Redis
+        recorded and ends again, so every record reaches a terminal state. Its migrations and
+        preemptions are not charged: nothing failed but Redis.
 
-    async def _abort_and_hand_back(self, request_ids: list[str], reason: str) -> None:
-        """Abort ``request_ids`` on the executor, admit nothing here until it confirms (as when a
-        link starts), and re-queue them from what Redis recorded."""
-        for request_id in request_ids:
-            self.requests.pop(request_id, None)
-            self._report_writes.forget(request_id)
-            self.preempting.discard(request_id)
-        self._fence_seq = self._next_seq()
-        self._outbox.put_nowait(pb.Plan(seq=self._fence_seq, abort=request_ids))
-        for request_id in request_ids:
-            log.warning("request %s on %s: %s; re-queued", request_id, self.executor_id, reason)
-            await self._store.requests.hand_back(request_id, self.executor_id, "migrate", self.owner)
+        Claims admission is still making for this link are left to it (read before the running
+        set and again before each hand-back, so none slips between). A record another link owns
+        (a claim an older or another replica's link made after this one started, its hand-back
+        lost with that link) is re-queued only while this replica holds the executor's lease:
+        a link whose replica lost the lease leaves alone what the new driver runs. Each hand-back
+        is fenced by the owner it read, so one that changed hands meanwhile is not touched. No
+        abort is sent: the executor runs nothing this link does not drive.
+        """
+        claiming = set(self.claiming)
+        requests, fleet, retry_s = self._store.requests, self._store.fleet, self._redis_retry_s
+        what = f"checking what runs on {self.executor_id}"
+        recorded = await with_redis_retry(partial(requests.running_ids, self.executor_id), retry_s, what)
+        candidates = sorted(recorded - self.requests.keys() - claiming - self.claiming)
+        if not candidates:
+            return
+        owners = await with_redis_retry(partial(requests.owners, candidates), retry_s, what)
+        orphans = [(rid, owner or self.owner) for rid, owner in zip(candidates, owners, strict=True)]
+        if any(owner != self.owner for _, owner in orphans):
+            holder = await with_redis_retry(partial(fleet.lease_holder, self.executor_id), retry_s, what)
+            if not self.holder or holder != self.holder:
+                orphans = [(rid, owner) for rid, owner in orphans if owner == self.owner]
+        handed_back = False
+        for request_id, owner in orphans:
+            if request_id in self.requests or request_id in self.claiming:
+                continue  # admitted here meanwhile
+            log.warning(
+                "request %s: Redis records it running on %s, but no report will come for it; re-queuing",
+                request_id,
+                self.executor_id,
+            )
+            hand_back = partial(requests.hand_back, request_id, self.executor_id, "orphan", owner)
+            await with_redis_retry(hand_back, retry_s, what)
+            handed_back = True
+        if handed_back:
+            self._on_change(True)
 
     async def hand_back(self, request_id: str, kind: str = "preempt") -> None:
         await self._store.requests.hand_back(request_id, self.executor_id, kind, self.owner)

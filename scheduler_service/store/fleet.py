@@ -75,6 +75,10 @@ class FleetRegistry:
         leases = [self._keys.lease(executor_id) for executor_id in executor_ids]
         return cast(list[int], await self._renew(keys=leases, args=[holder, ttl_ms]))
 
+    async def lease_holder(self, executor_id: str) -> str | None:
+        """The replica that drives ``executor_id`` now, if any."""
+        return cast(str | None, await self._redis.get(self._keys.lease(executor_id)))
+
     async def release_lease(self, executor_id: str, holder: str) -> None:
         """Give up the lease on ``executor_id``, if ``holder`` still holds it."""
         await self._release(keys=[self._keys.lease(executor_id)], args=[holder])

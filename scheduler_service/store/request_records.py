@@ -241,7 +241,8 @@ class RequestRecords:
         self, request_id: str, executor_id: str, kind: str = "preempt", owner: str | None = None
     ) -> None:
         """Re-queue a request its executor gave up (``preempt``) or lost (``migrate``), or whose
-        claim no executor was told of (``unclaim``, counted as neither).
+        claim no executor was told of (``unclaim``), or whose end Redis lost (``orphan``); the
+        last two count as neither.
 
         A pending cancel ends it as CANCELLED instead, and a request past the migration limit
         ends as FAILED: a request that keeps killing executors must not take the fleet down.
@@ -320,6 +321,13 @@ class RequestRecords:
 
     async def running_ids(self, executor_id: str) -> set[str]:
         return set(cast(set[str], await self._redis.smembers(self.keys.running(executor_id))))
+
+    async def owners(self, request_ids: Sequence[str]) -> list[str | None]:
+        """Each request's owner fence (the link its claim named); None for a missing record."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.hget(self.keys.request(request_id), "owner")
+            return cast(list[str | None], await pipe.execute())
 
 
 def _claimed(request_id: str, row: list[str] | None) -> ClaimedRequest | None:

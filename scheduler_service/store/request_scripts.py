@@ -290,8 +290,9 @@ return out
 
 # ASSIGNED/RUNNING -> QUEUED, keeping the tokens. KEYS: req, running, pending, waiting, counters,
 # vclock, tenant_running, tokens. ARGV: id, owner ('' = any), now_ms, kind ('preempt', 'migrate',
-# or 'unclaim' for a claim that no executor was ever told of, which counts as neither),
-# max_migrations, tenant_queue_prefix.
+# 'unclaim' for a claim that no executor was ever told of, or 'orphan' for a request its driver had
+# done with when Redis lost its end; the last two count as neither), max_migrations,
+# tenant_queue_prefix.
 # Returns 1 re-queued, 2 a cancel was pending, 3 past the migration limit (the caller ends
 # either), 0 not active, -1 owned by another executor, MALFORMED.
 REQUEUE = (
