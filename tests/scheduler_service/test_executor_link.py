@@ -18,11 +18,16 @@ from scheduler_service.store import Store
 from tests.stack import stack_config
 
 
-async def running_on_a_link(store: Store, redis_url: str, request_id: str, executor_id: str) -> ExecutorLink:
-    """A link with no executor behind it, driving ``request_id`` (queued, claimed and admitted)."""
+async def enqueued(store: Store, request_id: str) -> None:
+    """Queue a short greedy request ``request_id``."""
     await store.requests.enqueue(
         NewRequest(request_id, (1, 5, 6), SamplingParams(max_tokens=5, ignore_eos=True), 5, "t", 0, 0), 0.0, 100
     )
+
+
+async def running_on_a_link(store: Store, redis_url: str, request_id: str, executor_id: str) -> ExecutorLink:
+    """A link with no executor behind it, driving ``request_id`` (queued, claimed and admitted)."""
+    await enqueued(store, request_id)
     link = ExecutorLink(
         executor_id, "unused:0", store, stack_config(redis_url, Path(".")).scheduler, lambda _queue_moved: None
     )
@@ -43,9 +48,7 @@ async def test_a_finish_redis_lost_is_found_by_the_orphan_check_and_re_queued(re
         store = Store(client, keys, request_ttl_s=60)
         link = await running_on_a_link(store, redis_url, "lost", "exec-o")
         for request_id in ("driven", "claiming"):
-            await store.requests.enqueue(
-                NewRequest(request_id, (1, 7), SamplingParams(max_tokens=5, ignore_eos=True), 5, "t", 0, 0), 0.0, 100
-            )
+            await enqueued(store, request_id)
         link.claiming.add("claiming")
         assert await store.requests.claim("claiming", "exec-o", link.owner) is not None
         driven = await store.requests.claim("driven", "exec-o", link.owner)
@@ -89,9 +92,7 @@ async def test_the_orphan_check_re_queues_another_links_claim_only_while_its_rep
         store = Store(client, keys, request_ttl_s=60)
         link = await running_on_a_link(store, redis_url, "mine", "exec-f")
         link.holder = "replica-a"
-        await store.requests.enqueue(
-            NewRequest("theirs", (1, 7), SamplingParams(max_tokens=5, ignore_eos=True), 5, "t", 0, 0), 0.0, 100
-        )
+        await enqueued(store, "theirs")
         assert await store.requests.claim("theirs", "exec-f", "exec-f#older") is not None
         await client.set(keys.lease("exec-f"), "replica-b")
 

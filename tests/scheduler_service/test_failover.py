@@ -241,13 +241,13 @@ async def test_redis_sigkill_mid_run_keeps_every_stream_exact(
             assert unended == short.ids, "the cut kept a short request's end"
         processes.start_redis()
         await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        everyone = clients.ids + short.ids
+        states: list[pb.GetRequestResponse] = []
 
         async def all_finished() -> bool:
             states[:] = [await stub.GetRequest(pb.GetRequestRequest(request_id=rid)) for rid in everyone]
             return all(state.state == pb.REQUEST_STATE_FINISHED for state in states)
 
-        everyone = clients.ids + short.ids
-        states: list[pb.GetRequestResponse] = []
         await eventually(all_finished, "every record to reach its end", 60.0)
     for name in ("exec-a", "sched-1"):
         assert processes.procs[name].poll() is None, f"{name} died: {processes.log(name)[-2000:]}"
