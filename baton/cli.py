@@ -157,8 +157,7 @@ def _run_executor(args: argparse.Namespace) -> int:
     config = _service_config(args, "executor", {f: f for f in flags})
     setup_logging(config.monitoring.log_level)  # type: ignore[attr-defined]
     lower_cpu_priority(config.executor.nice)  # type: ignore[attr-defined]  # before serve starts thread pools
-    asyncio.run(serve(config))  # type: ignore[arg-type]
-    return 0
+    return asyncio.run(serve(config))  # type: ignore[arg-type]
 
 
 def build_parser() -> argparse.ArgumentParser:

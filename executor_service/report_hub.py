@@ -81,11 +81,15 @@ class ReportHub:
 
     def attach(self, batcher: TokenBatcher | None = None) -> ReportQueue:
         """A new stream's queue of reports; ``batcher``: its token batcher (None: every step is a report)."""
-        if self._stream is not None:
-            self._stream.queue.put_nowait(None)  # supersede the old stream
+        self.end_stream()  # supersede the old stream
         queue: ReportQueue = asyncio.Queue()
         self._stream = _Stream(queue, batcher)
         return queue
+
+    def end_stream(self) -> None:
+        """End the attached stream (its Run call returns), as when another supersedes it."""
+        if self._stream is not None:
+            self._stream.queue.put_nowait(None)
 
     def detach(self, queue: ReportQueue) -> bool:
         """Detach ``queue``; True when no stream is attached any more."""

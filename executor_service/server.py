@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health
@@ -53,8 +53,39 @@ class RunningExecutor:
     health: health.aio.HealthServicer
     loaded: LoadedModel
     metrics: ExecutorMetrics
+    hub: ReportHub
+    engine_failed: asyncio.Event  # set on the event loop once the engine thread has died
+    withdrawn: asyncio.Event = field(default_factory=asyncio.Event)  # ``withdraw`` has run
+    _watcher: asyncio.Task[None] | None = None
+
+    def watch_engine(self) -> None:
+        """Withdraw from the fleet as soon as the engine thread dies."""
+        self._watcher = asyncio.create_task(self._withdraw_when_failed(), name=f"engine-watch-{self.executor_id}")
+
+    async def _withdraw_when_failed(self) -> None:
+        await self.engine_failed.wait()
+        await self.withdraw()
+
+    async def withdraw(self) -> None:
+        """Leave the fleet while the process lives on: the engine thread died, so this executor would
+        accept plans and never run them. The Run stream ends, so the link driving it re-queues its
+        requests and they run elsewhere, re-prefilled from the tokens Redis holds; health says
+        NOT_SERVING and the registration goes, so no scheduler attaches again (a call that comes
+        meanwhile gets UNAVAILABLE). ``serve`` then exits non-zero, for a supervisor to start a
+        fresh process."""
+        log.error(
+            "executor %s: the engine thread failed (%r); leaving the fleet, its requests are re-queued",
+            self.executor_id,
+            self.worker.error,
+        )
+        self.hub.end_stream()
+        await set_serving(self.health, [SERVICE_NAME], serving=False)
+        await self.registration.stop()
+        self.withdrawn.set()
 
     async def stop(self, grace: float = 2.0) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
         await set_serving(self.health, [SERVICE_NAME], serving=False)
         await self.registration.stop()
         await self.server.stop(grace)
@@ -119,10 +150,14 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     await asyncio.to_thread(warm_up, loaded.engine)
     load = LoadSampler(str(loaded.device))
     allocator = loaded.engine.allocator
-    hub = ReportHub(
-        asyncio.get_running_loop(), metrics.observe_step, allocator.cached_names if allocator.prefix_caching else None
-    )
-    worker = EngineWorker(loaded.engine, hub.publish_threadsafe)
+    loop = asyncio.get_running_loop()
+    hub = ReportHub(loop, metrics.observe_step, allocator.cached_names if allocator.prefix_caching else None)
+    engine_failed = asyncio.Event()
+
+    def on_engine_failure(exc: BaseException) -> None:  # on the engine thread
+        loop.call_soon_threadsafe(engine_failed.set)
+
+    worker = EngineWorker(loaded.engine, hub.publish_threadsafe, on_engine_failure)
     info = _info(executor_id, loaded, config)
     servicer.bind(worker, hub, load, info)
     worker.start()
@@ -168,15 +203,23 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     await registration.start()
     await set_serving(health_servicer, [SERVICE_NAME], serving=True)
     log.info("executor %s serving at %s", executor_id, address)
-    return RunningExecutor(executor_id, address, port, server, worker, registration, health_servicer, loaded, metrics)
+    running = RunningExecutor(
+        executor_id, address, port, server, worker, registration, health_servicer, loaded, metrics, hub, engine_failed
+    )
+    running.watch_engine()
+    return running
 
 
-async def serve(config: BatonConfig) -> None:
-    """Run until SIGINT/SIGTERM."""
+async def serve(config: BatonConfig) -> int:
+    """Run until SIGINT/SIGTERM (exit status 0), or until the engine thread fails (1)."""
     stop = asyncio.Event()
     service.install_signal_handlers(stop)
     running = await start_executor(config, before_serving=freeze_startup_heap)
-    await stop.wait()
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(running.withdrawn.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for waiting in waits:
+        waiting.cancel()
     service.bound_shutdown()
     log.info("executor %s shutting down after %d steps", running.executor_id, running.worker.engine.iteration)
     await running.stop()
+    return 0 if running.worker.error is None else 1

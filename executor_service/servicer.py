@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
-    """Serves as soon as the port is bound; answers UNAVAILABLE until ``bind`` (model loaded and warmed)."""
+    """Serves as soon as the port is bound; answers UNAVAILABLE until ``bind`` (model loaded and warmed),
+    and again once the engine thread has failed."""
 
     def __init__(
         self,
@@ -49,6 +50,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     def _ready(self) -> tuple[EngineWorker, ReportHub, LoadSampler, pb.InfoResponse]:
         if self._worker is None or self._hub is None or self._load is None or self._info is None:
             raise NotReady("the model is still loading")
+        if self._worker.error is not None:  # the executor is leaving the fleet (``RunningExecutor.withdraw``)
+            raise NotReady(f"the engine failed: {self._worker.error!r}")
         return self._worker, self._hub, self._load, self._info
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:

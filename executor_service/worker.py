@@ -2,6 +2,11 @@
 
 The thread never waits for a plan while it has work: it applies whatever plans arrived by the
 iteration boundary and steps again. Only an idle engine blocks, briefly, on the plan inbox.
+
+A step that raises ends the thread: after an exception the engine's state (its KV blocks, its
+running set) cannot be trusted, so nothing here tries to go on. ``on_failure`` tells the server,
+which takes the executor out of the fleet so its requests are re-queued and run elsewhere
+(``server.RunningExecutor.withdraw``).
 """
 
 from __future__ import annotations
@@ -20,9 +25,15 @@ _IDLE_WAIT_S = 0.05
 
 
 class EngineWorker:
-    def __init__(self, engine: Engine, on_output: Callable[[StepOutput], None]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        on_output: Callable[[StepOutput], None],
+        on_failure: Callable[[BaseException], None] = lambda exc: None,  # called on the engine thread
+    ) -> None:
         self.engine = engine
         self._on_output = on_output
+        self._on_failure = on_failure
         self._inbox: queue.SimpleQueue[PlanUpdate] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="baton-engine", daemon=True)
@@ -67,3 +78,4 @@ class EngineWorker:
         except BaseException as exc:  # the thread must not die silently: the servicer reports UNAVAILABLE
             log.exception("engine thread failed")
             self.error = exc
+            self._on_failure(exc)

@@ -34,6 +34,7 @@ class _Worker:
 
     def __init__(self) -> None:
         self.plans: list[PlanUpdate] = []
+        self.error: BaseException | None = None  # the engine thread never fails here
 
     def submit(self, plan: PlanUpdate) -> None:
         self.plans.append(plan)

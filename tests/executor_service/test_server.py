@@ -1,16 +1,26 @@
-"""``start_executor``: the order of its start, as ``serve`` relies on it."""
+"""``start_executor``: the order of its start, as ``serve`` relies on it; and what the executor does
+when its engine thread fails."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
 import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.keys import KeySchema
 from common.pb import executor_pb2, executor_pb2_grpc
+from executor_service.engine_io import StepOutput
 from executor_service.server import start_executor
-from tests.stack import stack_config
+from tests.conftest import free_port
+from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
+from tests.scheduler_service.test_end_to_end import greedy, random_prompts
+from tests.stack import eventually, stack_config, start_stack
 
 
 async def test_before_serving_runs_before_the_executor_registers(redis_url: str, tiny_model_dir: Path) -> None:
@@ -50,3 +60,85 @@ async def test_a_clean_stop_leaves_nothing_of_the_executor_in_redis(redis_url: s
         assert not store.exists(keys.executor(running.executor_id), keys.cached_blocks(running.executor_id))
     finally:
         store.close()
+
+
+async def test_an_executor_whose_engine_fails_leaves_the_fleet_and_its_requests_finish_elsewhere(
+    redis_url: str, tiny_model_dir: Path
+) -> None:
+    """A model step that raises ends the engine thread. The executor must not stay registered and
+    attached, taking plans it never runs (its requests would wait for good): it ends its Run
+    stream, so its requests are re-queued and finish on the other executor, exactly."""
+    store, keys = redis.Redis.from_url(redis_url, decode_responses=True), KeySchema("baton")
+    stack = await start_stack(stack_config(redis_url, tiny_model_dir), executors=2)
+    prompts = random_prompts(8, seed=5)
+    ids = [f"ef-{i}" for i in range(len(prompts))]
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+
+    async def stream(i: int) -> None:
+        async for chunk in stack.stub.Generate(greedy(prompts[i], 200, request_id=ids[i])):
+            assert chunk.index == len(tokens[ids[i]]), "a gap or a repeat in the stream"
+            tokens[ids[i]].extend(chunk.token_ids)
+
+    try:
+        tasks = [asyncio.create_task(stream(i)) for i in range(len(prompts))]
+        await eventually(lambda: min(len(t) for t in tokens.values()) >= 3, "every request to start", 60)
+        victim = max(stack.executors, key=lambda e: store.scard(keys.running(e.executor_id)))
+        assert store.scard(keys.running(victim.executor_id)) > 0
+
+        def broken_step() -> StepOutput:
+            raise RuntimeError("injected engine failure")
+
+        victim.worker.engine.step = broken_step  # type: ignore[method-assign]
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        migrated = [rid for rid in ids if store.hget(keys.request(rid), "migrations")]
+        assert migrated, "the failed executor ran none of the requests"
+        reference_model = load_reference_model(tiny_model_dir)
+        for i, rid in enumerate(ids):
+            assert_matches_reference(tokens[rid], reference_greedy(reference_model, prompts[i], 200), rid)
+        await asyncio.wait_for(victim.withdrawn.wait(), 10)
+        assert store.zscore(keys.executors, victim.executor_id) is None
+        async with grpc.aio.insecure_channel(victim.address) as channel:
+            health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            try:
+                await executor_pb2_grpc.ExecutorStub(channel).Info(executor_pb2.InfoRequest(), timeout=10)
+                raise AssertionError("an executor whose engine failed answered Info")
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE
+                assert "engine failed" in (exc.details() or "")
+    finally:
+        await stack.stop()
+        store.close()
+
+
+# The executor's command line, with its engine thread failing on its first iteration.
+_FAILING_EXECUTOR = """
+import sys
+from executor_service.worker import EngineWorker
+def fail(self, block):
+    raise RuntimeError("injected engine failure")
+EngineWorker._apply_pending = fail
+from baton.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_executor_process_exits_non_zero_when_its_engine_fails(redis_url: str, tiny_model_dir: Path) -> None:
+    """So that a supervisor (compose's restart policy, Kubernetes) starts a fresh one."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "BATON_DISTRIBUTED__REDIS_URL": redis_url,
+        "BATON_EXECUTOR__MODEL": str(tiny_model_dir),
+        "BATON_EXECUTOR__KV_CACHE_MEMORY_MB": "32",
+        "BATON_EXECUTOR__TORCH_THREADS": "1",
+    }
+    command = [sys.executable, "-c", _FAILING_EXECUTOR, "executor", "--host", "127.0.0.1", "--port", str(free_port())]
+    done = subprocess.run([*command, "--executor-id", "exec-broken"], env=env, capture_output=True, timeout=180)
+    log = done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace")
+    assert done.returncode == 1, log[-3000:]
+    assert "the engine thread failed" in log
+    with redis.Redis.from_url(redis_url, decode_responses=True) as store:
+        keys = KeySchema("baton")
+        assert store.zscore(keys.executors, "exec-broken") is None
+        assert not store.exists(keys.executor("exec-broken"))

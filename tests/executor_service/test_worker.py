@@ -48,3 +48,22 @@ def test_worker_applies_plans_arriving_mid_run(tiny_model_dir: Path) -> None:
         assert "first" not in seen  # it kept running while the new plan was applied
     finally:
         worker.stop()
+
+
+def test_a_step_that_raises_ends_the_thread_and_reports_the_failure(tiny_model_dir: Path) -> None:
+    failures: queue.SimpleQueue[BaseException] = queue.SimpleQueue()
+    engine = make_engine(tiny_model_dir)
+    worker = EngineWorker(engine, lambda out: None, failures.put)
+
+    def broken_step() -> StepOutput:
+        raise RuntimeError("injected engine failure")
+
+    engine.step = broken_step  # type: ignore[method-assign]
+    worker.start()
+    try:
+        worker.submit(PlanUpdate(seq=1, admit=(admit("doomed", prompts(1)[0], 4),)))
+        failure = failures.get(timeout=30)
+    finally:
+        worker.stop()
+    assert isinstance(failure, RuntimeError) and worker.error is failure
+    assert not worker.alive

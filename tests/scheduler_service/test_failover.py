@@ -214,8 +214,10 @@ async def test_redis_sigkill_mid_run_keeps_every_stream_exact(
     """
     processes.start_executor("exec-a")
     target = processes.start_scheduler("sched-1")
-    # Long enough that every stream outlives the lost window and the kill with room to spare.
-    clients = Clients(random_prompts(10, seed=24), "rk", max_tokens=128)
+    # Long enough that every stream outlives the lost window and the kill with room to spare: on a
+    # 2-vCPU Zen machine 128 tokens ran to their ends within the window (about 200 tokens a second
+    # each); 512 last about 2 s there.
+    clients = Clients(random_prompts(10, seed=24), "rk", max_tokens=512)
     short = Clients(random_prompts(3, seed=25), "rs", max_tokens=6)
     async with grpc.aio.insecure_channel(target) as channel:
         stub = generate_pb2_grpc.GenerationStub(channel)
