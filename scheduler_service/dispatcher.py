@@ -113,13 +113,21 @@ class Dispatcher:
         while not self._stopping:
             try:
                 async for payload in self.control.messages():
-                    data = json.loads(payload)
-                    if "abort" in data:
-                        self._abort_local(str(data["abort"]), str(data.get("executor", "")))
-                    self.wake()
+                    self._on_control(payload)
             except RedisError as exc:
                 log.warning("control channel lost (%s); resubscribing", exc)
                 await asyncio.sleep(0.5)
+
+    def _on_control(self, payload: str) -> None:
+        """One message of the control channel: an abort for an executor driven here, or a wake.
+        Anyone with Redis access can publish there, so a message that does not parse is skipped."""
+        try:
+            data = json.loads(payload)
+            if isinstance(data, dict) and "abort" in data:
+                self._abort_local(str(data["abort"]), str(data.get("executor", "")))
+        except ValueError:
+            log.warning("control channel: skipped a message that is not JSON: %.200r", payload)
+        self.wake()
 
     # ---- discovery and leases ----------------------------------------------------------
     async def _discovery_loop(self) -> None:
@@ -129,6 +137,8 @@ class Dispatcher:
                 await self.discover_once()
             except RedisError as exc:
                 log.warning("discovery failed: %s", exc)
+            except Exception:  # a defect: the loop must outlive it, or no lease is renewed again
+                log.exception("discovery round failed")
             await asyncio.sleep(interval)
 
     async def discover_once(self) -> None:
@@ -254,6 +264,9 @@ class Dispatcher:
                 await self.refresh_queue_gauges()
             except RedisError as exc:
                 log.warning("planning failed: %s", exc)
+                await asyncio.sleep(0.2)
+            except Exception:  # a defect: the loop must outlive it, or nothing is admitted again
+                log.exception("planning round failed")
                 await asyncio.sleep(0.2)
 
     async def plan_once(self, queue_moved: bool = True) -> int:

@@ -1,0 +1,85 @@
+"""The dispatcher's background loops outlive what they should not die of: a defect in one
+planning or discovery round, a message on the control channel that does not parse."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from common.keys import KeySchema
+from common.pb import generate_pb2 as pb
+from tests.scheduler_service.test_end_to_end import greedy, random_prompts
+from tests.stack import Stack, eventually, joined_tokens, stack_config, start_stack
+
+
+@pytest.fixture
+async def stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
+    running = await start_stack(stack_config(redis_url, tiny_model_dir))
+    yield running
+    await running.stop()
+
+
+async def test_a_planning_round_that_raises_does_not_stop_admission(stack: Stack) -> None:
+    admission = stack.scheduler.dispatcher.admission
+    real_run = admission.run
+    failures = 0
+
+    async def fails_once(*args: object) -> int:
+        nonlocal failures
+        if failures == 0:
+            failures += 1
+            raise RuntimeError("injected planning defect")
+        return await real_run(*args)  # type: ignore[arg-type]
+
+    admission.run = fails_once  # type: ignore[method-assign, assignment]
+    chunks = await asyncio.wait_for(stack.generate(greedy(random_prompts(1, seed=41)[0], 8)), 60)
+    assert failures == 1
+    assert len(joined_tokens(chunks)) == 8 and chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+
+
+async def test_a_discovery_round_that_raises_does_not_stop_discovery(stack: Stack) -> None:
+    dispatcher = stack.scheduler.dispatcher
+    real_discover = dispatcher.discover_once
+    rounds = 0
+
+    async def fails_first(*args: object) -> None:
+        nonlocal rounds
+        rounds += 1
+        if rounds == 1:
+            raise RuntimeError("injected discovery defect")
+        await real_discover()
+
+    dispatcher.discover_once = fails_first  # type: ignore[method-assign]
+    await eventually(lambda: rounds >= 3, "discovery rounds after the failed one")
+    chunks = await asyncio.wait_for(stack.generate(greedy(random_prompts(1, seed=42)[0], 8)), 60)
+    assert len(joined_tokens(chunks)) == 8
+
+
+async def test_control_messages_that_do_not_parse_are_skipped(stack: Stack, redis_url: str) -> None:
+    """Anyone with Redis access can publish on the control channel: garbage there must not end the
+    replica's subscription, or cancels from other replicas would stop reaching its executors."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    channel = KeySchema("baton").control_channel
+    received: list[pb.GenerateResponse] = []
+
+    async def stream() -> None:
+        async for chunk in stack.stub.Generate(greedy(random_prompts(1, seed=43)[0], 4000, request_id="ctl-1")):
+            received.append(chunk)
+
+    task = asyncio.create_task(stream())
+    try:
+        await eventually(lambda: len(received) >= 2, "the request to start", 60)
+        for garbage in ("not json", "5", "[1, 2]", '{"abort": '):
+            await client.publish(channel, garbage)
+        executor_id = stack.executors[0].executor_id
+        await client.publish(channel, f'{{"abort": "ctl-1", "executor": "{executor_id}"}}')
+        await asyncio.wait_for(task, 30)  # the abort, published after the garbage, still ended it
+    finally:
+        task.cancel()
+        await client.aclose()
+    assert sum(len(c.token_ids) for c in received) < 4000
+    assert received[-1].finish_reason == pb.FINISH_REASON_CANCELLED
