@@ -102,8 +102,8 @@ def test_staggered_batch_matches_generate_alone(
 class _Alternating(ThreadGovernor):
     """Flips between its two thread counts after every step, whatever the step's work."""
 
-    def after_step(self, forward_seconds: float, num_tokens: int = 0) -> None:
-        self.current = self.many if self.current == self.few else self.few  # no work per token: kept
+    def after_step(self, forward_seconds: float) -> None:
+        self.current = self.many if self.current == self.few else self.few
 
 
 def test_thread_count_changing_between_steps_keeps_greedy_exact(tiny_model_dir: Path) -> None:
