@@ -19,9 +19,9 @@ with one thread each, by up to 12 % (performance.md, "Twelfth round"). Four thre
 wait on each other at every parallel region, and the other executor already keeps the second
 core busy.
 
-A step's work is its forward-pass seconds times the threads it had; the next step's is predicted
-from its token count at the last one's work per token. A gap between the two thresholds keeps
-halving a step's time by doubling its threads from flipping it back.
+The next step is judged by the last one's work (its forward-pass seconds
+times the threads it had), with a gap between the two thresholds so that halving a step's time by
+doubling its threads does not flip it back.
 
 Idle OpenMP workers must soon sleep, not spin, for the free core to be of use to anyone:
 ``prefer_brief_openmp_spin`` sets ``OMP_WAIT_POLICY=PASSIVE`` and a short spin before sleeping unless
@@ -127,14 +127,7 @@ class OtherLoad:
 
 
 class ThreadGovernor:
-    """Chooses each step's torch thread count from the work it expects of the step and the others' load.
-
-    A step's work is predicted from its token count at the last step's work per token, so a step
-    unlike the last (a large prefill after light decode steps) gets its threads at once rather than
-    one step late: on the small model a 900-token prefill arriving after the warm-up's light steps
-    ran on one thread for 0.64 s, about twice its time on two. Without a token count (or before any
-    step) the last step's work stands for the next one's.
-    """
+    """Chooses each step's torch thread count from the previous step's work and the others' load."""
 
     def __init__(
         self,
@@ -150,31 +143,19 @@ class ThreadGovernor:
         self.current = self.few
         self._set_threads = set_threads
         self._others = others_busy_cores
-        self._others_busy = math.inf  # cores' worth the others used, as last sampled
-        self._work_per_token_ms: float | None = None  # the last step's, when it said its tokens
         self._applied: int | None = None
 
-    def before_step(self, num_tokens: int = 0) -> None:
-        """Choose for a step of ``num_tokens`` (0: unknown) and apply the choice (a no-op when it has
-        not changed); call from the engine thread."""
-        if num_tokens > 0 and self._work_per_token_ms is not None:
-            self.current = self._threads_for(self._work_per_token_ms * num_tokens)
+    def before_step(self) -> None:
+        """Apply the current choice (a no-op when it has not changed); call from the engine thread."""
         if self._applied != self.current:
             self._set_threads(self.current)
             self._applied = self.current
 
-    def after_step(self, forward_seconds: float, num_tokens: int = 0) -> None:
+    def after_step(self, forward_seconds: float) -> None:
         work_ms = forward_seconds * 1000.0 * self.current
-        self._others_busy = self._others(forward_seconds)
-        if num_tokens > 0:
-            self._work_per_token_ms = work_ms / num_tokens
-        self.current = self._threads_for(work_ms)
-
-    def _threads_for(self, work_ms: float) -> int:
-        others = self._others_busy
+        others = self._others(forward_seconds)
         if work_ms >= HEAVY_STEP_CPU_MS:
             held = 0 if math.isinf(others) else math.floor(others + 1.0 - OTHERS_HOLD_A_CORE)
-            return max(1, self.many - held)
-        if work_ms < LIGHT_STEP_CPU_MS:
-            return self.few if others >= OTHERS_BUSY_CORES else self.many
-        return self.current  # between the marks the choice stands
+            self.current = max(1, self.many - held)
+        elif work_ms < LIGHT_STEP_CPU_MS:
+            self.current = self.few if others >= OTHERS_BUSY_CORES else self.many

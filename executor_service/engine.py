@@ -381,11 +381,10 @@ class Engine:
     def _forward(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None) -> torch.Tensor:
         if self.threads is None:
             return self._run(chunks, leading)
-        num_tokens = sum(chunk.num_tokens for chunk in chunks)
-        self.threads.before_step(num_tokens)
+        self.threads.before_step()
         started = time.perf_counter()
         logits = self._run(chunks, leading)
-        self.threads.after_step(time.perf_counter() - started, num_tokens)
+        self.threads.after_step(time.perf_counter() - started)
         return logits
 
     def _run(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None) -> torch.Tensor:

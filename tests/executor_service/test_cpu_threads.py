@@ -131,31 +131,3 @@ def test_the_module_does_not_load_torch() -> None:
     code = "import sys, executor_service.cpu_threads; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-
-
-def test_a_large_step_after_light_ones_gets_every_core_at_once() -> None:
-    """A prefill arriving after light decode steps is judged by its own tokens, not by the last step."""
-    governor, applied = make(2)
-    governor.before_step(96)  # nothing measured yet: the current choice
-    governor.after_step(LIGHT_STEP_CPU_MS / 1000 / 2, 96)  # 96 tokens, a light step on one thread
-    governor.before_step(96)
-    assert applied == [1]
-    governor.before_step(96 * 4)  # four times the tokens at the same work per token: heavy
-    assert applied == [1, 2]
-
-
-def test_a_small_step_after_a_heavy_one_gives_its_core_back_at_once() -> None:
-    governor, applied = make(2)
-    governor.after_step(HEAVY_STEP_CPU_MS * 4 / 1000, 2048)  # a large prefill on one thread
-    governor.before_step(2048)
-    assert applied == [2]
-    governor.before_step(16)  # a few decodes at the prefill's work per token: light
-    assert applied == [2, 1]
-
-
-def test_a_predicted_step_between_the_marks_keeps_the_choice() -> None:
-    governor, applied = make(2)
-    governor.after_step(HEAVY_STEP_CPU_MS / 1000, 100)  # heavy: two threads next; 1 ms a token
-    middle_tokens = int((HEAVY_STEP_CPU_MS + LIGHT_STEP_CPU_MS) / 2)
-    governor.before_step(middle_tokens)
-    assert applied == [2]
