@@ -1,6 +1,9 @@
 """``baton dev``: redis-server, a scheduler and an executor on this machine, in one command.
 
-Each service runs as its own process, as in production; Ctrl-C stops all of them.
+Each service runs as its own process, as in production; Ctrl-C stops all of them. An executor that
+exits (killed, or its engine failed: it then exits with status 1 once its requests are re-queued)
+is started again, as compose's restart policy does, up to ``EXECUTOR_RESTARTS`` times in all; a
+crash loop, or Redis or the scheduler exiting, stops the whole stack.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from pathlib import Path
 from baton.make_model import make_model
 
 log = logging.getLogger(__name__)
+
+EXECUTOR_RESTARTS = 5
 
 
 def free_port() -> int:
@@ -96,27 +101,45 @@ def run(args: argparse.Namespace) -> int:
             procs.append(redis_proc)
         config = ["--config", args.config] if args.config else []
         baton = [sys.executable, "-m", "baton.cli"]
+        executors: dict[int, list[str]] = {}  # position in ``procs`` -> its command, to start it again
         for _ in range(args.executors):
             executor_port = free_port()
             executor_args = ["--model", model, "--host", "127.0.0.1", "--port", str(executor_port), *config]
-            executor = subprocess.Popen([*baton, "executor", "--redis-url", redis_url, *executor_args])
-            procs.append(executor)
-            wait_healthy(f"127.0.0.1:{executor_port}", executor, 300)
+            command = [*baton, "executor", "--redis-url", redis_url, *executor_args]
+            executors[len(procs)] = command
+            procs.append(subprocess.Popen(command))
+            wait_healthy(f"127.0.0.1:{executor_port}", procs[-1], 300)
         scheduler = subprocess.Popen([*baton, "scheduler", "--redis-url", redis_url, "--port", str(args.port), *config])
         procs.append(scheduler)
         wait_healthy(f"127.0.0.1:{args.port}", scheduler, 60)
         log.info(
             'ready: baton generate "Hello" --target 127.0.0.1:%d   (Redis at %s; Ctrl-C stops)', args.port, redis_url
         )
-        while all(p.poll() is None for p in procs):
-            time.sleep(0.5)
-        log.error("a service exited; stopping the rest")
-        return 1
+        return supervise(procs, executors)
     except KeyboardInterrupt:
         log.info("stopping")
         return 0
     finally:
         stop_processes(procs)
+
+
+def supervise(procs: list[subprocess.Popen[bytes]], executors: dict[int, list[str]]) -> int:
+    """Until a service other than an executor exits (then 1): start each executor that exits again,
+    up to ``EXECUTOR_RESTARTS`` times in all. ``executors``: their positions in ``procs`` and commands."""
+    restarts = 0
+    while True:
+        for position, proc in enumerate(procs):
+            if proc.poll() is None:
+                continue
+            if position not in executors or restarts >= EXECUTOR_RESTARTS:
+                log.error("a service exited with %s; stopping the rest", proc.returncode)
+                return 1
+            restarts += 1
+            log.warning(
+                "an executor exited with %s; starting it again (%d of %d)", proc.returncode, restarts, EXECUTOR_RESTARTS
+            )
+            procs[position] = subprocess.Popen(executors[position])
+        time.sleep(0.5)
 
 
 def stop_processes(procs: list[subprocess.Popen[bytes]], timeout_s: float = 15) -> None:

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.conftest import free_port
 
 
-def _healthy(target: str) -> bool:
+def is_serving(target: str) -> bool:
     with grpc.insecure_channel(target) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=0.5)
@@ -144,7 +144,7 @@ class ProcessStack:
         while time.monotonic() < deadline:
             if self.procs[name].poll() is not None:
                 raise RuntimeError(f"{name} exited: {(self.workdir / f'{name}.log').read_text()[-2000:]}")
-            if _healthy(target):
+            if is_serving(target):
                 return
             time.sleep(0.1)
         raise RuntimeError(f"{name} did not become healthy")

@@ -1,0 +1,81 @@
+"""``baton dev`` as a process: its stack serves, and an executor that dies is started again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import psutil
+import yaml
+
+from common.pb import generate_pb2_grpc
+from tests.conftest import free_port
+from tests.process_stack import is_serving
+from tests.scheduler_service.test_end_to_end import greedy, random_prompts
+
+
+def _executors(dev: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    return [child for child in psutil.Process(dev.pid).children() if "executor" in child.cmdline()]
+
+
+def _generate(target: str, tokens: int, timeout: float) -> int:
+    """Output tokens of one greedy request, retrying while the stack has no executor to run it."""
+    request = greedy(random_prompts(1, seed=51)[0], tokens)
+    deadline = time.monotonic() + timeout
+    while True:
+        with grpc.insecure_channel(target) as channel:
+            try:
+                chunks = list(generate_pb2_grpc.GenerationStub(channel).Generate(request))
+                return sum(len(chunk.token_ids) for chunk in chunks)
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise
+        time.sleep(0.5)
+
+
+def test_an_executor_that_dies_is_started_again(tmp_path: Path, tiny_model_dir: Path) -> None:
+    config = tmp_path / "baton.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "distributed": {
+                    "heartbeat_interval_ms": 200,
+                    "lease_ttl_ms": 1000,
+                    "executor_timeout_ms": 1000,
+                    "discovery_interval_ms": 100,
+                },
+                "executor": {"kv_cache_memory_mb": 64, "torch_threads": 1},
+            }
+        )
+    )
+    port = free_port()
+    command = [sys.executable, "-m", "baton.cli", "dev", "--model", str(tiny_model_dir), "--port", str(port)]
+    log = open(tmp_path / "dev.log", "wb")  # noqa: SIM115 - the process owns it
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    dev = subprocess.Popen(
+        [*command, "--workdir", str(tmp_path / "dev"), "--config", str(config)], stdout=log, stderr=log, env=env
+    )
+    target = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while not is_serving(target):
+            assert dev.poll() is None and time.monotonic() < deadline, (tmp_path / "dev.log").read_text()[-3000:]
+            time.sleep(0.2)
+        assert _generate(target, 8, 60) == 8
+        (victim,) = _executors(dev)
+        victim.kill()
+        victim.wait(30)
+        assert _generate(target, 8, 120) == 8  # served by the executor started in its place
+        assert dev.poll() is None, "baton dev stopped when its executor died"
+        (successor,) = _executors(dev)
+        assert successor.pid != victim.pid
+    finally:
+        dev.send_signal(signal.SIGTERM)
+        returncode = dev.wait(60)
+        log.close()
+    assert returncode == 0, (tmp_path / "dev.log").read_text()[-3000:]
