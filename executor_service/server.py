@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -155,7 +156,8 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     engine_failed = asyncio.Event()
 
     def on_engine_failure(exc: BaseException) -> None:  # on the engine thread
-        loop.call_soon_threadsafe(engine_failed.set)
+        with contextlib.suppress(RuntimeError):  # the loop already closed: the process is stopping anyway
+            loop.call_soon_threadsafe(engine_failed.set)
 
     worker = EngineWorker(loaded.engine, hub.publish_threadsafe, on_engine_failure)
     info = _info(executor_id, loaded, config)
