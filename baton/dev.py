@@ -2,8 +2,8 @@
 
 Each service runs as its own process, as in production; Ctrl-C stops all of them. An executor that
 exits (killed, or its engine failed: it then exits with status 1 once its requests are re-queued)
-is started again, as compose's restart policy does, up to ``EXECUTOR_RESTARTS`` times in all; a
-crash loop, or Redis or the scheduler exiting, stops the whole stack.
+is started again under the same id, as compose's restart policy does, up to ``EXECUTOR_RESTARTS``
+times in all; a crash loop, or Redis or the scheduler exiting, stops the whole stack.
 """
 
 from __future__ import annotations
@@ -102,10 +102,13 @@ def run(args: argparse.Namespace) -> int:
         config = ["--config", args.config] if args.config else []
         baton = [sys.executable, "-m", "baton.cli"]
         executors: dict[int, list[str]] = {}  # position in ``procs`` -> its command, to start it again
-        for _ in range(args.executors):
+        for number in range(1, args.executors + 1):
             executor_port = free_port()
+            # A fixed id per executor: one started again in its place takes over its records (the new
+            # link re-queues what Redis says ran there) instead of sharing its port under a new id.
+            executor_id = f"dev-executor-{number}"
             executor_args = ["--model", model, "--host", "127.0.0.1", "--port", str(executor_port), *config]
-            command = [*baton, "executor", "--redis-url", redis_url, *executor_args]
+            command = [*baton, "executor", "--redis-url", redis_url, "--executor-id", executor_id, *executor_args]
             executors[len(procs)] = command
             procs.append(subprocess.Popen(command))
             wait_healthy(f"127.0.0.1:{executor_port}", procs[-1], 300)

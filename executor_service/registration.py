@@ -57,6 +57,12 @@ class Registration:
         except RedisError as exc:  # keep serving; schedulers see a stale heartbeat meanwhile
             log.warning("heartbeat failed: %s", exc)
 
+    async def fall_silent(self) -> None:
+        """Stop the heartbeats but stay registered: the schedulers then reap this executor as dead,
+        re-queueing every request Redis still records on it and dropping its prefix-cache index, as
+        for one that was killed."""
+        await self._heartbeats.stop()
+
     async def stop(self) -> None:
         await self._heartbeats.stop()
         with contextlib.suppress(RedisError):

@@ -70,25 +70,31 @@ class RunningExecutor:
     async def withdraw(self) -> None:
         """Leave the fleet while the process lives on: the engine thread died, so this executor would
         accept plans and never run them. The Run stream ends, so the link driving it re-queues its
-        requests and they run elsewhere, re-prefilled from the tokens Redis holds; health says
-        NOT_SERVING and the registration goes, so no scheduler attaches again (a call that comes
-        meanwhile gets UNAVAILABLE). ``serve`` then exits non-zero, for a supervisor to start a
-        fresh process."""
-        log.error(
-            "executor %s: the engine thread failed (%r); leaving the fleet, its requests are re-queued",
-            self.executor_id,
-            self.worker.error,
-        )
-        self.hub.end_stream()
-        await set_serving(self.health, [SERVICE_NAME], serving=False)
-        await self.registration.stop()
-        self.withdrawn.set()
+        requests at once and they run elsewhere, re-prefilled from the tokens Redis holds; health
+        says NOT_SERVING, every call gets UNAVAILABLE, and the heartbeats stop while the executor
+        stays registered, so the schedulers reap it as dead: whatever Redis still records running
+        here (a request whose link could not hand it back) is re-queued then. ``serve`` then exits
+        non-zero, for a supervisor to start a fresh process."""
+        try:
+            log.error(
+                "executor %s: the engine thread failed (%r); leaving the fleet, its requests are re-queued",
+                self.executor_id,
+                self.worker.error,
+            )
+            self.hub.end_stream()
+            await set_serving(self.health, [SERVICE_NAME], serving=False)
+            await self.registration.fall_silent()
+        finally:
+            self.withdrawn.set()  # whatever failed above, ``serve`` must still end the process
 
     async def stop(self, grace: float = 2.0) -> None:
         if self._watcher is not None:
             self._watcher.cancel()
         await set_serving(self.health, [SERVICE_NAME], serving=False)
-        await self.registration.stop()
+        if self.worker.error is None:
+            await self.registration.stop()
+        else:  # left to the schedulers' reaper, which re-queues what Redis still records here
+            await self.registration.fall_silent()
         await self.server.stop(grace)
         await asyncio.to_thread(self.worker.stop)
         if self.loaded.engine.grammars is not None:

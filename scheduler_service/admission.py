@@ -17,8 +17,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from redis.exceptions import RedisError
-
 from common.config import BatonConfig
 from common.lifecycle import FinishReason
 from scheduler_service.batching import merge_order, should_hold
@@ -146,7 +144,7 @@ class Admission:
             by_id[p.executor_id].claiming.add(p.request_id)
         try:
             results = await self.store.requests.claim_many(claims)
-        except RedisError:
+        except Exception:  # Redis's error, or a defect: either way settled next round, not left claiming
             self._unsettled += [(p.request_id, by_id[p.executor_id]) for p in placements]
             raise
         for placement, claimed in zip(placements, results, strict=True):

@@ -117,6 +117,9 @@ class Dispatcher:
             except RedisError as exc:
                 log.warning("control channel lost (%s); resubscribing", exc)
                 await asyncio.sleep(0.5)
+            except Exception:  # a message redis-py cannot even decode (not UTF-8): it is lost, the loop is not
+                log.exception("control channel: a message broke the subscription; resubscribing")
+                await asyncio.sleep(0.5)
 
     def _on_control(self, payload: str) -> None:
         """One message of the control channel: an abort for an executor driven here, or a wake.
@@ -125,7 +128,7 @@ class Dispatcher:
             data = json.loads(payload)
             if isinstance(data, dict) and "abort" in data:
                 self._abort_local(str(data["abort"]), str(data.get("executor", "")))
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             log.warning("control channel: skipped a message that is not JSON: %.200r", payload)
         self.wake()
 

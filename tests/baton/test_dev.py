@@ -13,6 +13,7 @@ import grpc
 import psutil
 import yaml
 
+from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from tests.conftest import free_port
 from tests.process_stack import is_serving
@@ -68,12 +69,22 @@ def test_an_executor_that_dies_is_started_again(tmp_path: Path, tiny_model_dir: 
             time.sleep(0.2)
         assert _generate(target, 8, 60) == 8
         (victim,) = _executors(dev)
-        victim.kill()
-        victim.wait(30)
-        assert _generate(target, 8, 120) == 8  # served by the executor started in its place
+        with grpc.insecure_channel(target) as channel:
+            # A stream that is running when its executor dies, and ends on the one started in its place.
+            stream = generate_pb2_grpc.GenerationStub(channel).Generate(greedy(random_prompts(1, seed=52)[0], 600))
+            received = 0
+            for chunk in stream:
+                assert chunk.index == received, "a gap or a repeat in the stream"
+                received += len(chunk.token_ids)
+                if received >= 20 and victim.is_running():
+                    victim.kill()
+                    victim.wait(30)
+        assert received == 600 and chunk.finish_reason == pb.FINISH_REASON_LENGTH
+        assert _generate(target, 8, 120) == 8
         assert dev.poll() is None, "baton dev stopped when its executor died"
         (successor,) = _executors(dev)
         assert successor.pid != victim.pid
+        assert "dev-executor-1" in successor.cmdline()  # the same id: it takes over the dead one's records
     finally:
         dev.send_signal(signal.SIGTERM)
         returncode = dev.wait(60)
