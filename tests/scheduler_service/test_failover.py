@@ -218,14 +218,17 @@ async def test_redis_sigkill_mid_run_keeps_every_stream_exact(
     # 2-vCPU Zen machine 128 tokens ran to their ends within the window (about 200 tokens a second
     # each); 512 last about 2 s there.
     clients = Clients(random_prompts(10, seed=24), "rk", max_tokens=512)
-    short = Clients(random_prompts(3, seed=25), "rs", max_tokens=6)
+    # Long enough to be still running when the cut is taken, on a fast machine too (6 tokens ended
+    # before it there), short enough to end well before the long ones.
+    short = Clients(random_prompts(3, seed=25), "rs", max_tokens=48)
     async with grpc.aio.insecure_channel(target) as channel:
         stub = generate_pb2_grpc.GenerationStub(channel)
         tasks = [asyncio.create_task(clients.stream(stub, i)) for i in range(10)]
         short_tasks = [asyncio.create_task(short.stream(stub, i)) for i in range(3)]
-        await clients.wait_all_started(minimum=1)
-        await short.wait_all_started(minimum=1)
+        await short.wait_all_started(minimum=1)  # their records exist: the cut keeps them, not their ends
         aof, cut = processes.aof_tail()
+        assert not short.finish, "a short request ended before the cut"
+        await clients.wait_all_started(minimum=1)
         await asyncio.sleep(lost_s)
         await asyncio.wait_for(asyncio.gather(*short_tasks), 60)  # ended, and their clients saw it
         processes.kill("redis")
