@@ -1,4 +1,4 @@
-"""Shared fixtures: a real redis-server on a free port, and the generated tiny model."""
+"""Shared fixtures: a real redis-server on a free port, the generated tiny model, and a stack serving it."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from executor_service.cpu_threads import prefer_brief_openmp_spin
+
+if TYPE_CHECKING:
+    from tests.stack import Stack
 
 # Engines run in this process too, and their thread governor may give light steps both cores; as in
 # the executor, idle OpenMP workers must then sleep rather than spin beside the services the tests
@@ -106,6 +110,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-model")
     make_model(out, size="tiny", seed=0)
     return out
+
+
+@pytest.fixture
+async def stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
+    """A scheduler and one executor of the tiny model, in process, on the shared redis-server."""
+    from tests.stack import stack_config, start_stack  # imports torch, which this module must not at load
+
+    running = await start_stack(stack_config(redis_url, tiny_model_dir))
+    yield running
+    await running.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)

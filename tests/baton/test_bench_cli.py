@@ -6,7 +6,6 @@ import asyncio
 import json
 import math
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,7 @@ from baton.bench.client import RunPlan, run_conversations, run_workload
 from baton.bench.multi_turn import MultiTurnSpec
 from baton.bench.stats import RequestTiming, summarize
 from baton.bench.workload import WorkloadSpec, arrival_offsets
-from tests.stack import Stack, stack_config, start_stack
-
-
-@pytest.fixture
-async def stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
-    running = await start_stack(stack_config(redis_url, tiny_model_dir))
-    yield running
-    await running.stop()
+from tests.stack import Stack
 
 
 async def test_run_workload_times_every_request(stack: Stack) -> None:

@@ -6,12 +6,11 @@ import asyncio
 import re
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from tests.stack import Stack, stack_config, start_stack
+from tests.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "node"
@@ -43,13 +42,6 @@ def node_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
             pytest.skip(f"npm ci could not reach the registry: {result.stderr.strip().splitlines()[-1]}")
         pytest.fail(f"npm ci failed:\n{result.stdout}\n{result.stderr}")
     return copy
-
-
-@pytest.fixture
-async def stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
-    running = await start_stack(stack_config(redis_url, tiny_model_dir))
-    yield running
-    await running.stop()
 
 
 async def _run_node(example: Path, target: str, *args: str) -> tuple[int, str, str]:

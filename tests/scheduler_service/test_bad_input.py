@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -12,13 +11,6 @@ import redis.asyncio as aioredis
 
 from common.pb import generate_pb2 as pb
 from tests.stack import Stack, stack_config, start_stack
-
-
-@pytest.fixture
-async def stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
-    running = await start_stack(stack_config(redis_url, tiny_model_dir))
-    yield running
-    await running.stop()
 
 
 def request(**fields: object) -> pb.GenerateRequest:

@@ -4,24 +4,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
-import pytest
 import redis.asyncio as aioredis
 
 from common.pb import generate_pb2 as pb
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts
 from tests.stack import Stack, eventually, stack_config, start_stack
-
-
-@pytest.fixture
-async def stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
-    running = await start_stack(stack_config(redis_url, tiny_model_dir))
-    yield running
-    await running.stop()
 
 
 async def run_batch(stack: Stack, requests: list[pb.GenerateRequest]) -> list[pb.GenerateBatchResponse]:

@@ -4,23 +4,13 @@ planning or discovery round, a message on the control channel that does not pars
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
 import redis.asyncio as aioredis
 
 from common.keys import KeySchema
 from common.pb import generate_pb2 as pb
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts
-from tests.stack import Stack, eventually, joined_tokens, stack_config, start_stack
-
-
-@pytest.fixture
-async def stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
-    running = await start_stack(stack_config(redis_url, tiny_model_dir))
-    yield running
-    await running.stop()
+from tests.stack import Stack, eventually, joined_tokens
 
 
 async def test_a_planning_round_that_raises_does_not_stop_admission(stack: Stack) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import cast
 
@@ -14,13 +13,6 @@ import pytest
 from common.pb import generate_pb2 as pb
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.stack import Stack, eventually, joined_tokens, stack_config, start_stack
-
-
-@pytest.fixture
-async def stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
-    running = await start_stack(stack_config(redis_url, tiny_model_dir))
-    yield running
-    await running.stop()
 
 
 def greedy(prompt_ids: list[int], max_tokens: int, priority: int = 5, request_id: str = "") -> pb.GenerateRequest:
