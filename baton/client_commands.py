@@ -109,7 +109,8 @@ def collect_inspection(
                     "id": executor_id,
                     "address": record.get("address", ""),
                     "model": record.get("model", ""),
-                    "heartbeat_age_ms": round(now - beat),
+                    # None: it stopped cleanly and waits for a scheduler to reap it (score 0).
+                    "heartbeat_age_ms": round(now - beat) if beat > 0 else None,
                     "running": client.scard(keys.running(executor_id)),
                     "lease": client.get(keys.lease(executor_id)) or "",
                     "load": load,
@@ -169,9 +170,10 @@ def inspect(args: argparse.Namespace) -> int:
         pct = "-" if ex["kv_used_pct"] is None else f"{ex['kv_used_pct']:.1f}"
         hit = "-" if ex["prefix_hit_pct"] is None else f"{ex['prefix_hit_pct']:.1f}"
         step = f"{load.get('step_time_ms', 0.0):.1f}"
+        beat = "stopped" if ex["heartbeat_age_ms"] is None else ex["heartbeat_age_ms"]
         print(
             f"  {ex['id']:<20} {ex['address']:<24} {ex['running']:>7} {kv:>14} {pct:>6} {hit:>6}"
-            f" {ex['prefix_index_blocks']:>8} {step:>8} {ex['heartbeat_age_ms']:>8}  {ex['lease']}"
+            f" {ex['prefix_index_blocks']:>8} {step:>8} {beat:>8}  {ex['lease']}"
         )
     states = ", ".join(f"{k} {v}" for k, v in sorted(snapshot["requests_by_state"].items())) or "none"
     print(f"requests by state: {states}")

@@ -9,6 +9,7 @@ times in all; a crash loop, or Redis or the scheduler exiting, stops the whole s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -18,6 +19,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 from baton.make_model import make_model
 
@@ -123,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("stopping")
         return 0
     finally:
+        stop_unrecorded_children(procs)
         stop_processes(procs)
 
 
@@ -143,6 +147,21 @@ def supervise(procs: list[subprocess.Popen[bytes]], executors: dict[int, list[st
             )
             procs[position] = subprocess.Popen(executors[position])
         time.sleep(0.5)
+
+
+def stop_unrecorded_children(procs: list[subprocess.Popen[bytes]], timeout_s: float = 15) -> None:
+    """Stop the children of this process that ``procs`` does not hold: one a Ctrl-C caught between
+    its ``Popen`` and the list (a restart, a start) would otherwise outlive ``baton dev``. First, so
+    that such an executor still has Redis while it stops."""
+    recorded = {proc.pid for proc in procs}
+    strays = [child for child in psutil.Process().children() if child.pid not in recorded]
+    for child in strays:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.terminate()
+    _, alive = psutil.wait_procs(strays, timeout=timeout_s)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
 
 
 def stop_processes(procs: list[subprocess.Popen[bytes]], timeout_s: float = 15) -> None:

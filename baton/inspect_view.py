@@ -199,7 +199,7 @@ def _executors_table(executors: Iterable[Mapping[str, Any]]) -> Table:
             cache,
             f"{float(load.get('step_time_ms', 0.0)):.1f}",
             str(ex.get("running", 0)),
-            format_age(ex.get("heartbeat_age_ms", 0)),
+            "stopped" if ex.get("heartbeat_age_ms", 0) is None else format_age(ex.get("heartbeat_age_ms", 0)),
             ex.get("lease") or "-",
         )
     return table

@@ -18,6 +18,16 @@ from common.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
+# KEYS: the registry, this executor's record, its prefix-cache index. ARGV: its id, its started_ms.
+# A newer process registered under the same id (a restart that overlapped this stop) is left alone.
+RETIRE = """
+local started = redis.call('HGET', KEYS[2], 'started_ms')
+if started and started ~= ARGV[2] then return 0 end
+redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[1])
+redis.call('DEL', KEYS[2], KEYS[3])
+return 1
+"""
+
 
 class Registration:
     def __init__(
@@ -36,6 +46,7 @@ class Registration:
         self._fields = dict(fields)
         self._load = load
         self._ttl_ms = timeout_ms * 4
+        self._retire = redis.register_script(RETIRE)
         self._heartbeats = Periodic(self._next_beat, interval_ms / 1000, f"heartbeat of {executor_id}")
 
     async def beat(self) -> None:
@@ -56,6 +67,8 @@ class Registration:
             await self.beat()
         except RedisError as exc:  # keep serving; schedulers see a stale heartbeat meanwhile
             log.warning("heartbeat failed: %s", exc)
+        except Exception:  # a defect in one beat must not end them all: the executor would be reaped
+            log.exception("heartbeat failed")
 
     async def fall_silent(self) -> None:
         """Stop the heartbeats but stay registered: the schedulers then reap this executor as dead,
@@ -64,9 +77,12 @@ class Registration:
         await self._heartbeats.stop()
 
     async def stop(self) -> None:
+        """A clean stop retires this executor: it stays in the registry, silent since forever, so
+        the next scheduler round reaps it (re-queueing whatever Redis still records running here:
+        a request whose link failed to hand it back would otherwise wait for good, as the reaper
+        reads only the registry) and then drops it. Its address, load and prefix-cache index go at
+        once, with the process and its cache, so nothing is placed here again."""
         await self._heartbeats.stop()
+        keys = [self._keys.executors, self._keys.executor(self._id), self._keys.cached_blocks(self._id)]
         with contextlib.suppress(RedisError):
-            await self._redis.zrem(self._keys.executors, self._id)
-            # The fleet's index of this executor's prefix cache goes with the cache: normally its
-            # scheduler's link drops it, but that replica may be gone too.
-            await self._redis.delete(self._keys.executor(self._id), self._keys.cached_blocks(self._id))
+            await self._retire(keys=keys, args=[self._id, self._fields.get("started_ms", "")])

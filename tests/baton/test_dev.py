@@ -90,3 +90,23 @@ def test_an_executor_that_dies_is_started_again(tmp_path: Path, tiny_model_dir: 
         returncode = dev.wait(60)
         log.close()
     assert returncode == 0, (tmp_path / "dev.log").read_text()[-3000:]
+
+
+# A process that starts a child it never records, as a Ctrl-C between a Popen and its list would
+# leave it, then stops what baton dev would stop on its way out; it prints the child's pid.
+_STRAY = """
+import subprocess, sys
+from baton.dev import stop_processes, stop_unrecorded_children
+recorded = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]
+stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(stray.pid, flush=True)
+stop_unrecorded_children(recorded)
+stop_processes(recorded)
+"""
+
+
+def test_a_child_started_but_never_recorded_is_stopped_too() -> None:
+    done = subprocess.run([sys.executable, "-c", _STRAY], capture_output=True, timeout=60, text=True)
+    assert done.returncode == 0, done.stderr
+    stray = int(done.stdout.split()[0])
+    assert not psutil.pid_exists(stray) or psutil.Process(stray).status() == psutil.STATUS_ZOMBIE

@@ -185,3 +185,20 @@ def test_prefix_cache_hit_rate_and_index_size(redis_url: str, capsys: pytest.Cap
     assert cli.main(["inspect", "--redis-url", redis_url]) == 0
     out = capsys.readouterr().out
     assert "hit %" in out and "75.0" in out
+
+
+def test_a_stopped_executor_waiting_for_the_reaper_shows_as_stopped(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A clean stop leaves the executor registered at score 0, its record gone, until a scheduler reaps it."""
+    _populate(redis_url)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.zadd(f"{P}:executors", {"exec-stopped": 0})
+    client.close()
+    snap = collect_inspection(redis_url, "baton")
+    stopped = next(ex for ex in snap["executors"] if ex["id"] == "exec-stopped")
+    assert stopped["heartbeat_age_ms"] is None
+    assert "exec-stopped" in _text(render(snap)) and "stopped" in _text(render(snap))
+    assert cli.main(["inspect", "--redis-url", redis_url]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "exec-stopped" in line)
+    assert "stopped" in line

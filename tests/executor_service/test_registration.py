@@ -1,4 +1,5 @@
-"""The executor's registration against a real redis-server: its heartbeat stops whenever stopped."""
+"""The executor's registration against a real redis-server: its heartbeat stops whenever stopped,
+and a stop retires it for the schedulers' reaper."""
 
 from __future__ import annotations
 
@@ -22,6 +23,51 @@ async def test_stop_ends_the_heartbeat_wherever_it_lands(redis_url: str) -> None
             await registration.start()
             await asyncio.sleep(rng.random() * 0.01)
             await asyncio.wait_for(registration.stop(), 2.0)
-            assert await redis.zscore(keys.executors, "e1") is None
+            assert await redis.zscore(keys.executors, "e1") == 0  # retired: silent, for the reaper
     finally:
+        await redis.aclose()
+
+
+async def test_a_stop_leaves_a_newer_process_under_the_same_id_alone(redis_url: str) -> None:
+    """A restart that overlaps the old process's stop: the old one must not retire the new one."""
+    redis = connect(redis_url)
+    keys = KeySchema("regtest2")
+    try:
+        old = Registration(redis, keys, "e1", {"address": "a", "started_ms": 1}, lambda: {}, 1000, 1000)
+        new = Registration(redis, keys, "e1", {"address": "b", "started_ms": 2}, lambda: {}, 1000, 1000)
+        await old.start()
+        await new.start()
+        await old.stop()
+        assert (await redis.zscore(keys.executors, "e1") or 0) > 0
+        assert await redis.hget(keys.executor("e1"), "address") == "b"
+        await new.stop()
+        assert await redis.zscore(keys.executors, "e1") == 0
+        assert not await redis.exists(keys.executor("e1"))
+    finally:
+        await redis.aclose()
+
+
+async def test_a_beat_that_fails_with_a_defect_does_not_end_the_heartbeats(redis_url: str) -> None:
+    """Only Redis errors were caught: any other error in one beat ended the loop for good, and a
+    live executor was then reaped as dead."""
+    redis = connect(redis_url)
+    keys = KeySchema("regtest3")
+    beats = 0
+
+    def load() -> dict[str, int]:
+        nonlocal beats
+        beats += 1
+        if beats == 2:
+            raise RuntimeError("injected: a load reading that fails once")
+        return {"beats": beats}
+
+    registration = Registration(redis, keys, "e1", {"address": "a"}, load, 20, 1000)
+    try:
+        await registration.start()
+        deadline = asyncio.get_running_loop().time() + 10
+        while beats < 5:
+            assert asyncio.get_running_loop().time() < deadline, "the heartbeats stopped after the failed beat"
+            await asyncio.sleep(0.02)
+    finally:
+        await registration.stop()
         await redis.aclose()

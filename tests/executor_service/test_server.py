@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from redis.exceptions import RedisError
 
 from common.keys import KeySchema
 from common.pb import executor_pb2, executor_pb2_grpc
@@ -46,7 +47,9 @@ async def test_before_serving_runs_before_the_executor_registers(redis_url: str,
         store.close()
 
 
-async def test_a_clean_stop_leaves_nothing_of_the_executor_in_redis(redis_url: str, tiny_model_dir: Path) -> None:
+async def test_a_clean_stop_retires_the_executor_for_the_reaper(redis_url: str, tiny_model_dir: Path) -> None:
+    """Its record and prefix-cache index go at once; its registry entry stays, silent since
+    forever, until a scheduler reaps it (none runs here)."""
     store, keys = redis.Redis.from_url(redis_url, decode_responses=True), KeySchema("baton")
     config = stack_config(redis_url, tiny_model_dir)
     running = await start_executor(config)
@@ -56,9 +59,51 @@ async def test_a_clean_stop_leaves_nothing_of_the_executor_in_redis(redis_url: s
     finally:
         await running.stop()
     try:
-        assert store.zscore(keys.executors, running.executor_id) is None
+        assert store.zscore(keys.executors, running.executor_id) == 0
         assert not store.exists(keys.executor(running.executor_id), keys.cached_blocks(running.executor_id))
     finally:
+        store.close()
+
+
+async def test_requests_a_cleanly_stopped_executor_could_not_hand_back_finish_elsewhere(
+    redis_url: str, tiny_model_dir: Path
+) -> None:
+    """A clean stop (SIGTERM: a scale-down, a rolling update) ends the Run stream and the link hands
+    the executor's requests back. A hand-back that fails (Redis unreachable at that moment) leaves a
+    request recorded RUNNING there: the stopped executor must stay in the registry, silent, until a
+    scheduler reaps it and re-queues what is left, or that request waits for good."""
+    store, keys = redis.Redis.from_url(redis_url, decode_responses=True), KeySchema("baton")
+    stack = await start_stack(stack_config(redis_url, tiny_model_dir), executors=2)
+    prompts = random_prompts(6, seed=11)
+    ids = [f"cs-{i}" for i in range(len(prompts))]
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+
+    async def stream(i: int) -> None:
+        async for chunk in stack.stub.Generate(greedy(prompts[i], 200, request_id=ids[i])):
+            assert chunk.index == len(tokens[ids[i]]), "a gap or a repeat in the stream"
+            tokens[ids[i]].extend(chunk.token_ids)
+
+    try:
+        tasks = [asyncio.create_task(stream(i)) for i in range(len(prompts))]
+        await eventually(lambda: min(len(t) for t in tokens.values()) >= 3, "every request to start", 60)
+        victim = max(stack.executors, key=lambda e: store.scard(keys.running(e.executor_id)))
+        assert store.scard(keys.running(victim.executor_id)) > 0
+
+        async def unreachable(request_id: str, kind: str = "preempt") -> None:
+            raise RedisError("injected: Redis unreachable during the hand-back")
+
+        stack.scheduler.dispatcher.links[victim.executor_id].hand_back = unreachable  # type: ignore[method-assign]
+        await victim.stop(grace=0.5)
+        stack.executors.remove(victim)
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        reference_model = load_reference_model(tiny_model_dir)
+        for i, rid in enumerate(ids):
+            assert_matches_reference(tokens[rid], reference_greedy(reference_model, prompts[i], 200), rid)
+        assert any(store.hget(keys.request(rid), "migrations") for rid in ids)
+        await eventually(lambda: store.zscore(keys.executors, victim.executor_id) is None, "the reaper")
+        assert store.scard(keys.running(victim.executor_id)) == 0
+    finally:
+        await stack.stop()
         store.close()
 
 
