@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -72,15 +73,30 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+# JSON may escape half of a UTF-16 surrogate pair on its own, which no Unicode string holds (protobuf
+# refuses it). Only a body with such an escape is checked in full.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 async def _json_body(request: Request, limit: int) -> dict[str, Any]:
     raw = await _read_body(request, limit)
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
         raise BadRequest("the request body must be a JSON object") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw) and not _is_unicode(body):
+        raise BadRequest("the request body holds a lone surrogate escape (\\ud800-\\udfff), which is not text")
     return body
+
+
+def _is_unicode(body: dict[str, Any]) -> bool:
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError):
+        return False
+    return True
 
 
 async def _cancel_on_disconnect(request: Request, call: grpc.aio.Call) -> None:

@@ -23,12 +23,14 @@ Extensions beyond OpenAI's schema (send them with the client's ``extra_body``): 
 and ``include_stop_str_in_output``, which map to Baton's ``SamplingParams`` fields of the same
 names.
 
-Headers: ``x-baton-priority`` (0-10), ``x-baton-tenant`` (wins over the body's ``user``; with client
-auth on, the API key sets the tenant instead, see ``gateway.auth``) and
+Headers: ``x-baton-priority`` (0-10), ``x-baton-tenant`` (wins over the body's ``user``, itself
+mapped to a tenant by ``tenant_of_user``; with client auth on, the API key sets the tenant instead,
+see ``gateway.auth``) and
 ``x-baton-request-id`` (Baton's request id, an idempotency key: a repeat gets 409). A response's
 ``id`` is ``cmpl-`` or ``chatcmpl-`` plus Baton's request id, for GetRequest and Cancel.
 
-Chat: the messages go to Baton as they are (a ``baton.v1.Chat``; text content parts are joined),
+Chat: the messages go to Baton as they are (a ``baton.v1.Chat``; text content parts are joined by
+newlines, as vLLM joins them),
 and the scheduler renders them with the model's own chat template, so ``usage.prompt_tokens``
 counts the tokens the template produced. A model without a template answers 400.
 
@@ -45,6 +47,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import xxhash
+
+from common.keys import is_safe_name
 from common.logprobs import MAX_LOGPROBS
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest
@@ -90,7 +95,15 @@ def _number(body: Mapping[str, Any], name: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadRequest(f"{name} must be a number", param=name)
-    return float(value)
+    return _float(value, name)
+
+
+def _float(value: int | float, name: str) -> float:
+    """``value`` as a float; an integer too large for one (JSON allows any) is a 400, not an OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise BadRequest(f"{name} is out of range", param=name) from None
 
 
 def _int(body: Mapping[str, Any], name: str, minimum: int, maximum: int = 2**32 - 1) -> int | None:
@@ -111,9 +124,13 @@ def _bool(body: Mapping[str, Any], name: str) -> bool:
     return value
 
 
-def _token_ids(value: Any, name: str) -> list[int] | None:
-    """``value`` as token ids when it is a list of non-negative ints, else None."""
-    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+def _token_ids(value: Any, name: str, allow_empty: bool = False) -> list[int] | None:
+    """``value`` as token ids when it is a list of non-negative ints (empty only with ``allow_empty``), else None."""
+    if (
+        isinstance(value, list)
+        and (value or allow_empty)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    ):
         if any(not 0 <= t < 2**32 for t in value):
             raise BadRequest(f"{name} holds token ids out of range", param=name)
         return list(value)
@@ -146,11 +163,11 @@ def _logit_bias(body: Mapping[str, Any]) -> dict[int, float]:
         raise BadRequest("logit_bias must map token ids to numbers", param="logit_bias")
     out: dict[int, float] = {}
     for key, value in bias.items():
-        if not (isinstance(key, str) and key.isdigit() and int(key) < 2**32):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < 2**32):
             raise BadRequest(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise BadRequest("logit_bias values must be numbers", param="logit_bias")
-        out[int(key)] = float(value)
+        out[int(key)] = _float(value, "logit_bias")
     return out
 
 
@@ -173,9 +190,10 @@ def _penalties(body: Mapping[str, Any], params: pb.SamplingParams) -> None:
 def _sampling(body: Mapping[str, Any], default_max_tokens: int, min_max_tokens: int = 1) -> pb.SamplingParams:
     params = pb.SamplingParams(stop=_stops(body), ignore_eos=_bool(body, "ignore_eos"))
     _penalties(body, params)
-    max_tokens = _int(body, "max_tokens", min_max_tokens)
+    # The chat API's newer name wins over the deprecated one, as in OpenAI's API and vLLM.
+    max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
-        max_tokens = _int(body, "max_completion_tokens", 1)  # the chat API's newer name
+        max_tokens = _int(body, "max_tokens", min_max_tokens)
     if max_tokens is not None or default_max_tokens:
         params.max_tokens = default_max_tokens if max_tokens is None else max_tokens
     # else unset: Baton's default (an explicit 0 would be refused as "no tokens")
@@ -184,16 +202,19 @@ def _sampling(body: Mapping[str, Any], default_max_tokens: int, min_max_tokens: 
     params.temperature = 1.0 if temperature is None else temperature
     top_p = _number(body, "top_p")
     if top_p is not None:
+        # Baton's proto reads 0 as "unset" (1): an explicit 0 would silently switch the filter off.
+        if not 0 < top_p <= 1:
+            raise BadRequest(f"top_p must be in (0, 1], got {top_p}", param="top_p")
         params.top_p = top_p
-    top_k = _int(body, "top_k", 0)
+    top_k = _int(body, "top_k", -1)
     if top_k is not None:
-        params.top_k = top_k
-    seed = _int(body, "seed", 0, 2**64 - 1)
+        params.top_k = max(top_k, 0)  # vLLM's -1, like 0, means every token
+    seed = _int(body, "seed", -(2**63), 2**64 - 1)
     if seed is not None:
-        params.seed = seed
+        params.seed = seed % 2**64  # vLLM takes any int64; a negative one as its two's complement
     stop_ids = body.get("stop_token_ids")
     if stop_ids is not None:
-        ids = _token_ids(stop_ids, "stop_token_ids")
+        ids = _token_ids(stop_ids, "stop_token_ids", allow_empty=True)
         if ids is None:
             raise BadRequest("stop_token_ids must be a list of token ids", param="stop_token_ids")
         params.stop_token_ids.extend(ids)
@@ -215,8 +236,17 @@ def _parsed(
     if (structured := structured_output(body)) is not None:
         request.params.structured_output.CopyFrom(structured)
     request.params.n = _int(body, "n", 1) or 1  # its upper bound is Baton's (request_level.max_samples)
-    request.tenant = user or ""
+    request.tenant = tenant_of_user(user or "")
     return Parsed(request, model, stream, _include_usage(body, stream))
+
+
+def tenant_of_user(user: str) -> str:
+    """The tenant OpenAI's ``user`` names: itself where it is a valid tenant name, else a name derived
+    from it (any string is a valid ``user``, while tenants become parts of Redis keys), so each end
+    user still counts as one tenant for fairness."""
+    if not user or is_safe_name(user):
+        return user
+    return "user-" + xxhash.xxh3_64_hexdigest(user.encode("utf-8", "surrogatepass"))
 
 
 def _include_usage(body: Mapping[str, Any], stream: bool) -> bool:
@@ -225,7 +255,7 @@ def _include_usage(body: Mapping[str, Any], stream: bool) -> bool:
         return False
     if not isinstance(options, dict):
         raise BadRequest("stream_options must be an object", param="stream_options")
-    if not stream:  # as OpenAI and vLLM answer
+    if not stream and options:  # as OpenAI and vLLM answer (an empty object asks for nothing)
         raise BadRequest("stream_options is only allowed when stream is true", param="stream_options")
     return _bool(options, "include_usage")
 
@@ -267,7 +297,7 @@ def _content(message: Mapping[str, Any]) -> str:
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 raise BadRequest("only text content parts are supported", param="messages")
             parts.append(part["text"])
-        return "".join(parts)
+        return "\n".join(parts)  # as vLLM joins text parts
     raise BadRequest("message content must be a string or a list of text parts", param="messages")
 
 

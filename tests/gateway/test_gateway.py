@@ -299,9 +299,16 @@ async def test_bad_requests_are_400_with_openai_body(client: openai.AsyncOpenAI)
 async def test_malformed_json_and_unknown_route(served: Served) -> None:
     async with httpx.AsyncClient(base_url=served.base_url) as http:
         bad = await http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+        # Bodies whose parsing or conversion raised: a 500 before, a 400 as any bad input.
+        surrogate = await http.post("/v1/completions", content=b'{"prompt": "hi \\ud800", "max_tokens": 2}')
+        nested = await http.post("/v1/completions", content=b"[" * 100_000 + b"]" * 100_000)
+        pair = await http.post("/v1/completions", content=b'{"prompt": "\\ud83d\\ude42", "max_tokens": 1}')
         missing = await http.get("/v1/nothing")
         wrong_method = await http.get("/v1/completions")
     assert bad.status_code == 400 and "JSON" in bad.json()["error"]["message"]
+    assert surrogate.status_code == 400 and "surrogate" in surrogate.json()["error"]["message"]
+    assert nested.status_code == 400
+    assert pair.status_code == 200  # an escaped surrogate pair is one character: fine
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
     assert wrong_method.status_code == 405 and "error" in wrong_method.json()
 

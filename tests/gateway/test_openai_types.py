@@ -7,10 +7,11 @@ from typing import Any
 import grpc
 import pytest
 
+from common.keys import is_safe_name
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest, from_rpc_error
 from gateway.openai_logprobs import ChoiceLogprobs, CompletionLogprobs, chat_logprobs
-from gateway.openai_types import Reply, apply_headers, chat_input, parse_chat, parse_completion
+from gateway.openai_types import Reply, apply_headers, chat_input, parse_chat, parse_completion, tenant_of_user
 
 
 def test_completion_defaults_follow_openai() -> None:
@@ -183,7 +184,15 @@ def test_chat_defaults_to_batons_max_tokens() -> None:
         ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
         ({"prompt": "a", "max_tokens": True}, "max_tokens"),
         ({"prompt": "a", "temperature": "hot"}, "temperature"),
-        ({"prompt": "a", "seed": -1}, "seed"),
+        ({"prompt": "a", "seed": -(2**63) - 1}, "seed"),
+        ({"prompt": "a", "top_p": 0}, "top_p"),
+        ({"prompt": "a", "top_p": 1.5}, "top_p"),
+        ({"prompt": "a", "top_k": -2}, "top_k"),
+        ({"prompt": "a", "temperature": 10**400}, "temperature"),
+        ({"prompt": "a", "min_p": -(10**400)}, "min_p"),
+        ({"prompt": "a", "logit_bias": {"5": 10**400}}, "logit_bias"),
+        ({"prompt": "a", "logit_bias": {"\u00b2": 1}}, "logit_bias"),  # a digit, but not an ASCII one
+        ({"prompt": "a", "stop_token_ids": ["a"]}, "stop_token_ids"),
         ({"prompt": "a", "stop": [1]}, "stop"),
         ({"prompt": "a", "stream": "yes"}, "stream"),
         ({"prompt": "a", "user": 5}, "user"),
@@ -206,7 +215,7 @@ def test_chat_messages_go_to_baton_as_they_are() -> None:
     chat = parsed.request.chat
     assert [(m.role, m.content) for m in chat.messages] == [
         ("system", "Be terse."),
-        ("user", "Hi there"),
+        ("user", "Hi \nthere"),  # text parts joined by newlines, as vLLM joins them
         ("assistant", ""),
     ]
     assert not chat.HasField("add_generation_prompt") and not chat.chat_template  # Baton's defaults
@@ -229,7 +238,7 @@ def test_chat_messages_go_to_baton_as_they_are() -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        {"stream_options": {"include_usage": True}},  # only with stream
+        {"stream_options": {"include_usage": True}},  # only with stream (an empty object is fine)
         {"stream": True, "stream_options": "usage"},
         {"stream": True, "stream_options": {"include_usage": "yes"}},
     ],
@@ -240,6 +249,7 @@ def test_stream_options_refusals(body: dict[str, Any]) -> None:
 
 
 def test_include_usage_is_read_from_stream_options() -> None:
+    assert not parse_completion({"prompt": "a", "stream_options": {}}).include_usage  # vLLM accepts it too
     chat = {"messages": [{"role": "user", "content": "Hi"}], "stream": True}
     assert not parse_chat({**chat, "stream_options": {}}).include_usage
     assert not parse_completion({"prompt": "a", "stream": True, "stream_options": None}).include_usage
@@ -330,3 +340,28 @@ def test_grpc_codes_map_to_http(code: grpc.StatusCode, status: int) -> None:
     assert error.status == status
     body = error.body()["error"]
     assert body["message"] == "why" and body["code"] == code.name.lower() and body["type"]
+
+
+def test_vllm_spellings_of_defaults_are_accepted() -> None:
+    """Values vLLM's clients send for "no restriction" or "the default", which a stricter reading refused."""
+    params = parse_completion({"prompt": "a", "top_k": -1, "stop_token_ids": [], "seed": -1}).request.params
+    assert params.top_k == 0 and not params.stop_token_ids
+    assert params.seed == 2**64 - 1  # any int64 seeds, as in vLLM; a negative one as its two's complement
+    assert parse_completion({"prompt": "a", "top_p": 1e-9}).request.params.top_p == pytest.approx(1e-9)
+
+
+def test_max_completion_tokens_wins_over_max_tokens() -> None:
+    """OpenAI deprecates ``max_tokens`` for chat; vLLM takes ``max_completion_tokens`` first."""
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "max_completion_tokens": 2}
+    assert parse_chat(body).request.params.max_tokens == 2
+    assert parse_chat({**body, "max_tokens": 0}).request.params.max_tokens == 2  # the deprecated one unread
+
+
+@pytest.mark.parametrize("user", ["user 42", "a+b@example.com", "x" * 300, "名前", "id:7"])
+def test_any_openai_user_names_a_tenant(user: str) -> None:
+    """OpenAI's ``user`` is any string; a tenant becomes part of Redis keys. A user that is no valid
+    tenant name gets one derived from it: the same user, the same tenant, whatever else it sends."""
+    tenant = parse_completion({"prompt": "a", "user": user}).request.tenant
+    assert is_safe_name(tenant) and tenant.startswith("user-")
+    assert tenant == tenant_of_user(user) != tenant_of_user(user + "!")
+    assert parse_completion({"prompt": "a", "user": "acme.team-1"}).request.tenant == "acme.team-1"
