@@ -71,8 +71,8 @@ class ChoiceLogprobs:
 
     Messages are Baton's ``GenerateResponse`` stream, or one ``CompleteResponse`` for the whole
     answer: both carry ``text``, ``logprobs`` and ``prompt_logprobs``. The prompt's text is the one
-    the request gave; a prompt given as token ids is echoed as its tokens' texts, joined.
-    """
+    the request gave; a prompt given as token ids is echoed as Baton decodes its tokens together
+    (``prompt_text``), as vLLM does."""
 
     def __init__(self, chat: bool, echo: bool, logprobs: bool, prompt: str) -> None:
         self.chat = chat
@@ -87,7 +87,7 @@ class ChoiceLogprobs:
         text, positions = message.text, list(message.logprobs)
         if self._first and self.echo:
             prompt = list(message.prompt_logprobs)
-            text = (self.prompt or "".join(p.token.text for p in prompt)) + text
+            text = (self.prompt or message.prompt_text) + text
             positions = prompt + positions
         self._first = False
         if not self.wanted:

@@ -45,6 +45,7 @@ def response_pb(
             msg.logprobs.extend(positions_pb(event.logprobs, texts))
         if event.prompt_logprobs is not None:
             msg.prompt_logprobs.extend(positions_pb(event.prompt_logprobs, texts))
+            msg.prompt_text = texts.joined(event.prompt_logprobs.token_ids)
     return msg
 
 
@@ -98,6 +99,7 @@ def complete_pb(request_id: str, chunks: list[pb.GenerateResponse]) -> pb.Comple
         out.token_ids.extend(chunk.token_ids)
         out.logprobs.extend(chunk.logprobs)
         out.prompt_logprobs.extend(chunk.prompt_logprobs)
+        out.prompt_text = out.prompt_text or chunk.prompt_text
         text.setdefault(k, []).append(chunk.text)
         if chunk.finish_reason:
             out.finish_reason = chunk.finish_reason

@@ -24,3 +24,7 @@ class TokenTexts:
 
     def many(self, token_ids: Iterable[int]) -> list[str]:
         return [self(t) for t in token_ids]
+
+    def joined(self, token_ids: Iterable[int]) -> str:
+        """The tokens decoded together, special tokens kept: a character split across tokens whole."""
+        return str(self._decode(list(token_ids), skip_special_tokens=False))

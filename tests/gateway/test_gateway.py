@@ -436,6 +436,22 @@ async def test_echo_scores_a_prompt_as_lm_eval_asks(served: Served, client: open
     assert len(only.choices[0].logprobs.token_logprobs) == len(context)
 
 
+async def test_a_prompt_of_token_ids_is_echoed_as_its_tokens_decode_together(
+    served: Served, client: openai.AsyncOpenAI
+) -> None:
+    """Joining each token's own text split the characters a byte-level tokenizer spreads over
+    several tokens (U+FFFD each); vLLM echoes ``tokenizer.decode(ids)``."""
+    text = "naïve café 日本語"
+    ids = list((await served.stack.stub.Tokenize(pb.TokenizeRequest(text=text))).token_ids)
+    expected = AutoTokenizer.from_pretrained(served.model_dir).decode(ids, skip_special_tokens=False)
+    assert "日本語" in expected
+    whole = await client.completions.create(model=ALIAS, prompt=ids, echo=True, max_tokens=0)
+    assert whole.choices[0].text == expected
+    stream = await client.completions.create(model=ALIAS, prompt=ids, echo=True, max_tokens=2, stream=True)
+    echoed = "".join([c.choices[0].text async for c in stream])
+    assert echoed.startswith(expected)
+
+
 async def test_completion_stream_logprobs_join_to_whole(client: openai.AsyncOpenAI) -> None:
     kwargs: dict[str, Any] = {"model": ALIAS, "prompt": "abc", "max_tokens": 8, "temperature": 0, "extra_body": NO_EOS}
     whole = await client.completions.create(logprobs=2, echo=True, **kwargs)

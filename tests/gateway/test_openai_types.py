@@ -134,6 +134,7 @@ def test_logprob_shapes() -> None:
 def test_echo_goes_before_the_first_message_only() -> None:
     first = pb.GenerateResponse(text="!", token_ids=[8], logprobs=[_position(8, "!", -2.0)])
     first.prompt_logprobs.extend([_position(1, "<s>", None), _position(5, "Hi", -3.0)])
+    first.prompt_text = "<s>Hi"  # the prompt's ids decoded together (a prompt of ids is echoed as this)
     second = pb.GenerateResponse(text="?", token_ids=[9], logprobs=[_position(9, "?", -1.0)])
     choice = ChoiceLogprobs(chat=False, echo=True, logprobs=True, prompt="Hi")
     text, logprobs = choice.shape(first)
