@@ -98,7 +98,7 @@ class BatchStream:
         request_id, unfinished = "", 0
         try:
             check_decoded(msg)
-            req = await self._frontend.submit(msg)
+            req = await self._frontend.submit_or_abandon(msg, self._abandon)
             request_id, unfinished = req.request_id, req.n
             async with contextlib.aclosing(self._frontend.sample_events(request_id, req.n)) as events:
                 async for k, event in events:

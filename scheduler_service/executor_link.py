@@ -279,12 +279,13 @@ class ExecutorLink:
         indexed = asyncio.ensure_future(self._index_cache(events)) if events else None
         try:
             if writes:
-                accepted = await with_redis_retry(
+                recorded = await with_redis_retry(
                     lambda: self._store.steps.publish(self.executor_id, writes, self.owner),
                     self._redis_retry_s,
                     f"recording a step of {self.executor_id}",
                 )
-                requeued = await self._recover_refused(writes, accepted)
+                requeued = await self._recover_refused(writes, recorded.accepted)
+                self._abort_cancelled(recorded.cancel_pending)
         except BaseException:  # the link ends (the next stream's first report rebuilds the set)
             if indexed is not None:
                 indexed.cancel()
@@ -308,6 +309,18 @@ class ExecutorLink:
         # ``requeued`` says the queue moved: room alone is no reason to re-read an empty queue.
         if requeued or (len(self.requests), self.ready) != before:
             self._on_change(requeued)
+
+    def _abort_cancelled(self, request_ids: list[str]) -> None:
+        """Abort requests Redis says a cancel is pending for. A cancel's abort reaches this link
+        only for a request it already drives: one that landed while the request was being claimed
+        (or rode in the same plan as its admit, which the executor applies after the abort) was
+        lost, and the request ran on to its end. Its executor reports it CANCELLED once aborted."""
+        aborting = [rid for rid in request_ids if rid in self.requests and rid not in self._pending.abort]
+        for request_id in aborting:
+            log.info("request %s: a cancel is pending; aborting it on %s", request_id, self.executor_id)
+            self.abort(request_id)
+        if aborting:
+            self.flush()
 
     async def _index_cache(self, events: list[CacheEvents]) -> None:
         """Apply consecutive reports' prefix-cache events to the fleet's index, in report order

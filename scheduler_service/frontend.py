@@ -170,6 +170,18 @@ class Frontend:
         self.dispatcher.work_queued()
         return req
 
+    async def submit_or_abandon(self, msg: pb.GenerateRequest, abandon: Callable[[str], None]) -> NewRequest:
+        """``submit``, for a caller that may be cancelled part way (a client that left, a deadline):
+        the submit runs to its end regardless, and a request it queued goes to ``abandon`` at once
+        instead of running for nobody. Cancelling the submit itself would not undo its enqueue,
+        which may be in Redis already (its batch went out before the caller was cancelled)."""
+        submitting = asyncio.ensure_future(self.submit(msg))
+        try:
+            return await asyncio.shield(submitting)
+        except asyncio.CancelledError:
+            submitting.add_done_callback(functools.partial(_abandon_if_queued, abandon))
+            raise
+
     def sample_events(
         self, request_id: str, n: int, from_index: int = 0
     ) -> AsyncGenerator[tuple[int, TokenEvent], None]:
@@ -329,6 +341,11 @@ class Frontend:
 
     async def alive_executors(self) -> int:
         return await self.dispatcher.alive_executors()
+
+
+def _abandon_if_queued(abandon: Callable[[str], None], submitting: asyncio.Future[NewRequest]) -> None:
+    if not submitting.cancelled() and submitting.exception() is None:
+        abandon(submitting.result().request_id)
 
 
 def _count(raw: str | None) -> int:

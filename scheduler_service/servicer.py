@@ -123,7 +123,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
-        req = await self._frontend.submit(request)
+        req = await self._frontend.submit_or_abandon(request, self._abandon)
         unfinished = req.n
         try:
             async with contextlib.aclosing(self._frontend.sample_events(req.request_id, req.n)) as events:

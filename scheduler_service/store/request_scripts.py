@@ -44,6 +44,7 @@ local function malformed(req, toks)
 end
 """
 MALFORMED = -9
+CANCEL_PENDING = 3  # RECORD_STEP: tokens accepted, and a cancel waits for the executor to abort it
 
 # Queue one request, or all the samples of one (all or none). KEYS: pending, waiting, counters,
 # vclock, then req_i per request. ARGV: shed_limit, tenant_queue_prefix, tenant, then per request:
@@ -107,10 +108,11 @@ return {f[1], f[2], f[3], f[4], f[5], f[6] or '', f[7], table.concat(out, ','), 
 # Record tokens; ASSIGNED -> RUNNING on the first. append_tokens(req, tokens, owner, index, now_ms,
 # argv, first, last) pushes argv[first..last]. Returns the new token count (also for an exact replay
 # of the last write), -1 if the owner no longer holds the request, -2 if the index is not the next
-# output position (a gap or a stale computation).
+# output position (a gap or a stale computation); and, after an accepted write, whether a cancel is
+# pending (CANCEL flagged the request while it ran: its executor still has to abort it).
 _APPEND_LIB = """
 local function append_tokens(req, toks, owner, index, now, argv, first, last)
-  local st = redis.call('HMGET', req, 'state', 'owner')
+  local st = redis.call('HMGET', req, 'state', 'owner', 'cancel')
   if st[2] ~= owner then return -1 end
   local have = redis.call('LLEN', toks)
   if have ~= index then
@@ -122,7 +124,7 @@ local function append_tokens(req, toks, owner, index, now, argv, first, last)
       for i = 1, n do
         if tail[i] ~= argv[first + i - 1] then return -2 end
       end
-      return have
+      return have, st[3] == '1'
     end
     return -2
   end
@@ -133,7 +135,7 @@ local function append_tokens(req, toks, owner, index, now, argv, first, last)
     redis.call('HSET', req, 'state', 'RUNNING')
     redis.call('HSETNX', req, 'first_token_ms', now)
   end
-  return redis.call('RPUSH', toks, unpack(argv, first, last))
+  return redis.call('RPUSH', toks, unpack(argv, first, last)), st[3] == '1'
 end
 """
 
@@ -225,7 +227,10 @@ return finish(KEYS, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7
 # m then m stream field/value strings. Returns {append_i, finish_i, entry_i, ...}: each result as
 # its own script's (0 where a request had no tokens or did not finish; a finish skipped because
 # its step was refused repeats that refusal), and the stream entry id
-# of an accepted event when publishing ('' otherwise). A malformed request (its stream too, when
+# of an accepted event when publishing ('' otherwise); a request whose tokens were accepted, that
+# does not finish and that a cancel is pending for gets CANCEL_PENDING as its finish result (the
+# caller aborts it on its executor: the abort a cancel sends can miss a request that was being
+# claimed or admitted just then). A malformed request (its stream too, when
 # publishing) gets MALFORMED for both results and is not touched; the others are recorded as usual.
 # Publishing in the script saves the second round trip, but only a single Redis can do it: on a
 # cluster the streams live in other slots (outside the hash tag) and the caller XADDs afterwards.
@@ -249,13 +254,13 @@ for w = 1, (#KEYS - 6) / stride do
     local s = redis.call('TYPE', KEYS[base + 3]).ok
     bad = s ~= 'stream' and s ~= 'none'
   end
-  local appended = 0
+  local appended, cancelling = 0, false
   local state, reason = ARGV[a + 3 + n], ARGV[a + 4 + n]
   local final = state ~= ''
   if bad then
     appended = -9
   elseif n > 0 then
-    appended = append_tokens(req, toks, ARGV[1], index, ARGV[3], ARGV, a + 3, a + 2 + n)
+    appended, cancelling = append_tokens(req, toks, ARGV[1], index, ARGV[3], ARGV, a + 3, a + 2 + n)
   elseif final and (reason == 'STOP' or reason == 'LENGTH') and redis.call('LLEN', toks) ~= index then
     appended = -2
   end
@@ -268,6 +273,8 @@ for w = 1, (#KEYS - 6) / stride do
   elseif final then
     k[1], k[3] = req, toks
     finished = finish(k, id, ARGV[2], ARGV[a], ARGV[a + 1], ARGV[3], ARGV[4], ARGV[a + 2], ARGV[5], ARGV[6])
+  elseif cancelling then
+    finished = 3
   end
   a = a + 3
   local entry = ''

@@ -29,6 +29,16 @@ class StepWrite:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """What Redis made of one step's writes."""
+
+    accepted: list[bool]  # per write: recorded (and published)
+    # Requests whose tokens were recorded while a cancel was pending for them: a cancel that landed
+    # while they were being claimed or admitted, whose abort never reached their executor.
+    cancel_pending: list[str]
+
+
 class StepPublisher:
     """Runs RECORD_STEP (group-committed across links by a ``ScriptBatcher``), ends the requests
     it finds malformed through ``RequestRecords.quarantine``, and appends to ``TokenStreams``."""
@@ -51,7 +61,7 @@ class StepPublisher:
         self._record_step = ScriptBatcher(redis, redis.register_script(request_scripts.RECORD_STEP))
         self._cluster = is_cluster(redis)
 
-    async def publish(self, executor_id: str, writes: Sequence[StepWrite], owner: str | None = None) -> list[bool]:
+    async def publish(self, executor_id: str, writes: Sequence[StepWrite], owner: str | None = None) -> StepRecord:
         """Record one executor step, then publish what was accepted to the clients' streams.
 
         The guarded script decides first, so an executor that no longer owns a request (it was
@@ -96,13 +106,15 @@ class StepPublisher:
         for i, write in enumerate(writes):
             if results[3 * i] == request_scripts.MALFORMED:  # refused below; the link aborts it on the executor
                 await self._requests.quarantine(write.request_id, "its record in Redis is malformed", executor_id)
-        accepted = []
+        accepted, cancel_pending = [], []
         for i, write in enumerate(writes):
             # FINISH's 2: a retried finish whose first attempt landed; its final event must still go out.
             appended = int(results[3 * i])
             ok = appended > 0 if write.event.token_ids else appended == 0
             if write.event.finish_reason is not none:
                 ok = int(results[3 * i + 1]) in (1, 2) and ok
+            elif ok and int(results[3 * i + 1]) == request_scripts.CANCEL_PENDING:
+                cancel_pending.append(write.request_id)
             accepted.append(ok)
         if publish_here:
             entry_ids = [str(results[3 * i + 2]) for i in range(len(writes))]
@@ -112,7 +124,7 @@ class StepPublisher:
             if entry_id:
                 final = write.event.finish_reason is not none
                 self._streams.published_here(write.request_id, entry_id, entry, final)
-        return accepted
+        return StepRecord(accepted, cancel_pending)
 
     async def _publish_all(
         self, writes: Sequence[StepWrite], fields: list[dict[str, str]], accepted: list[bool], executor_id: str

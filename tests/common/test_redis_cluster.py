@@ -93,11 +93,11 @@ async def test_pipelined_scripts_survive_a_node_that_lost_them(
     try:
         store = await _claimed_after_script_flush(client, redis_cluster, {"r1": "exec-a"})
         usage = {"prompt_tokens": 3.0, "completion_tokens": 2.0}
-        accepted = await store.steps.publish(
+        recorded = await store.steps.publish(
             "exec-a",
             [StepWrite("r1", TokenEvent(0, (7, 8), "ab", FinishReason.LENGTH, usage))],
         )
-        assert accepted == [True]
+        assert recorded.accepted == [True]
         assert (await store.requests.get("r1") or {})["state"] == "FINISHED"
         events = await store.streams.read_events("r1", "0", 100)
         assert [(e.index, e.token_ids) for _, e in events] == [(0, (7, 8))]
@@ -116,7 +116,7 @@ async def test_steps_of_several_executors_share_one_pipeline_on_a_cluster(
         accepted = await asyncio.gather(
             *(store.steps.publish(f"exec-{i}", [StepWrite(f"r{i}", TokenEvent(0, (7 + i,), "a"))]) for i in range(3))
         )
-        assert accepted == [[True], [True], [True]]
+        assert [r.accepted for r in accepted] == [[True], [True], [True]]
         assert store.steps._record_step.round_trips == trips + 1
         for i in range(3):
             events = await store.streams.read_events(f"r{i}", "0", 100)

@@ -35,7 +35,7 @@ class _EagerFrontend:
         self.config = config
         self.produced = 0
 
-    async def submit(self, msg: pb.GenerateRequest) -> _Submitted:
+    async def submit_or_abandon(self, msg: pb.GenerateRequest, abandon: object) -> _Submitted:
         return _Submitted(msg.request_id)
 
     async def sample_events(self, request_id: str, n: int) -> AsyncGenerator[tuple[int, TokenEvent], None]:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import grpc
 import pytest
 
+from common.lifecycle import RequestState
 from common.pb import generate_pb2 as pb
+from scheduler_service.requests import NewRequest
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.stack import Stack, eventually, joined_tokens, stack_config, start_stack
 
@@ -117,6 +120,67 @@ async def test_client_disconnect_aborts_request(stack: Stack) -> None:
     call.cancel()
     await _wait_blocks_freed(stack)
     await _wait_state(stack, "walks-away", pb.REQUEST_STATE_CANCELLED)
+
+
+async def test_a_client_that_leaves_during_submit_leaves_nothing_running(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that leaves (or whose deadline passes) while its request is being submitted: the
+    enqueue may already be in Redis, so the request must be abandoned once queued, on a Generate
+    stream and on a GenerateBatch stream alike, instead of running to its end for nobody."""
+    frontend = stack.scheduler.frontend
+    submit, queued = frontend.submit, asyncio.Queue[str]()
+
+    async def slow_submit(msg: pb.GenerateRequest) -> NewRequest:
+        req = await submit(msg)
+        queued.put_nowait(req.request_id)
+        await asyncio.sleep(1)  # the client leaves meanwhile
+        return req
+
+    monkeypatch.setattr(frontend, "submit", slow_submit)
+    call = stack.stub.Generate(greedy([1, 9, 8, 7], 3000, request_id="left-in-submit"))
+    reading = asyncio.ensure_future(call.initial_metadata())
+    assert await asyncio.wait_for(queued.get(), 30) == "left-in-submit"
+    call.cancel()
+    reading.cancel()
+
+    async def two_requests() -> AsyncIterator[pb.GenerateRequest]:
+        for rid in ("batch-left-1", "batch-left-2"):
+            yield greedy([1, 9, 8, 6], 3000, request_id=rid)
+        await asyncio.sleep(30)  # the stream stays open until the client cancels it
+
+    batch = stack.stub.GenerateBatch(two_requests())
+    reading = asyncio.ensure_future(batch.initial_metadata())
+    assert {await asyncio.wait_for(queued.get(), 30) for _ in range(2)} == {"batch-left-1", "batch-left-2"}
+    batch.cancel()
+    reading.cancel()
+    for rid in ("left-in-submit", "batch-left-1", "batch-left-2"):
+        await _wait_state(stack, rid, pb.REQUEST_STATE_CANCELLED)
+    await _wait_blocks_freed(stack)
+
+
+async def test_a_cancel_that_lands_while_the_request_is_claimed_still_ends_it(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CANCEL flags a claimed request and asks its link to abort it; a link that has not admitted it
+    yet (the claim's round trip is in flight) does not know it, so the abort is lost. The flag is
+    read again when the request's first tokens are recorded, and the link aborts it then."""
+    records = stack.scheduler.store.requests
+    claim_many = records.claim_many
+
+    async def cancelled_during_claim(claims: Any) -> Any:
+        results = await claim_many(claims)
+        for request_id, _, _ in claims:
+            if request_id == "cancelled-in-claim":
+                assert await stack.scheduler.frontend.cancel(request_id) == RequestState.ASSIGNED
+        return results
+
+    monkeypatch.setattr(records, "claim_many", cancelled_during_claim)
+    chunks = [chunk async for chunk in stack.stub.Generate(greedy([1, 9, 8, 5], 3000, request_id="cancelled-in-claim"))]
+    assert chunks[-1].finish_reason == pb.FINISH_REASON_CANCELLED
+    assert sum(len(chunk.token_ids) for chunk in chunks) < 3000
+    await _wait_state(stack, "cancelled-in-claim", pb.REQUEST_STATE_CANCELLED)
+    await _wait_blocks_freed(stack)
 
 
 async def _wait_state(stack: Stack, request_id: str, state: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.lifecycle import FinishReason
+from common.lifecycle import FinishReason, RequestState
 from scheduler_service.requests import TokenEvent
 from scheduler_service.store import Store
 from scheduler_service.store.step_publisher import StepWrite
@@ -71,8 +71,9 @@ async def test_append_tokens_with_an_index_gap_is_rejected_without_changes(store
 async def test_rejected_append_publishes_no_event(store: Store, executor_id: str, index: int) -> None:
     await enqueue(store, "r1")
     await store.requests.claim("r1", "e1")
-    assert await store.steps.publish("e1", [StepWrite("r1", TokenEvent(0, (5,), ""))]) == [True]
-    assert await store.steps.publish(executor_id, [StepWrite("r1", TokenEvent(index, (6,), ""))]) == [False]
+    assert (await store.steps.publish("e1", [StepWrite("r1", TokenEvent(0, (5,), ""))])).accepted == [True]
+    refused = await store.steps.publish(executor_id, [StepWrite("r1", TokenEvent(index, (6,), ""))])
+    assert refused.accepted == [False]
     events = [e for _, e in await store.streams.read_events("r1", "0", 10)]
     assert events == [TokenEvent(0, (5,), "")]
 
@@ -154,7 +155,7 @@ async def test_read_events_returns_token_events_in_order_and_resumes_after_an_id
         StepWrite("r1", TokenEvent(1, (2, 3), "bc")),
         StepWrite("r1", TokenEvent(3, (4,), "d", FinishReason.LENGTH, usage)),
     ]
-    assert await store.steps.publish("e1", writes) == [True, True, True]
+    assert (await store.steps.publish("e1", writes)).accepted == [True, True, True]
     batch = await store.streams.read_events("r1", "0", 10)
     assert [e for _, e in batch] == [
         TokenEvent(0, (1,), "a"),
@@ -182,7 +183,7 @@ async def test_a_retried_step_whose_first_attempt_landed_is_still_published(stor
         await store.requests.finish(pipe, "r1", "e1", FinishReason.LENGTH)
         await pipe.execute()
     retry = [StepWrite("r1", TokenEvent(0, (5, 6), "ab", FinishReason.LENGTH, usage))]
-    assert await store.steps.publish("e1", retry) == [True]
+    assert (await store.steps.publish("e1", retry)).accepted == [True]
     events = [e for _, e in await store.streams.read_events("r1", "0", 10)]
     assert events == [TokenEvent(0, (5, 6), "ab", FinishReason.LENGTH, usage)]
     # A different token at an already-filled position is still refused.
@@ -207,7 +208,7 @@ async def test_one_step_judges_each_request_on_its_own(store: Store) -> None:
         StepWrite("done", TokenEvent(0, (9, 10), "ef", FinishReason.LENGTH, usage)),
         StepWrite("queued", TokenEvent(0, (11,), "g")),  # never assigned
     ]
-    assert await store.steps.publish("e1", writes) == [True, False, False, True, False]
+    assert (await store.steps.publish("e1", writes)).accepted == [True, False, False, True, False]
     assert await tokens_of(store.redis, "ok") == ["5", "6"]
     assert await tokens_of(store.redis, "gap") == []
     assert await tokens_of(store.redis, "theirs") == []
@@ -224,7 +225,7 @@ async def test_one_step_judges_each_request_on_its_own(store: Store) -> None:
     assert await store.streams.read_events("theirs", "0", 10) == []
     # The same step again (a retry whose reply was lost): the exact replays are accepted once more.
     replay = [writes[0], writes[3]]
-    assert await store.steps.publish("e1", replay) == [True, True]
+    assert (await store.steps.publish("e1", replay)).accepted == [True, True]
     assert await tokens_of(store.redis, "ok") == ["5", "6"]
 
 
@@ -237,12 +238,30 @@ async def test_a_final_step_behind_the_record_ends_nothing(store: Store, tokens:
     assert await append(store, "r1", "e1", 0, (5,)) == 1
     usage = {"prompt_tokens": 3.0, "completion_tokens": 4.0}
     final = StepWrite("r1", TokenEvent(3, tokens, "x", FinishReason.LENGTH, usage))
-    assert await store.steps.publish("e1", [final]) == [False]
+    assert (await store.steps.publish("e1", [final])).accepted == [False]
     record = await store.requests.get("r1")
     assert record is not None and record["state"] == "RUNNING"
     assert await tokens_of(store.redis, "r1") == ["5"]
     assert await store.streams.read_events("r1", "0", 10) == []
     # A cancel's final step is not held to the count: it ends the request whatever it holds.
     cancel = StepWrite("r1", TokenEvent(3, (), "", FinishReason.CANCELLED, usage))
-    assert await store.steps.publish("e1", [cancel]) == [True]
+    assert (await store.steps.publish("e1", [cancel])).accepted == [True]
+    assert (await store.requests.get("r1") or {})["state"] == "CANCELLED"
+
+
+async def test_a_step_names_the_requests_a_cancel_is_pending_for(store: Store) -> None:
+    """CANCEL only flags a request that runs; its abort can miss the executor (it was being claimed
+    just then), so the next step of it that Redis records says so, and the link aborts it then."""
+    for rid in ("r1", "r2"):
+        await enqueue(store, rid)
+        await store.requests.claim(rid, "e1")
+    assert (await store.requests.cancel("r1")).state is RequestState.ASSIGNED  # flagged, not ended
+    writes = [StepWrite("r1", TokenEvent(0, (5,), "")), StepWrite("r2", TokenEvent(0, (6,), ""))]
+    recorded = await store.steps.publish("e1", writes)
+    assert recorded.accepted == [True, True] and recorded.cancel_pending == ["r1"]
+    # Its executor aborted it: the final event ends it CANCELLED, and nothing is pending any more.
+    usage = {"prompt_tokens": 1.0, "completion_tokens": 1.0}
+    final = StepWrite("r1", TokenEvent(1, (), "", FinishReason.CANCELLED, usage))
+    recorded = await store.steps.publish("e1", [final])
+    assert recorded.accepted == [True] and recorded.cancel_pending == []
     assert (await store.requests.get("r1") or {})["state"] == "CANCELLED"
