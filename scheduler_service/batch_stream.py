@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -50,13 +50,14 @@ class BatchStream:
         self._news = asyncio.Event()
         self._room = asyncio.Event()  # set when the outbox has been sent
         self._followers: set[asyncio.Task[None]] = set()
+        self._reader: asyncio.Task[None] | None = None
         limits = frontend.config.scheduler.request_level
         self._max_requests = limits.max_batch_stream_requests
         self._max_outbox = limits.batch_stream_outbox_events
 
-    async def run(self, requests: AsyncIterator[Any]) -> AsyncIterator[pb.GenerateBatchResponse]:
+    async def run(self, requests: AsyncIterator[Any]) -> AsyncGenerator[pb.GenerateBatchResponse, None]:
         """The stream's messages, until the client has half-closed and every request is over."""
-        reader = asyncio.create_task(self._read(requests))
+        reader = self._reader = asyncio.create_task(self._read(requests))
         try:
             while True:
                 await self._news.wait()
@@ -69,10 +70,16 @@ class BatchStream:
                     reader.result()  # a failed read of the client's stream fails the call
                     return
         finally:
-            # The client went away (or the call failed): each follower cancels its own request.
-            reader.cancel()
-            for task in list(self._followers):
-                task.cancel()
+            self.end()
+
+    def end(self) -> None:
+        """Stop reading and following: the client went away or the call failed (each follower then
+        abandons its own unfinished request). Also called when the RPC ends, as ``run`` may be left
+        suspended at a ``yield`` by a cancel that landed while its message was being sent."""
+        if self._reader is not None:
+            self._reader.cancel()
+        for task in list(self._followers):
+            task.cancel()
 
     async def _read(self, requests: AsyncIterator[Any]) -> None:
         try:

@@ -137,8 +137,11 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     async def GenerateBatch(
         self, request_iterator: AsyncIterator[pb.GenerateRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateBatchResponse]:
-        async for message in BatchStream(self._frontend, self._response, self._abandon).run(request_iterator):
-            yield message
+        stream = BatchStream(self._frontend, self._response, self._abandon)
+        context.add_done_callback(lambda _call: stream.end())
+        async with contextlib.aclosing(stream.run(request_iterator)) as messages:
+            async for message in messages:
+                yield message
 
     async def _response(self, request_id: str, event: TokenEvent, sample_index: int = 0) -> pb.GenerateResponse:
         has_logprobs = event.logprobs is not None or event.prompt_logprobs is not None
