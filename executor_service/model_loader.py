@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from common.config import ExecutorConfig
+from common.sampling_defaults import SamplingDefaults
 from executor_service.backends.registry import select_backend
 from executor_service.block_allocator import BlockAllocator
 from executor_service.cpu_threads import OtherLoad, ThreadGovernor, usable_cores
@@ -37,6 +38,7 @@ class LoadedModel:
     dtype: str
     vocab_size: int
     backend: str  # the name of the forward-pass backend that runs the model (backends/registry.py)
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)  # its generation_config
 
 
 def resolve_device(name: str) -> torch.device:
@@ -143,4 +145,5 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
     engine = Engine(runner, allocator, tokenizer, limits, threads, grammars, overlap=overlap)
     if engine.overlap:
         log.info("overlapped steps: each decode step launches before the last one's tokens are read")
-    return LoadedModel(engine, tokenizer, config.model, device, config.dtype, vocab, backend.name)
+    defaults = SamplingDefaults.of_generation_config(getattr(model, "generation_config", None))
+    return LoadedModel(engine, tokenizer, config.model, device, config.dtype, vocab, backend.name, defaults)

@@ -200,6 +200,7 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
             "device": info.device,
             "dtype": info.dtype,
             "prefix_caching": int(info.prefix_caching),
+            "sampling_defaults": loaded.sampling_defaults.to_json(),
             "started_ms": int(time.time() * 1000),
         },
         load_summary,

@@ -35,6 +35,7 @@ from gateway.openai_types import (
     Parsed,
     Reply,
     apply_headers,
+    apply_model_defaults,
     parse_chat,
     parse_completion,
     samples_usage,
@@ -170,6 +171,8 @@ class Gateway:
         apply_headers(parsed.request, request.headers)
         self.auth.scope(parsed.request, caller, request.headers.get(TENANT_HEADER, ""))
         model = await self.served.resolve(parsed.model, caller.metadata)
+        if (served := self.served.latest) is not None:
+            apply_model_defaults(parsed.request.params, body, served.sampling_defaults)
         reply = Reply.for_request(chat, parsed, model)
         headers = {REQUEST_ID_HEADER: reply.request_id}
         log.debug("request %s: %s, stream=%s", reply.request_id, request.url.path, parsed.stream)

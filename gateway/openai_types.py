@@ -327,6 +327,18 @@ def parse_chat(body: Mapping[str, Any]) -> Parsed:
     return replace(parsed, logprobs=logprobs)
 
 
+def apply_model_defaults(params: pb.SamplingParams, body: Mapping[str, Any], defaults: pb.SamplingDefaults) -> None:
+    """The served model's recommended sampling settings (its generation_config, see
+    ``common.sampling_defaults``) for what ``body`` leaves out, as vLLM's server applies them; its
+    ``max_tokens`` (max_new_tokens) caps every request's output, as vLLM's does."""
+    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+        if body.get(name) is None and defaults.HasField(name):
+            setattr(params, name, getattr(defaults, name))
+    if defaults.HasField("max_tokens") and defaults.max_tokens > 0:
+        asked = params.max_tokens if params.HasField("max_tokens") else defaults.max_tokens
+        params.max_tokens = min(asked, defaults.max_tokens)
+
+
 def apply_headers(request: pb.GenerateRequest, headers: Mapping[str, str]) -> None:
     """Baton's own headers; they win over the body, as a proxy in front may set them per API key."""
     if (priority := headers.get(PRIORITY_HEADER)) is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -26,6 +26,8 @@ class ServedModel:
     name: str  # as the executors registered it
     max_model_len: int
     aliases: tuple[str, ...] = ()  # other names the operator lets clients use
+    # What the model's generation_config recommends; applied to what a request leaves out.
+    sampling_defaults: pb.SamplingDefaults = field(default_factory=pb.SamplingDefaults)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -68,8 +70,13 @@ class ServedModels:
             info = await self._model_info(metadata)
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
-        self._cached = ServedModel(info.model, info.max_model_len, self._aliases)
+        self._cached = ServedModel(info.model, info.max_model_len, self._aliases, info.sampling_defaults)
         self._fetched_at = time.monotonic()
+        return self._cached
+
+    @property
+    def latest(self) -> ServedModel | None:
+        """The served model as last fetched (None before the first fetch)."""
         return self._cached
 
     async def resolve(self, requested: str, metadata: Metadata) -> str:

@@ -185,7 +185,12 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     async def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfoResponse:
         limits = await self._frontend.model_limits()
         executors = await self._frontend.alive_executors()
-        return pb.ModelInfoResponse(model=limits.model, max_model_len=limits.max_model_len, executors=executors)
+        return pb.ModelInfoResponse(
+            model=limits.model,
+            max_model_len=limits.max_model_len,
+            executors=executors,
+            sampling_defaults=limits.sampling_defaults.to_pb(),
+        )
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         if request.WhichOneof("input") == "chat":

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from transformers import AutoTokenizer
 
 from common.errors import NotReady
+from common.sampling_defaults import SamplingDefaults
 from scheduler_service.store.fleet import FleetRegistry
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,8 @@ class ModelLimits:
     # Tokens per KV block, as the executors registered it: submit names a prompt's blocks with it
     # for placement by cached prefix (prompt_prefix.py). 0: unknown, the prompt goes unnamed.
     block_size: int = 0
+    # What the model's generation_config recommends (``ModelInfo`` hands it to the OpenAI gateway).
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 
 
 class TokenizerSource:
@@ -58,7 +61,8 @@ class TokenizerSource:
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model)
         vocab = int(record.get("vocab_size", 0)) or len(tokenizer)
         block_size = int(record.get("block_size") or 0)
-        self.limits = ModelLimits(record.get("model", model), int(record["max_model_len"]), vocab, block_size)
+        defaults = SamplingDefaults.from_json(record.get("sampling_defaults", "{}"))
+        self.limits = ModelLimits(record.get("model", model), int(record["max_model_len"]), vocab, block_size, defaults)
         self.tokenizer = tokenizer
         log.info("tokenizer loaded from %s (max_model_len %d)", model, self.limits.max_model_len)
         if self._after_load is not None:

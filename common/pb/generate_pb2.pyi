@@ -299,14 +299,32 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfoResponse(_message.Message):
-    __slots__ = ("model", "max_model_len", "executors")
+    __slots__ = ("model", "max_model_len", "executors", "sampling_defaults")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     EXECUTORS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_DEFAULTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     executors: int
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., executors: _Optional[int] = ...) -> None: ...
+    sampling_defaults: SamplingDefaults
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., executors: _Optional[int] = ..., sampling_defaults: _Optional[_Union[SamplingDefaults, _Mapping]] = ...) -> None: ...
+
+class SamplingDefaults(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    max_tokens: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text", "chat")
