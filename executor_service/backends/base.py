@@ -63,7 +63,7 @@ class BackendSupport:
 
     def attention_gaps(self, model: ModelTraits) -> tuple[str, ...]:
         """What of the model's attention this support does not compute; empty when it computes all of it."""
-        found: list[str] = []
+        found = list(model.unservable)  # no backend computes these
         if model.attn_logit_softcapping is not None and not self.attn_logit_softcapping:
             found.append(
                 f"the model soft-caps its attention logits (attn_logit_softcapping={model.attn_logit_softcapping:g})"

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     Gemma2Config,
     LlamaConfig,
@@ -100,3 +101,52 @@ def test_a_model_with_attention_softcapping_loads_on_the_reference_only(tiny_mod
     assert make_engine(model_dir).runner.backend.name == "torch"
     with pytest.raises(UnsupportedModel, match="soft-caps its attention logits"):
         make_engine(model_dir, backend="cpu_transformers")
+
+
+# Configs that ran and answered wrongly before they were refused: each with what refuses it.
+_UNSERVABLE = {
+    "bloom": ({}, "attention interface"),  # its own attention code
+    "xglm": ({}, "attention interface"),
+    "mamba": ({}, "linear_attention layers"),  # a state-space state, no KV at all
+    "jamba": ({}, "linear_attention layers"),
+    "llama4_text": ({"attention_chunk_size": 16}, "attends in chunks of 16"),
+    "diffllama": ({}, "twice per layer"),
+    "doge": ({}, "dynamic mask"),
+    "qwen2_moe": (
+        {"use_sliding_window": True, "sliding_window": 24, "max_window_layers": 1, "num_hidden_layers": 2},
+        "only through the mask",
+    ),
+    "phi3": (
+        {
+            "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 48, "long_factor": [1.0] * 48},
+            "original_max_position_embeddings": 64,
+        },
+        "longrope",
+    ),
+}
+
+
+@pytest.mark.parametrize("model_type", _UNSERVABLE)
+def test_models_no_backend_computes_exactly_are_named_unservable(model_type: str) -> None:
+    overrides, reason = _UNSERVABLE[model_type]
+    traits = ModelTraits.from_config(AutoConfig.for_model(model_type, **overrides))
+    assert any(reason in found for found in traits.unservable), traits.unservable
+
+
+@pytest.mark.parametrize(
+    "config",
+    [LlamaConfig(), MistralConfig(sliding_window=WINDOW), Gemma2Config(), Qwen2Config(), AutoConfig.for_model("gpt2")],
+    ids=["llama", "mistral-window", "gemma2", "qwen2", "gpt2"],
+)
+def test_models_served_exactly_are_not(config: PretrainedConfig) -> None:
+    assert ModelTraits.from_config(config).unservable == ()
+
+
+def test_an_unservable_model_is_refused_at_load_with_its_reason(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A state-space model has no attention at all: it used to load and answer wrongly."""
+    config = AutoConfig.for_model(
+        "mamba", vocab_size=_vocab(tiny_model_dir), hidden_size=64, state_size=8, num_hidden_layers=2
+    )
+    model_dir = _save(config, tiny_model_dir, tmp_path / "mamba")
+    with pytest.raises(UnsupportedModel, match="which no backend computes"):
+        make_engine(model_dir)
