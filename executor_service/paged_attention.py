@@ -154,7 +154,9 @@ def paged_attention(
         if kwargs.get(feature) is not None:
             raise UnsupportedModel(f"the model's attention asks for {feature!r}, which Baton does not compute")
     softcap: float | None = kwargs.get("softcap")
-    batch: AttentionBatch = kwargs["baton_batch"]
+    batch: AttentionBatch | None = kwargs.get("baton_batch")
+    if batch is None:  # its layers drop the keyword arguments the model's forward was given
+        raise UnsupportedModel("the model's layers do not pass the step's attention arguments on to the attention")
     reads = batch.reads(kwargs.get("sliding_window") or None)
     layer = int(getattr(module, "layer_idx", 0))
     keys, values = batch.pool.keys[layer], batch.pool.values[layer]

@@ -30,6 +30,7 @@ from executor_service.engine_io import AdmitSpec, PlanUpdate
 from executor_service.load_metrics import LoadSampler
 from executor_service.metrics import ExecutorMetrics
 from executor_service.model_loader import LoadedModel, load_engine
+from executor_service.model_support import UnsupportedModel
 from executor_service.registration import Registration
 from executor_service.report_hub import ReportHub
 from executor_service.servicer import ExecutorServicer
@@ -121,13 +122,23 @@ def _info(executor_id: str, loaded: LoadedModel, config: BatonConfig) -> pb.Info
     )
 
 
-def warm_up(engine: Engine) -> None:
-    """Run one tiny request through every stage, so the first real one pays no first-call costs."""
+def warm_up(engine: Engine, model: str = "the model") -> None:
+    """Run one tiny request through every stage, so the first real one pays no first-call costs.
+
+    A model whose first step fails is refused here, before the executor registers, with the
+    reason: its config passed every check (``model_support``), but its layers do not run under
+    Baton's attention (a family that does not hand the attention its own keyword arguments, an
+    unusual K/V layout), which only running it shows."""
     params = SamplingParams(max_tokens=2, ignore_eos=True)
-    engine.apply(PlanUpdate(seq=0, admit=(AdmitSpec("__warmup__", (1, 2, 3, 4), (), params, 0.0),)))
-    while engine.has_work:
-        engine.step()
-    engine.drain()
+    try:
+        engine.apply(PlanUpdate(seq=0, admit=(AdmitSpec("__warmup__", (1, 2, 3, 4), (), params, 0.0),)))
+        while engine.has_work:
+            engine.step()
+        engine.drain()
+    except Exception as exc:
+        raise UnsupportedModel(
+            f"{model}: its first step failed ({type(exc).__name__}: {exc}); refusing to serve it"
+        ) from exc
     engine.prefix_cache.queries = engine.prefix_cache.hits = 0  # counters count requests only
 
 
@@ -154,7 +165,7 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     serve_metrics(metrics.registry, config.monitoring.executor_metrics_port)
     loaded = await asyncio.to_thread(load_engine, cfg)
     metrics.backend.labels(loaded.backend).set(1)
-    await asyncio.to_thread(warm_up, loaded.engine)
+    await asyncio.to_thread(warm_up, loaded.engine, loaded.model_name)
     load = LoadSampler(str(loaded.device))
     allocator = loaded.engine.allocator
     loop = asyncio.get_running_loop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from transformers import (
 )
 
 from executor_service.model_support import ModelTraits, UnsupportedModel
+from executor_service.server import warm_up
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.executor_service.test_engine import admit, make_engine, run_to_end
 
@@ -104,7 +106,7 @@ def test_a_model_with_attention_softcapping_loads_on_the_reference_only(tiny_mod
 
 
 # Configs that ran and answered wrongly before they were refused: each with what refuses it.
-_UNSERVABLE = {
+_UNSERVABLE: dict[str, tuple[dict[str, Any], str]] = {
     "bloom": ({}, "attention interface"),  # its own attention code
     "xglm": ({}, "attention interface"),
     "mamba": ({}, "linear_attention layers"),  # a state-space state, no KV at all
@@ -150,3 +152,15 @@ def test_an_unservable_model_is_refused_at_load_with_its_reason(tiny_model_dir: 
     model_dir = _save(config, tiny_model_dir, tmp_path / "mamba")
     with pytest.raises(UnsupportedModel, match="which no backend computes"):
         make_engine(model_dir)
+
+
+def test_a_model_whose_first_step_fails_is_refused_before_it_serves(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Nemotron's config passes every check, but its layers drop the attention's keyword arguments:
+    the warm-up step at start refuses it with that reason instead of a bare KeyError."""
+    config = AutoConfig.for_model(
+        "nemotron", vocab_size=_vocab(tiny_model_dir), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+    )  # fmt: skip
+    engine = make_engine(_save(config, tiny_model_dir, tmp_path / "nemotron"))
+    with pytest.raises(UnsupportedModel, match=r"first step failed.*do not pass the step's attention arguments"):
+        warm_up(engine, "nemotron")
