@@ -7,6 +7,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -17,11 +18,13 @@ from redis.exceptions import RedisError
 from common.keys import KeySchema
 from common.pb import executor_pb2, executor_pb2_grpc
 from executor_service.engine_io import StepOutput
-from executor_service.server import start_executor
+from executor_service.server import RunningExecutor, start_executor
 from tests.conftest import free_port
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts
-from tests.stack import eventually, stack_config, start_stack
+from tests.stack import Stack, eventually, stack_config, start_stack
+
+_TOKENS = 200  # per stream: long enough to be running when an executor goes
 
 
 async def test_before_serving_runs_before_the_executor_registers(redis_url: str, tiny_model_dir: Path) -> None:
@@ -65,6 +68,46 @@ async def test_a_clean_stop_retires_the_executor_for_the_reaper(redis_url: str, 
         store.close()
 
 
+@dataclass
+class _Streaming:
+    """Greedy streams of ``_TOKENS`` tokens running on a stack, each checked for gaps and repeats as
+    its chunks come."""
+
+    prompts: list[list[int]]
+    ids: list[str]
+    tokens: dict[str, list[int]]
+    tasks: list[asyncio.Task[None]]
+
+    @classmethod
+    async def start(cls, stack: Stack, count: int, seed: int, prefix: str) -> _Streaming:
+        """Once every stream has its first tokens."""
+        prompts = random_prompts(count, seed=seed)
+        ids = [f"{prefix}-{i}" for i in range(count)]
+        tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+
+        async def stream(i: int) -> None:
+            async for chunk in stack.stub.Generate(greedy(prompts[i], _TOKENS, request_id=ids[i])):
+                assert chunk.index == len(tokens[ids[i]]), "a gap or a repeat in the stream"
+                tokens[ids[i]].extend(chunk.token_ids)
+
+        tasks = [asyncio.create_task(stream(i)) for i in range(count)]
+        await eventually(lambda: min(len(t) for t in tokens.values()) >= 3, "every request to start", 60)
+        return cls(prompts, ids, tokens, tasks)
+
+    async def finish_exactly(self, model_dir: Path) -> None:
+        await asyncio.wait_for(asyncio.gather(*self.tasks), 120)
+        reference_model = load_reference_model(model_dir)
+        for prompt, rid in zip(self.prompts, self.ids, strict=True):
+            assert_matches_reference(self.tokens[rid], reference_greedy(reference_model, prompt, _TOKENS), rid)
+
+
+def _busiest(stack: Stack, store: redis.Redis) -> RunningExecutor:
+    keys = KeySchema("baton")
+    victim = max(stack.executors, key=lambda e: store.scard(keys.running(e.executor_id)))
+    assert store.scard(keys.running(victim.executor_id)) > 0
+    return victim
+
+
 async def test_requests_a_cleanly_stopped_executor_could_not_hand_back_finish_elsewhere(
     redis_url: str, tiny_model_dir: Path
 ) -> None:
@@ -74,20 +117,9 @@ async def test_requests_a_cleanly_stopped_executor_could_not_hand_back_finish_el
     scheduler reaps it and re-queues what is left, or that request waits for good."""
     store, keys = redis.Redis.from_url(redis_url, decode_responses=True), KeySchema("baton")
     stack = await start_stack(stack_config(redis_url, tiny_model_dir), executors=2)
-    prompts = random_prompts(6, seed=11)
-    ids = [f"cs-{i}" for i in range(len(prompts))]
-    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
-
-    async def stream(i: int) -> None:
-        async for chunk in stack.stub.Generate(greedy(prompts[i], 200, request_id=ids[i])):
-            assert chunk.index == len(tokens[ids[i]]), "a gap or a repeat in the stream"
-            tokens[ids[i]].extend(chunk.token_ids)
-
     try:
-        tasks = [asyncio.create_task(stream(i)) for i in range(len(prompts))]
-        await eventually(lambda: min(len(t) for t in tokens.values()) >= 3, "every request to start", 60)
-        victim = max(stack.executors, key=lambda e: store.scard(keys.running(e.executor_id)))
-        assert store.scard(keys.running(victim.executor_id)) > 0
+        streams = await _Streaming.start(stack, 6, seed=11, prefix="cs")
+        victim = _busiest(stack, store)
 
         async def unreachable(request_id: str, kind: str = "preempt") -> None:
             raise RedisError("injected: Redis unreachable during the hand-back")
@@ -95,11 +127,8 @@ async def test_requests_a_cleanly_stopped_executor_could_not_hand_back_finish_el
         stack.scheduler.dispatcher.links[victim.executor_id].hand_back = unreachable  # type: ignore[method-assign]
         await victim.stop(grace=0.5)
         stack.executors.remove(victim)
-        await asyncio.wait_for(asyncio.gather(*tasks), 120)
-        reference_model = load_reference_model(tiny_model_dir)
-        for i, rid in enumerate(ids):
-            assert_matches_reference(tokens[rid], reference_greedy(reference_model, prompts[i], 200), rid)
-        assert any(store.hget(keys.request(rid), "migrations") for rid in ids)
+        await streams.finish_exactly(tiny_model_dir)
+        assert any(store.hget(keys.request(rid), "migrations") for rid in streams.ids)
         await eventually(lambda: store.zscore(keys.executors, victim.executor_id) is None, "the reaper")
         assert store.scard(keys.running(victim.executor_id)) == 0
     finally:
@@ -116,31 +145,17 @@ async def test_an_executor_whose_engine_fails_leaves_the_fleet_and_its_requests_
     silent, so the scheduler reaps it."""
     store, keys = redis.Redis.from_url(redis_url, decode_responses=True), KeySchema("baton")
     stack = await start_stack(stack_config(redis_url, tiny_model_dir), executors=2)
-    prompts = random_prompts(8, seed=5)
-    ids = [f"ef-{i}" for i in range(len(prompts))]
-    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
-
-    async def stream(i: int) -> None:
-        async for chunk in stack.stub.Generate(greedy(prompts[i], 200, request_id=ids[i])):
-            assert chunk.index == len(tokens[ids[i]]), "a gap or a repeat in the stream"
-            tokens[ids[i]].extend(chunk.token_ids)
-
     try:
-        tasks = [asyncio.create_task(stream(i)) for i in range(len(prompts))]
-        await eventually(lambda: min(len(t) for t in tokens.values()) >= 3, "every request to start", 60)
-        victim = max(stack.executors, key=lambda e: store.scard(keys.running(e.executor_id)))
-        assert store.scard(keys.running(victim.executor_id)) > 0
+        streams = await _Streaming.start(stack, 8, seed=5, prefix="ef")
+        victim = _busiest(stack, store)
 
         def broken_step() -> StepOutput:
             raise RuntimeError("injected engine failure")
 
         victim.worker.engine.step = broken_step  # type: ignore[method-assign]
-        await asyncio.wait_for(asyncio.gather(*tasks), 120)
-        migrated = [rid for rid in ids if store.hget(keys.request(rid), "migrations")]
+        await streams.finish_exactly(tiny_model_dir)
+        migrated = [rid for rid in streams.ids if store.hget(keys.request(rid), "migrations")]
         assert migrated, "the failed executor ran none of the requests"
-        reference_model = load_reference_model(tiny_model_dir)
-        for i, rid in enumerate(ids):
-            assert_matches_reference(tokens[rid], reference_greedy(reference_model, prompts[i], 200), rid)
         await asyncio.wait_for(victim.withdrawn.wait(), 10)
         # Its heartbeats stopped: the scheduler reaps it, re-queueing anything still recorded there.
         reaped = "the scheduler to reap the failed executor"
