@@ -17,6 +17,9 @@ from common.logprobs import MAX_LOGPROBS
 from common.pb import executor_pb2 as pb
 from common.structured_output import StructuredOutput
 
+# A temperature this small samples greedily, as in vLLM (its _SAMPLING_EPS): dividing logits by it
+# reaches float32's range, and what is left of the distribution is its most likely token anyway.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 # torch.Generator.manual_seed accepts exactly this range (negative values wrap around).
 SEED_MIN = -(1 << 63)
 SEED_MAX = (1 << 64) - 1
@@ -67,6 +70,8 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", bias)
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise InvalidRequest(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.temperature < GREEDY_BELOW_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
         if not (0.0 < self.top_p <= 1.0):  # also rejects NaN
             raise InvalidRequest(f"top_p must lie in (0, 1] (0 means 1), got {self.top_p}")
         if self.top_k < 0:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import xgrammar as xgr
+import xxhash
 
 from common.lifecycle import FinishReason
 from common.logprobs import NO_LOGPROBS, Logprobs
@@ -409,10 +410,13 @@ class Engine:
 
     @staticmethod
     def _generator_for(seq: Sequence) -> torch.Generator | None:
-        """Seeded requests reseed per position, so a resumed request samples what it would have."""
+        """Seeded requests reseed per position, so a resumed request samples what it would have. The
+        seed and the position are hashed together, all 64 bits of each: distinct seeds give
+        independent draws (a linear mix kept 63 bits, so seeds 2**63 apart drew the same)."""
         generator, seed = seq.generator, seq.params.seed
         if generator is not None and seed is not None:
-            generator.manual_seed((seed * 0x9E3779B97F4A7C15 + len(seq.output_ids)) & 0x7FFF_FFFF_FFFF_FFFF)
+            key = (seed % 2**64).to_bytes(8, "little") + len(seq.output_ids).to_bytes(8, "little")
+            generator.manual_seed(xxhash.xxh3_64_intdigest(key))
         return generator
 
     def drain(self) -> StepOutput:
@@ -440,17 +444,18 @@ class Engine:
                     continue
             output = seq.output_ids
             output.append(token)
-            detokenizer = seq.detokenizer
-            text = detokenizer.push_token(token)
             count = len(output)
+            # Before min_tokens, stop tokens were masked (logits_processing).
+            stop_token = count > seq.params.min_tokens and token in seq.stop_token_ids
+            detokenizer = seq.detokenizer
+            # As in vLLM, a stop token's own text is left out unless the request asks for it.
+            text = "" if stop_token and not seq.params.include_stop_str_in_output else detokenizer.push_token(token)
             out.append(TokenOut(seq.request_id, (token,), text, count - 1, logprobs, first))
             if detokenizer.stopped:  # the detokenizer already waits for min_tokens
                 self._finish(seq, FinishReason.STOP, "")
-            elif (count > seq.params.min_tokens and token in seq.stop_token_ids) or (
-                seq.grammar is not None and seq.grammar.is_terminated()
-            ):
-                # Before min_tokens, stop tokens were masked (logits_processing). A terminated grammar took a
-                # stop token (EOS), the only one its mask then allowed: ignore_eos cannot keep it going.
+            elif stop_token or (seq.grammar is not None and seq.grammar.is_terminated()):
+                # A terminated grammar took a stop token (EOS), the only one its mask then allowed:
+                # ignore_eos cannot keep it going.
                 self._finish(seq, FinishReason.STOP, detokenizer.flush())
             elif count >= seq.max_output:
                 self._finish(seq, FinishReason.LENGTH, detokenizer.flush())

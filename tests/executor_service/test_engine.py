@@ -204,6 +204,38 @@ def test_stop_token_ids_end_the_request(tiny_model_dir: Path, stop_after: int) -
     assert finished[0].reason == FinishReason.STOP
 
 
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_tokens_own_text_is_left_out_unless_asked_for(tiny_model_dir: Path, include: bool) -> None:
+    """As vLLM's detokenizer: the stop token ends the output and is returned, its text is not."""
+    engine = make_engine(tiny_model_dir)
+    prompt = prompts(1, seed=5)[0]
+    free = run_to_end(engine, {0: [admit("f", prompt, 10)]})["f"]
+    at = next(i for i in range(1, len(free)) if free[i] not in free[:i])  # its first appearance ends it
+    params = SamplingParams(
+        max_tokens=10, ignore_eos=True, stop_token_ids=(free[at],), include_stop_str_in_output=include
+    )
+    engine.apply(PlanUpdate(seq=9, admit=(AdmitSpec("s", tuple(prompt), (), params, 0.0),)))
+    text, tokens = "", []
+    while engine.has_work:
+        out = engine.step()
+        text += "".join(d.text for d in out.tokens) + "".join(f.text for f in out.finished)
+        tokens += [t for d in out.tokens for t in d.token_ids]
+    assert tokens == free[: at + 1]
+    decode = engine.tokenizer.decode  # type: ignore[attr-defined]
+    assert text == decode(free[: at + 1 if include else at], skip_special_tokens=True)
+
+
+def test_seeds_a_power_of_two_apart_draw_differently(tiny_model_dir: Path) -> None:
+    """The per-position reseed kept 63 bits of a linear mix: seeds 2**63 apart drew the same tokens."""
+    engine = make_engine(tiny_model_dir)
+    prompt = prompts(1, seed=12)[0]
+    outputs = []
+    for i, seed in enumerate((0, 2**63, 5, 5 + 2**63)):
+        params = SamplingParams(max_tokens=20, ignore_eos=True, temperature=1.0, seed=seed)
+        outputs.append(run_to_end(engine, {0: [AdmitSpec(f"p{i}", tuple(prompt), (), params, 0.0)]})[f"p{i}"])
+    assert outputs[0] != outputs[1] and outputs[2] != outputs[3]
+
+
 def test_seeded_sampling_is_the_same_after_a_resume(tiny_model_dir: Path) -> None:
     engine = make_engine(tiny_model_dir)
     prompt = prompts(1, seed=12)[0]

@@ -193,3 +193,22 @@ def test_logprobs_are_the_raw_distribution(temperature: float) -> None:
     assert [t for t, _ in a.top(0)] == top.indices.tolist()
     assert [x for _, x in a.top(0)] == pytest.approx(top.values.tolist(), abs=1e-6)
     assert b.num_top == 0 and b.logprobs[0] == pytest.approx(float(expected[1].max()), abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "extreme",
+    [SamplingParams(temperature=1e-38), SamplingParams(temperature=1.0, repetition_penalty=1e-44)],
+    ids=["tiny-temperature", "tiny-repetition-penalty"],
+)
+def test_an_overflowing_row_takes_its_most_likely_token_and_harms_no_other(extreme: SamplingParams) -> None:
+    """A tiny positive temperature (vLLM samples greedily below 1e-5) or repetition penalty scales a
+    logit past float32's range: the softmax was NaN, multinomial raised, and the step failed for
+    every request in it (the engine thread with it)."""
+    assert SamplingParams(temperature=1e-6).greedy and not SamplingParams(temperature=1e-5).greedy
+    logits = _logits(2)
+    neighbour = SamplingParams(temperature=0.8, seed=3)
+    rows = [Row("x", extreme, output_ids=[int(logits[0].argmax())]), Row("n", neighbour)]
+    out = Sampler().sample(logits.clone(), rows, [make_generator(1, "cpu"), make_generator(3, "cpu")])
+    alone = Sampler().sample(logits[1:].clone(), [Row("n", neighbour)], [make_generator(3, "cpu")])
+    assert out.tokens[0] == int(logits[0].argmax())  # the limit: all its mass on the top token
+    assert out.tokens[1] == alone.tokens[0]
