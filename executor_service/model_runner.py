@@ -207,29 +207,34 @@ class ModelRunner:
             context = ContextBlocks(blocks, key_start % size, size)
         return PrefillSegment(start=row, end=chunk_end, context=context, context_len=end - key_start, mask=mask)
 
-    def _padded_tables(self, seqs: list[Sequence], firsts: list[int]) -> torch.Tensor:
-        """[len(seqs), W] each sequence's blocks from block ``firsts[i]`` to its last, padded with the scratch block."""
+    def _padded_tables(self, seqs: list[Sequence], firsts: list[int], ends: list[int]) -> torch.Tensor:
+        """[len(seqs), W] each sequence's blocks from block ``firsts[i]`` to the one holding token
+        ``ends[i] - 1``, padded with the scratch block."""
         size = self.pool.block_size
-        tables = [s.block_table[first : (s.num_tokens - 1) // size + 1] for s, first in zip(seqs, firsts, strict=True)]
+        tables = [
+            s.block_table[first : (end - 1) // size + 1] for s, first, end in zip(seqs, firsts, ends, strict=True)
+        ]
         width = max(map(len, tables))
         padding = [self.pool.scratch_block] * width
         return self._tensor([b for table in tables for b in table + padding[len(table) :]]).view(len(seqs), width)
 
     def _decode_reads(
-        self, rows: list[int], seqs: list[Sequence], window: SlidingWindow | None
+        self, rows: list[int], seqs: list[Sequence], ends: list[int], window: SlidingWindow | None
     ) -> tuple[DecodeGroup | None, PagedGroup | None]:
-        """The step's decodes that read ``window``'s keys (None: full attention) and are not read one
-        by one: in place through their whole tables (``DecodeRead.PAGED``, full attention), or else
-        their blocks from the first each reads, gathered under masks."""
+        """The step's single-token chunks that read ``window``'s keys (None: full attention) and are
+        not read one by one: in place through their tables (``DecodeRead.PAGED``, full attention), or
+        else their blocks from the first each reads, gathered under masks. ``ends[i]``: the context
+        the chunk attends to, its own token included; a chunk of a prompt that has more to come stops
+        there, short of ``num_tokens`` (its later positions are not computed yet)."""
         if not seqs:
             return None, None
+        lengths = self._tensor(ends)
         if window is None and self.decode_read is DecodeRead.PAGED:
-            lengths = self._tensor([s.num_tokens for s in seqs])
-            return None, PagedGroup.of(self._tensor(rows), self._padded_tables(seqs, [0] * len(seqs)), lengths)
+            tables = self._padded_tables(seqs, [0] * len(seqs), ends)
+            return None, PagedGroup.of(self._tensor(rows), tables, lengths)
         size = self.pool.block_size
         firsts = [self._key_start(window, s.num_computed) // size for s in seqs]
-        tables = self._padded_tables(seqs, firsts)
-        lengths = self._tensor([s.num_tokens for s in seqs])
+        tables = self._padded_tables(seqs, firsts, ends)
         positions = self._tensor(firsts)[:, None] * size + torch.arange(tables.shape[1] * size, device=self.device)
         mask = positions < lengths[:, None]
         if window is not None:
@@ -252,6 +257,7 @@ class ModelRunner:
         views: list[list[DecodeView]] = [[] for _ in kinds]
         gathered_rows: list[list[int]] = [[] for _ in kinds]
         gathered_seqs: list[list[Sequence]] = [[] for _ in kinds]
+        gathered_ends: list[list[int]] = [[] for _ in kinds]
         native_rows: list[int] = []
         native_lengths: list[int] = []
         native_tables: list[list[int]] = []
@@ -284,6 +290,7 @@ class ModelRunner:
                         else:
                             gathered_rows[k].append(row)
                             gathered_seqs[k].append(seq)
+                            gathered_ends[k].append(end)
             else:
                 for k, window in enumerate(kinds):
                     prefills[k].append(self._prefill_segment(row, table, start, end, window))
@@ -296,7 +303,7 @@ class ModelRunner:
         native = PagedDecodes.build(native_rows, native_lengths, native_tables) if native_rows else None
         reads = []
         for k, window in enumerate(kinds):
-            gathered, paged = self._decode_reads(gathered_rows[k], gathered_seqs[k], window)
+            gathered, paged = self._decode_reads(gathered_rows[k], gathered_seqs[k], gathered_ends[k], window)
             reads.append(
                 ContextReads(
                     window=None if window is None else window.size,

@@ -144,6 +144,34 @@ def test_chunked_prefill_respects_token_budget(tiny_model_dir: Path) -> None:
     assert steps > 4  # the prompts could not have been prefilled in one step
 
 
+@pytest.mark.parametrize("decode_read", [DecodeRead.NATIVE, DecodeRead.GATHERED, DecodeRead.PAGED])
+def test_one_token_chunks_of_a_prompt_attend_only_to_what_is_computed(
+    tiny_model_dir: Path, decode_read: DecodeRead
+) -> None:
+    """A one-token prefill chunk that does not complete its prompt (a grant of 1, or a step's last
+    token of budget) reads like a decode. The gathered and paged reads, CUDA's, took its context
+    as the whole prompt, so it attended to positions not yet computed (what an earlier request left
+    in those slots), and the wrong K/V was then shared through the prefix cache."""
+    engine = make_engine(tiny_model_dir, kv_cache_memory_mb=1, block_size=8, token_budget=64)
+    engine.runner.decode_read = decode_read
+    rng = random.Random(3)
+    run_to_end(engine, {0: [admit("junk", [1] + [rng.randrange(5, 8000) for _ in range(40)], 2)]})
+    prompt = [[1] + [rng.randrange(5, 8000) for _ in range(29)] for _ in range(3)][-1]  # one where it shows
+    engine.apply(PlanUpdate(seq=2, admit=(admit("r", prompt, 8),), grants={"r": 10}))
+    grants, got, seq = {1: 1, 2: 1, 3: 5}, [], 2  # one-token chunks at positions 10 and 11
+    for step in range(200):
+        if not engine.has_work:
+            break
+        if step in grants:
+            seq += 1
+            engine.apply(PlanUpdate(seq=seq, grants={"r": grants[step]}))
+        got += [t for d in engine.step().tokens for t in d.token_ids]
+    again = run_to_end(engine, {0: [admit("again", prompt, 8)]})["again"]  # from the cached blocks
+    reference = reference_greedy(load_reference_model(tiny_model_dir), prompt, 8)
+    assert_matches_reference(got, reference, "chunked")
+    assert_matches_reference(again, reference, "cached")
+
+
 def test_plan_grants_cap_prefill_chunk(tiny_model_dir: Path) -> None:
     engine = make_engine(tiny_model_dir, token_budget=256)
     prompt = prompts(1, seed=4)[0] + [9] * 100
