@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
@@ -74,6 +74,24 @@ def eos_ids(model: torch.nn.Module, tokenizer: object) -> frozenset[int]:
     return frozenset(ids)
 
 
+def servable_length(model_config: Any, kv_tokens: int, window: SlidingWindow | None) -> int:
+    """The longest prompt plus output served: the model's, within what the KV cache holds (as vLLM
+    will not start a model whose length its KV cache cannot hold), so a request that passes the
+    scheduler's length check can always run, alone if need be, instead of failing part way. A
+    model whose every layer is windowed holds only its window's blocks, at any length."""
+    model_len = int(getattr(model_config, "max_position_embeddings", 2048))
+    if (window is not None and window.every_layer) or kv_tokens >= model_len:
+        return model_len
+    log.warning(
+        "the KV cache holds %d tokens, fewer than the model's %d: requests are limited to %d tokens "
+        "(prompt and output; raise executor.kv_cache_memory_mb for more)",
+        kv_tokens,
+        model_len,
+        kv_tokens,
+    )
+    return kv_tokens
+
+
 def load_engine(config: ExecutorConfig) -> LoadedModel:
     if not config.model:
         raise ValueError("executor.model is not set (a model directory or hub id)")
@@ -106,8 +124,7 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
     backend.bind_kv(pool, window)
     log.info("backend %s: %s", backend.name, backend.describe())
     limits = EngineLimits(
-        # A sliding-window model too: its windowed layers read their window at any length.
-        max_model_len=int(getattr(model.config, "max_position_embeddings", 2048)),
+        max_model_len=servable_length(model.config, num_blocks * config.block_size, window),
         max_batch_size=config.max_batch_size,
         token_budget=config.token_budget,
         eos_token_ids=eos_ids(model, tokenizer),

@@ -66,7 +66,10 @@ def capacity_of(
         for r in requests
     )
     total = info.kv_blocks_total
-    watermark = max(1, total // 100)  # headroom so decodes rarely force a preemption
+    # Headroom so decodes rarely force a preemption; none on an idle executor, or a request that
+    # needs nearly all of its blocks (more than the headroom leaves) would wait there for good,
+    # and hold up the queue behind it.
+    watermark = max(1, total // 100) if requests else 0
     return ExecutorCapacity(
         executor_id=executor_id,
         free_slots=math.ceil(max(0, max_batch - len(requests)) * fraction),

@@ -172,6 +172,13 @@ def test_one_token_chunks_of_a_prompt_attend_only_to_what_is_computed(
     assert_matches_reference(again, reference, "cached")
 
 
+def test_requests_are_limited_to_what_the_kv_cache_holds(tiny_model_dir: Path) -> None:
+    """The tiny model takes 4,096 positions, and 1 MB of float32 KV holds 256 tokens: a request
+    longer than that could never run, and used to fail part way through its output."""
+    assert make_engine(tiny_model_dir, kv_cache_memory_mb=1).limits.max_model_len == 256
+    assert make_engine(tiny_model_dir, kv_cache_memory_mb=64).limits.max_model_len == 4096
+
+
 def test_plan_grants_cap_prefill_chunk(tiny_model_dir: Path) -> None:
     engine = make_engine(tiny_model_dir, token_budget=256)
     prompt = prompts(1, seed=4)[0] + [9] * 100

@@ -39,6 +39,13 @@ def test_capacity_counts_committed_blocks_slots_and_outstanding_work() -> None:
     assert capacity_of("e1", requests, info, max_batch=8, fraction=0.5).free_slots == 3
 
 
+def test_an_idle_executor_offers_every_block() -> None:
+    """The watermark is headroom for running decodes: kept back on an idle executor too, a request
+    needing more than the rest was never placed, and held up every request queued behind it."""
+    info = pb.InfoResponse(block_size=16, kv_blocks_total=200)
+    assert capacity_of("e1", [], info, max_batch=8, fraction=1.0).free_blocks == 200
+
+
 def test_a_windowed_executor_counts_what_each_request_holds_there() -> None:
     # Every layer windowed over 16 tokens, chunks of at most 64: a request holds the blocks 79 tokens
     # reach from anywhere inside a block (6) however long it is, and its whole length when shorter.
