@@ -49,14 +49,16 @@ class ModelTraits:
         """The traits of a transformers ``PretrainedConfig`` (or anything with its attributes)."""
         softcap = getattr(config, "attn_logit_softcapping", None)
         window = _sliding_window(config)
+        model_class = _model_class(config)
         return cls(
             model_type=str(getattr(config, "model_type", "") or "unknown"),
             hidden_act=str(getattr(config, "hidden_act", "") or ""),
             sliding_window=window,
             every_layer_windowed=window is not None and _every_layer_windowed(config),
             attn_logit_softcapping=float(softcap) if softcap else None,
-            attention_sinks=bool(getattr(config, "attention_sinks", None) or getattr(config, "sinks", None)),
-            unservable=_unservable(config, window),
+            attention_sinks=bool(getattr(config, "attention_sinks", None) or getattr(config, "sinks", None))
+            or (model_class is not None and _passes_to_attention(model_class, "s_aux=")),
+            unservable=_unservable(config, window, model_class),
         )
 
 
@@ -73,9 +75,8 @@ _OWN_ATTENTION = {
 }
 
 
-def _unservable(config: Any, window: int | None) -> tuple[str, ...]:
+def _unservable(config: Any, window: int | None, model_class: type | None) -> tuple[str, ...]:
     found: list[str] = []
-    model_class = _model_class(config)
     if model_class is not None and not getattr(model_class, "_supports_attention_backend", False):
         found.append("its attention does not go through transformers' attention interface")
     kinds = set(getattr(config, "layer_types", None) or ()) - _PAGED_LAYER_KINDS
@@ -89,7 +90,7 @@ def _unservable(config: Any, window: int | None) -> tuple[str, ...]:
     model_type = str(getattr(config, "model_type", ""))
     if model_type in _OWN_ATTENTION:
         found.append(_OWN_ATTENTION[model_type])
-    if window is not None and model_class is not None and not _passes_its_window(model_class):
+    if window is not None and model_class is not None and not _passes_to_attention(model_class, "sliding_window="):
         found.append("its attention applies its sliding window only through the mask, which paged attention replaces")
     return tuple(found)
 
@@ -115,13 +116,15 @@ def _rope_types(config: Any) -> set[str]:
     return types
 
 
-def _passes_its_window(model_class: type) -> bool:
-    """Whether the model's attention hands its window to the attention function (``sliding_window=``),
-    where paged attention reads it. Modules that apply it through the mask alone (Qwen2-MoE, PhiMoE)
-    never do: read from the model's own source, as nothing else records it."""
+def _passes_to_attention(model_class: type, argument: str) -> bool:
+    """Whether the model's modules hand ``argument`` (``"sliding_window="``, ``"s_aux="``) to the
+    attention function, read from the model's own source, as nothing else records it: a window
+    that modules apply through the mask alone (Qwen2-MoE, PhiMoE) never reaches paged attention,
+    and attention sinks (gpt-oss, Granite's windowed variants) are a module's parameter, not the
+    config's."""
     module = sys.modules.get(model_class.__module__)
     try:
-        return module is not None and "sliding_window=" in inspect.getsource(module)
+        return module is not None and argument in inspect.getsource(module)
     except (OSError, TypeError):
         return False
 

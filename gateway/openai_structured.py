@@ -2,7 +2,8 @@
 
 - OpenAI's ``response_format``: ``{"type": "json_object"}`` (any JSON object), and ``{"type":
   "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}`` (a value valid
-  under the schema; ``strict`` changes nothing, as the output is always held to the schema);
+  under the schema; ``strict`` changes nothing, as the output is always held to the schema; without
+  a ``schema``, which OpenAI's API makes optional, any JSON object);
   ``{"type": "text"}`` asks for nothing.
 - vLLM's ``structured_outputs`` extension (send it with the client's ``extra_body``): one of
   ``json`` (a schema, as an object or as JSON text), ``regex``, ``choice`` (a list of strings),
@@ -51,8 +52,10 @@ def _from_response_format(value: Any) -> pb.StructuredOutput | None:
         return pb.StructuredOutput(json_object=True)
     if kind == "json_schema":
         spec = value.get("json_schema")
-        if not isinstance(spec, dict) or "schema" not in spec:
-            raise BadRequest("response_format json_schema needs json_schema.schema", param="response_format")
+        if not isinstance(spec, dict):
+            raise BadRequest("response_format json_schema needs a json_schema object", param="response_format")
+        if spec.get("schema") is None:  # optional in OpenAI's API: any JSON object, as json_object asks
+            return pb.StructuredOutput(json_object=True)
         return pb.StructuredOutput(json_schema=_schema_text(spec["schema"], "response_format.json_schema.schema"))
     raise BadRequest(f"response_format type {kind!r} is not supported by this server", param="response_format")
 

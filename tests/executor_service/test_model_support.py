@@ -59,6 +59,9 @@ def test_a_window_the_model_does_not_use_changes_nothing() -> None:
 def test_softcapping_and_sinks_are_read_from_the_config() -> None:
     assert ModelTraits.from_config(Gemma2Config()).attn_logit_softcapping == 50.0
     assert ModelTraits.from_config(SimpleNamespace(model_type="sinky", attention_sinks=True)).attention_sinks
+    # gpt-oss keeps its sinks as a module parameter, not in its config: read from what its modules pass.
+    assert ModelTraits.from_config(AutoConfig.for_model("gpt_oss")).attention_sinks
+    assert not ModelTraits.from_config(LlamaConfig()).attention_sinks
 
 
 def _save(config: PretrainedConfig, tiny_model_dir: Path, out: Path) -> Path:

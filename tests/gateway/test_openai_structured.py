@@ -40,6 +40,10 @@ COMPACT = json.dumps(SCHEMA, separators=(",", ":"))
             },
             pb.StructuredOutput(json_schema=COMPACT),
         ),
+        (  # OpenAI's schema is optional: without one, any JSON object
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            pb.StructuredOutput(json_object=True),
+        ),
         ({"structured_outputs": {"json": SCHEMA}}, pb.StructuredOutput(json_schema=COMPACT)),
         ({"structured_outputs": {"json": json.dumps(SCHEMA, indent=2)}}, pb.StructuredOutput(json_schema=COMPACT)),
         ({"structured_outputs": {"regex": "[a-z]+"}}, pb.StructuredOutput(regex="[a-z]+")),
@@ -64,7 +68,7 @@ def test_each_way_of_asking_maps_to_one_constraint(body: dict[str, Any], expecte
     ("body", "param", "message"),
     [
         ({"response_format": "json"}, "response_format", "object with a type"),
-        ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema.schema"),
+        ({"response_format": {"type": "json_schema"}}, "response_format", "a json_schema object"),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"schema": 5}}},
             "response_format.json_schema.schema",
