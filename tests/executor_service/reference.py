@@ -19,7 +19,12 @@ class Reference:
 
 
 def load_reference_model(model_dir: Path) -> GenerationMixin:
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    # generate() fills a config's unset fields from the model's own: without this, the reference
+    # stops at the model's EOS even when asked for none (``reference_greedy``), as Baton's requests
+    # with ignore_eos do not.
+    model.generation_config.eos_token_id = None
+    return model
 
 
 @torch.inference_mode()
