@@ -20,6 +20,11 @@ from common.structured_output import StructuredOutput
 # A temperature this small samples greedily, as in vLLM (its _SAMPLING_EPS): dividing logits by it
 # reaches float32's range, and what is left of the distribution is its most likely token anyway.
 GREEDY_BELOW_TEMPERATURE = 1e-5
+# A smaller repetition penalty counts as this one. Dividing a logit by a tiny penalty (and then by a
+# temperature) overflowed float32: the softmax was NaN and multinomial failed the whole step. With
+# both at least 1e-5 and bias within +-100, every adjusted logit stays finite, so nothing has to be
+# checked per step; a penalty this small already puts nearly all the mass on the repeated tokens.
+LEAST_REPETITION_PENALTY = 1e-5
 # torch.Generator.manual_seed accepts exactly this range (negative values wrap around).
 SEED_MIN = -(1 << 63)
 SEED_MAX = (1 << 64) - 1
@@ -94,6 +99,8 @@ class SamplingParams:
                 raise InvalidRequest(f"{name} must lie in [-2, 2], got {value}")
         if not (0.0 < self.repetition_penalty < math.inf):
             raise InvalidRequest(f"repetition_penalty must be finite and > 0 (1 is off), got {self.repetition_penalty}")
+        if self.repetition_penalty < LEAST_REPETITION_PENALTY:
+            object.__setattr__(self, "repetition_penalty", LEAST_REPETITION_PENALTY)
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise InvalidRequest(f"min_tokens must lie in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         if not 0.0 <= self.min_p <= 1.0:

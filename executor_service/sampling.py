@@ -35,20 +35,6 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def _limit_of_overflowed(scaled: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """``probs`` with each row that overflowed replaced by its limit: all the mass on its most likely
-    token. A temperature or a repetition penalty that is tiny but positive scales a logit past
-    float32's range, and the softmax is then NaN, which ``multinomial`` refuses, failing the whole
-    step and every request in it. Rows that did not overflow are untouched."""
-    overflowed = ~torch.isfinite(probs).all(dim=-1)
-    if not bool(overflowed.any()):
-        return probs
-    top = torch.nan_to_num(scaled[overflowed], nan=-math.inf).argmax(dim=-1)
-    probs = probs.clone()
-    probs[overflowed] = torch.nn.functional.one_hot(top, probs.shape[-1]).to(probs.dtype)
-    return probs
-
-
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
     """A private generator for one request, on the device the logits live on (multinomial needs them to match).
 
@@ -186,7 +172,7 @@ class Sampler:
             scaled = self._min_p(scaled, params)
         if any(p.needs_filter for p in params):
             scaled = self._filter(scaled, params)
-        probs = _limit_of_overflowed(scaled, torch.softmax(scaled, dim=-1))
+        probs = torch.softmax(scaled, dim=-1)
 
         tokens = torch.empty(len(params), dtype=torch.long, device=device)
         # Rows without a generator draw from the global RNG together in one call; a row with its own generator

@@ -201,9 +201,9 @@ def test_logprobs_are_the_raw_distribution(temperature: float) -> None:
     ids=["tiny-temperature", "tiny-repetition-penalty"],
 )
 def test_an_overflowing_row_takes_its_most_likely_token_and_harms_no_other(extreme: SamplingParams) -> None:
-    """A tiny positive temperature (vLLM samples greedily below 1e-5) or repetition penalty scales a
+    """A tiny positive temperature (vLLM samples greedily below 1e-5) or repetition penalty scaled a
     logit past float32's range: the softmax was NaN, multinomial raised, and the step failed for
-    every request in it (the engine thread with it)."""
+    every request in it (the engine thread with it). Both are bounded where the request is read."""
     assert SamplingParams(temperature=1e-6).greedy and not SamplingParams(temperature=1e-5).greedy
     logits = _logits(2)
     neighbour = SamplingParams(temperature=0.8, seed=3)
