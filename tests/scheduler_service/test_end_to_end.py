@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, cast
 
@@ -131,11 +131,17 @@ async def test_a_client_that_leaves_during_submit_leaves_nothing_running(
     frontend = stack.scheduler.frontend
     submit, queued = frontend.submit, asyncio.Queue[str]()
 
-    async def slow_submit(msg: pb.GenerateRequest) -> NewRequest:
-        req = await submit(msg)
-        queued.put_nowait(req.request_id)
-        await asyncio.sleep(1)  # the client leaves meanwhile
-        return req
+    def slow_submit(msg: pb.GenerateRequest) -> Coroutine[Any, Any, NewRequest]:
+        caller = asyncio.current_task()  # the RPC's handler (or batch follower), wherever the submit runs
+
+        async def submitting() -> NewRequest:
+            req = await submit(msg)
+            queued.put_nowait(req.request_id)
+            assert caller is not None
+            await asyncio.wait({caller}, timeout=30)  # the submit ends only once its client has gone
+            return req
+
+        return submitting()
 
     monkeypatch.setattr(frontend, "submit", slow_submit)
     call = stack.stub.Generate(greedy([1, 9, 8, 7], 3000, request_id="left-in-submit"))
@@ -147,7 +153,7 @@ async def test_a_client_that_leaves_during_submit_leaves_nothing_running(
     async def two_requests() -> AsyncIterator[pb.GenerateRequest]:
         for rid in ("batch-left-1", "batch-left-2"):
             yield greedy([1, 9, 8, 6], 3000, request_id=rid)
-        await asyncio.sleep(30)  # the stream stays open until the client cancels it
+        await asyncio.Event().wait()  # the stream stays open until the client cancels it
 
     batch = stack.stub.GenerateBatch(two_requests())
     reading = asyncio.ensure_future(batch.initial_metadata())
