@@ -87,10 +87,15 @@ def build(source: Path = SOURCE, extra_flags: tuple[str, ...] = ()) -> Path:
 def decode_attention_library() -> ctypes.CDLL | None:
     """The compiled decode-attention library, or None (logged once) when it cannot be built or loaded."""
     try:
-        library = ctypes.CDLL(str(build()))
+        return load_decode_attention(build())
     except OSError as exc:
         log.warning("native decode attention unavailable, using torch SDPA per request: %s", exc)
         return None
+
+
+def load_decode_attention(path: Path) -> ctypes.CDLL:
+    """The decode-attention library built at ``path``, its entry point typed; raises OSError."""
+    library = ctypes.CDLL(str(path))
     function = library.baton_decode_attention
     function.restype = ctypes.c_int
     function.argtypes = [
@@ -113,12 +118,13 @@ def layer_ops_library() -> ctypes.PyDLL | None:
         log.warning("native layer ops unavailable, using torch ops: %s", exc)
         return None
     signatures = {
-        "baton_add_rms_norm": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float],
-        "baton_rope_store": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR],
-        "baton_silu_mul": [_PTR, _I64, _I64, _PTR],
-        "baton_add_rms_norm_bf16": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float],
-        "baton_rope_store_bf16": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR],
-        "baton_silu_mul_bf16": [_PTR, _I64, _I64, _PTR],
+        # The last int of the norm, RoPE and SiLU: the threads a large call may split its rows between.
+        "baton_add_rms_norm": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float, ctypes.c_int],
+        "baton_rope_store": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, ctypes.c_int],
+        "baton_silu_mul": [_PTR, _I64, _I64, _PTR, ctypes.c_int],
+        "baton_add_rms_norm_bf16": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float, ctypes.c_int],
+        "baton_rope_store_bf16": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, ctypes.c_int],
+        "baton_silu_mul_bf16": [_PTR, _I64, _I64, _PTR, ctypes.c_int],
         "baton_argmax_rows": [_PTR, _I64, _I64, _I64, _PTR],
         "baton_argmax_rows_bf16": [_PTR, _I64, _I64, _I64, _PTR],
     }

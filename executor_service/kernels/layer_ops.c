@@ -26,9 +26,19 @@
 
 #define LANES 16
 
+/* Rows are split between `threads` OpenMP threads (the engine's torch threads for the step) where a
+ * call has at least PARALLEL_VALUES values: a prefill step's rows, or a decode batch of a model a few
+ * hundred wide. Each row is computed by one thread exactly as alone, so the results do not depend on
+ * the split. Serial, these calls held the engine thread for about a tenth of its time on the small
+ * model while the other threads waited; smaller calls stay serial, where waking a thread would cost
+ * more than it saves. */
+#define PARALLEL_VALUES 32768
+#define PARALLEL(threads, rows, width) ((threads) > 1 && (rows) * (width) >= PARALLEL_VALUES)
+
 /* hidden[r] += delta[r] (when delta is given); out[r] = weight * (hidden[r] / sqrt(mean(hidden[r]^2) + eps)). */
 void baton_add_rms_norm(float *hidden, const float *delta, const float *weight, float *out, int64_t rows,
-                        int64_t dim, float eps) {
+                        int64_t dim, float eps, int threads) {
+#pragma omp parallel for num_threads(threads) if (PARALLEL(threads, rows, dim))
     for (int64_t r = 0; r < rows; ++r) {
         float *h = hidden + r * dim;
         float *o = out + r * dim;
@@ -66,8 +76,9 @@ static inline void rotate(float *x, const float *cos, const float *sin, int64_t 
  */
 void baton_rope_store(float *qkv, int64_t rows, int64_t row_stride, const float *cos, const float *sin,
                       int64_t q_heads, int64_t kv_heads, int64_t dim, float *keys, float *values,
-                      const int64_t *slots) {
+                      const int64_t *slots, int threads) {
     int64_t kv_width = kv_heads * dim;
+#pragma omp parallel for num_threads(threads) if (PARALLEL(threads, rows, row_stride))
     for (int64_t r = 0; r < rows; ++r) {
         float *row = qkv + r * row_stride;
         for (int64_t h = 0; h < q_heads + kv_heads; ++h) rotate(row + h * dim, cos + r * dim, sin + r * dim, dim);
@@ -91,7 +102,8 @@ void baton_rope_store(float *qkv, int64_t rows, int64_t row_stride, const float 
 /* The bfloat16 add + RMSNorm: hidden = bf16(hidden + delta); out = bf16(weight * bf16(hidden * inverse)),
  * the sum of squares in float32 (transformers upcasts to float32 for it and casts back). */
 void baton_add_rms_norm_bf16(uint16_t *hidden, const uint16_t *delta, const uint16_t *weight, uint16_t *out,
-                             int64_t rows, int64_t dim, float eps) {
+                             int64_t rows, int64_t dim, float eps, int threads) {
+#pragma omp parallel for num_threads(threads) if (PARALLEL(threads, rows, dim))
     for (int64_t r = 0; r < rows; ++r) {
         uint16_t *h = hidden + r * dim;
         uint16_t *o = out + r * dim;
@@ -147,8 +159,9 @@ static inline void rotate_bf16_wide(uint16_t *x, const uint16_t *cos, const uint
 /* baton_rope_store on bfloat16 rows, cos/sin and pool. */
 void baton_rope_store_bf16(uint16_t *qkv, int64_t rows, int64_t row_stride, const uint16_t *cos, const uint16_t *sin,
                            int64_t q_heads, int64_t kv_heads, int64_t dim, uint16_t *keys, uint16_t *values,
-                           const int64_t *slots) {
+                           const int64_t *slots, int threads) {
     int64_t kv_width = kv_heads * dim;
+#pragma omp parallel for num_threads(threads) if (PARALLEL(threads, rows, row_stride))
     for (int64_t r = 0; r < rows; ++r) {
         uint16_t *row = qkv + r * row_stride;
         for (int64_t h = 0; h < q_heads + kv_heads; ++h) {
@@ -209,19 +222,34 @@ static void silu_times(const float *gate, const float *up, float *out, int64_t n
 }
 
 /* out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i]. */
-void baton_silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *out) {
+void baton_silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *out, int threads) {
+#pragma omp parallel for num_threads(threads) if (PARALLEL(threads, rows, inter))
     for (int64_t r = 0; r < rows; ++r) {
         const float *gate = gate_up + r * 2 * inter;
         silu_times(gate, gate + inter, out + r * inter, inter);
     }
 }
 
-/* baton_silu_mul on bfloat16: out = bf16(bf16(silu(gate)) * up), silu in float32 as torch computes it.
- * Converted a chunk at a time, so each loop is a plain one the compiler vectorises. */
 #define CHUNK 256
-void baton_silu_mul_bf16(const uint16_t *gate_up, int64_t rows, int64_t inter, uint16_t *out) {
+
+/* baton_silu_mul_bf16's values [start, inter) of one row, converted a chunk at a time so that each
+ * loop is a plain one the compiler vectorises. */
+static void silu_mul_tail_bf16(const uint16_t *g, const uint16_t *u16, uint16_t *o, int64_t start, int64_t inter) {
     float gate[CHUNK], up[CHUNK], silu[CHUNK], ones[CHUNK];
     for (int u = 0; u < CHUNK; ++u) ones[u] = 1.0f; /* silu(g) * 1 is silu(g) exactly */
+    for (int64_t i = start; i < inter; i += CHUNK) {
+        int64_t n = inter - i < CHUNK ? inter - i : CHUNK;
+        for (int64_t u = 0; u < n; ++u) gate[u] = bf16_to_f32(g[i + u]);
+        for (int64_t u = 0; u < n; ++u) up[u] = bf16_to_f32(u16[i + u]);
+        silu_times(gate, ones, silu, n);
+        for (int64_t u = 0; u < n; ++u) silu[u] = bf16_round(silu[u]) * up[u];
+        for (int64_t u = 0; u < n; ++u) o[i + u] = f32_to_bf16(silu[u]);
+    }
+}
+
+/* baton_silu_mul on bfloat16: out = bf16(bf16(silu(gate)) * up), silu in float32 as torch computes it. */
+void baton_silu_mul_bf16(const uint16_t *gate_up, int64_t rows, int64_t inter, uint16_t *out, int threads) {
+#pragma omp parallel for num_threads(threads) if (PARALLEL(threads, rows, inter))
     for (int64_t r = 0; r < rows; ++r) {
         const uint16_t *g = gate_up + r * 2 * inter;
         const uint16_t *u16 = g + inter;
@@ -233,14 +261,7 @@ void baton_silu_mul_bf16(const uint16_t *gate_up, int64_t rows, int64_t inter, u
             bf16x16_store(o + start, _mm512_mul_ps(silu16_g, bf16x16_load(u16 + start)));
         }
 #endif
-        for (int64_t i = start; i < inter; i += CHUNK) {
-            int64_t n = inter - i < CHUNK ? inter - i : CHUNK;
-            for (int64_t u = 0; u < n; ++u) gate[u] = bf16_to_f32(g[i + u]);
-            for (int64_t u = 0; u < n; ++u) up[u] = bf16_to_f32(u16[i + u]);
-            silu_times(gate, ones, silu, n);
-            for (int64_t u = 0; u < n; ++u) silu[u] = bf16_round(silu[u]) * up[u];
-            for (int64_t u = 0; u < n; ++u) o[i + u] = f32_to_bf16(silu[u]);
-        }
+        if (start < inter) silu_mul_tail_bf16(g, u16, o, start, inter);
     }
 }
 

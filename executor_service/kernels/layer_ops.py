@@ -1,6 +1,9 @@
 """Torch-facing side of the native layer ops (``layer_ops.c``): float32 or bfloat16 CPU tensors
 (every tensor of one call in the same dtype).
 
+Large calls split their rows between the calling thread's torch threads (``torch.get_num_threads``),
+as torch's own ops would; every row is computed the same way whatever the split.
+
 Each function checks what the C code assumes (dtype, device, contiguous rows) and raises ValueError
 otherwise, so a wrong call fails loudly instead of reading the wrong memory.
 """
@@ -61,7 +64,7 @@ def add_rms_norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch
     out = torch.empty_like(hidden)
     delta_ptr = delta.data_ptr() if delta is not None else None
     getattr(_library(), "baton_add_rms_norm" + _suffix(dtype))(
-        hidden.data_ptr(), delta_ptr, weight.data_ptr(), out.data_ptr(), rows, dim, eps
+        hidden.data_ptr(), delta_ptr, weight.data_ptr(), out.data_ptr(), rows, dim, eps, torch.get_num_threads()
     )
     return out
 
@@ -96,7 +99,7 @@ def rope_store(
         raise ValueError(f"pool {tuple(keys.shape)} is not [slots, {kv_heads}, {dim}]")
     getattr(_library(), "baton_rope_store" + _suffix(dtype))(
         qkv.data_ptr(), rows, qkv.stride(0), cos.data_ptr(), sin.data_ptr(), heads, kv_heads, dim,
-        keys.data_ptr(), values.data_ptr(), slots.data_ptr(),
+        keys.data_ptr(), values.data_ptr(), slots.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
 
 
@@ -106,7 +109,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     _check("gate_up", gate_up, dtype=dtype)
     rows, width = gate_up.shape
     out = gate_up.new_empty(rows, width // 2)
-    getattr(_library(), "baton_silu_mul" + _suffix(dtype))(gate_up.data_ptr(), rows, width // 2, out.data_ptr())
+    silu_mul_rows = getattr(_library(), "baton_silu_mul" + _suffix(dtype))
+    silu_mul_rows(gate_up.data_ptr(), rows, width // 2, out.data_ptr(), torch.get_num_threads())
     return out
 
 

@@ -10,7 +10,30 @@ import torch
 import torch.nn.functional as F
 
 from executor_service import kernels
+from executor_service.kernels import decode_attention as decode_attention_module
 from executor_service.kernels.decode_attention import PagedDecodes, available, decode_attention
+
+# Builds for CPUs with less than this one: (the CPU flag that build leaves out, the compiler flags).
+NARROWER_BUILDS = {
+    "without-avx512-bf16": ("avx512_bf16", ("-mno-avx512bf16",)),  # in place, rows widened in pairs
+    "without-avx512": ("avx512f", ("-mno-avx512f",)),  # AVX2: a bfloat16 pool staged through float32
+}
+
+
+@pytest.fixture(params=["native", *NARROWER_BUILDS])
+def kernel_build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The kernel as this CPU builds it, and as CPUs with fewer vector instructions build it: every
+    path that reads a bfloat16 pool is checked on a CPU that has them all."""
+    if request.param in NARROWER_BUILDS:
+        cpu_flag, flags = NARROWER_BUILDS[request.param]
+        if cpu_flag not in Path("/proc/cpuinfo").read_text():
+            pytest.skip(f"this CPU's own build already does without {cpu_flag}")
+        try:
+            library = kernels.load_decode_attention(kernels.build(extra_flags=flags))
+        except OSError as exc:
+            pytest.skip(f"no build {request.param} here: {exc}")
+        monkeypatch.setattr(decode_attention_module, "decode_attention_library", lambda: library)
+    return str(request.param)
 
 
 def reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: list[torch.Tensor]) -> torch.Tensor:
@@ -46,7 +69,7 @@ def scattered_tables(lengths: list[int], block_size: int, num_blocks: int, rng: 
     ],
 )
 def test_matches_sdpa_over_scattered_blocks(
-    heads: int, kv_heads: int, dim: int, block_size: int, dtype: torch.dtype
+    heads: int, kv_heads: int, dim: int, block_size: int, dtype: torch.dtype, kernel_build: str
 ) -> None:
     if not available(torch.device("cpu"), dtype):
         pytest.skip("no C compiler here")
@@ -188,7 +211,7 @@ def shared_prefix_tables(block_size: int, rng: random.Random) -> tuple[list[int]
     ],
 )
 def test_decodes_on_one_prefix_read_it_together_with_the_same_outputs(
-    heads: int, kv_heads: int, dim: int, block_size: int, dtype: torch.dtype, threads: int
+    heads: int, kv_heads: int, dim: int, block_size: int, dtype: torch.dtype, threads: int, kernel_build: str
 ) -> None:
     """Decodes whose tables begin with the same blocks are attended together (each shared block read
     once for all): every output is bit for bit what the decode computes alone, and matches SDPA."""

@@ -160,3 +160,31 @@ def test_without_a_compiler_the_layer_ops_are_unavailable(tmp_path: Path, monkey
         assert not layer_ops.available(torch.device("cpu"), torch.float32)
     finally:
         kernels.layer_ops_library.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_large_calls_split_rows_between_threads_with_the_same_results(dtype: torch.dtype) -> None:
+    """A prefill-sized call (past the C code's PARALLEL_VALUES) gives bit for bit what one thread gives."""
+    torch.manual_seed(3)
+    rows, heads, kv_heads, dim, inter = 300, 4, 2, 64, 691
+    width = (heads + 2 * kv_heads) * dim
+    hidden, delta = torch.randn(rows, 256).to(dtype), torch.randn(rows, 256).to(dtype)
+    weight = torch.randn(256).to(dtype)
+    qkv = torch.randn(rows, width).to(dtype)
+    cos, sin = torch.randn(rows, dim).to(dtype), torch.randn(rows, dim).to(dtype)
+    slots = torch.randperm(400)[:rows].contiguous()
+    gate_up = (torch.randn(rows, 2 * inter) * 6).to(dtype)
+    results = []
+    previous = torch.get_num_threads()
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        try:
+            h, q = hidden.clone(), qkv.clone()
+            keys, values = torch.zeros(400, kv_heads, dim, dtype=dtype), torch.zeros(400, kv_heads, dim, dtype=dtype)
+            normed = layer_ops.add_rms_norm(h, delta, weight, 1e-6)
+            layer_ops.rope_store(q, cos, sin, heads, kv_heads, keys, values, slots)
+            results.append((h, normed, q, keys, values, layer_ops.silu_mul(gate_up)))
+        finally:
+            torch.set_num_threads(previous)
+    for one, two in zip(*results, strict=True):
+        assert torch.equal(one, two)
