@@ -98,7 +98,7 @@ static inline void weighted_sum64(float *acc, const float *p, const float *rows,
  * which streams better than reading the pool in place (see block_rows).
  *
  * Where the CPU has AVX512-BF16, the scores are vdpbf16ps dot products of the bfloat16 query and
- * keys: 32 products a instruction, no widening. Each product of two bfloat16 values is exact in
+ * keys: 32 products an instruction, no widening. Each product of two bfloat16 values is exact in
  * float32, so a score differs from the widened one only in the order its sums are rounded. With
  * that, and with rows widened in pairs (bf16_evens, bf16_odds), a layer call on the small model's
  * shared-prefix shape took 3.4 ms instead of 4.3 on one thread of an AMX Xeon. */
@@ -123,8 +123,9 @@ static inline __m512 bf16_odds(__m512i pairs) {
  * `n` is, so a token's score does not depend on where its block ends. With AVX512-BF16, each
  * 32-value tile is one vdpbf16ps against the query as the model left it (bfloat16); without it,
  * the split widening above against the query's float32 copy `qs` (in split order). */
-static inline __attribute__((always_inline)) void dot8_bf16(const uint16_t *qb, const float *qs, const uint16_t *rows, int64_t stride, int64_t dim,
-                             int n, float scale, float *out) {
+static inline __attribute__((always_inline)) void dot8_bf16(const uint16_t *qb, const float *qs,
+                                                            const uint16_t *rows, int64_t stride, int64_t dim,
+                                                            int n, float scale, float *out) {
     __m512 a[8];
     for (int r = 0; r < 8; ++r) a[r] = _mm512_setzero_ps();
     for (int64_t c = 0; c < dim; c += 32) {
