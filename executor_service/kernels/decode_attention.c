@@ -319,7 +319,7 @@ typedef struct {
     int64_t row, first, length;
     const int64_t *table;
     float *scores; /* [heads, length] */
-    float *qf;     /* [heads, dim] the queries in float32 */
+    float *qf;     /* [heads, dim] the queries in float32 (unused where dot8_bf16 takes them as bf16) */
     float *acc;    /* [heads, dim] weighted sums of values */
     float *totals; /* [heads] softmax denominators */
 } decode_t;
@@ -338,7 +338,8 @@ static inline int64_t at(const layer_t *L, int64_t t) {
     return t;
 }
 
-/* Lay out a decode's state in `memory` (decode_floats of it) and read its queries as float32. */
+/* Lay out a decode's state in `memory` (decode_floats of it) and read its queries as float32, unless
+ * its scores take the bfloat16 queries as they are. */
 static void decode_begin(const layer_t *L, decode_t *d, int64_t row, int64_t length, const int64_t *table,
                          float *memory) {
     d->row = row;
@@ -349,6 +350,9 @@ static void decode_begin(const layer_t *L, decode_t *d, int64_t row, int64_t len
     d->qf = d->scores + L->heads * d->length;
     d->acc = d->qf + L->heads * L->dim;
     d->totals = d->acc + L->heads * L->dim;
+#if defined(__AVX512BF16__)
+    if (L->in_place) return; /* its scores take the bfloat16 queries as they are (dot8_bf16) */
+#endif
     for (int64_t h = 0; h < L->heads; ++h) {
         int64_t offset = row * L->q_row_stride + h * L->q_head_stride;
         for (int64_t t = 0; t < L->dim; ++t)
