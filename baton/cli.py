@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import faulthandler
 import sys
@@ -126,12 +125,13 @@ def _service_config(args: argparse.Namespace, section: str, keys: dict[str, str]
 
 
 def _run_scheduler(args: argparse.Namespace) -> int:
+    from common import event_loop
     from common.service import setup_logging
     from scheduler_service.server import serve
 
     config = _service_config(args, "scheduler", {"port": "port", "host": "host", "tokenizer": "tokenizer"})
     setup_logging(config.monitoring.log_level)  # type: ignore[attr-defined]
-    asyncio.run(serve(config))  # type: ignore[arg-type]
+    event_loop.run(serve(config))  # type: ignore[arg-type]
     return 0
 
 
@@ -139,6 +139,7 @@ def _run_executor(args: argparse.Namespace) -> int:
     from executor_service.cpu_threads import prefer_brief_openmp_spin
 
     prefer_brief_openmp_spin()  # before anything loads torch: libgomp reads it once
+    from common import event_loop
     from common.service import setup_logging
     from executor_service.cpu_priority import lower_cpu_priority
     from executor_service.server import serve
@@ -157,7 +158,7 @@ def _run_executor(args: argparse.Namespace) -> int:
     config = _service_config(args, "executor", {f: f for f in flags})
     setup_logging(config.monitoring.log_level)  # type: ignore[attr-defined]
     lower_cpu_priority(config.executor.nice)  # type: ignore[attr-defined]  # before serve starts thread pools
-    return asyncio.run(serve(config))  # type: ignore[arg-type]
+    return event_loop.run(serve(config))  # type: ignore[arg-type]
 
 
 def build_parser() -> argparse.ArgumentParser:
