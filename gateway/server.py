@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     app = create_app(args.target, tracing, tokens, max_body, args.model_alias)
     freeze_startup_heap()
+    # uvicorn's loop "auto" is uvloop where it is installed, the loop the services run on (common/event_loop.py).
     uvicorn.run(
         app,
         host=args.host,
