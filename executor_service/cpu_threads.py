@@ -21,7 +21,10 @@ core busy.
 
 The next step is judged by the last one's work (its forward-pass seconds
 times the threads it had), with a gap between the two thresholds so that halving a step's time by
-doubling its threads does not flip it back.
+doubling its threads does not flip it back. A large prefill is also judged before it runs, from its
+token count and the work per token of earlier large steps: a long prompt reaching a quiet executor
+would otherwise run its first, heaviest step on the light steps' threads (2,000 tokens of the tiny
+model in float32 on 2 cores: 245 ms on one thread against 128 ms on two).
 
 Idle OpenMP workers must soon sleep, not spin, for the free core to be of use to anyone:
 ``prefer_brief_openmp_spin`` sets ``OMP_WAIT_POLICY=PASSIVE`` and a short spin before sleeping unless
@@ -49,6 +52,9 @@ OTHERS_BUSY_CORES = 0.05
 # heavy step as well: another executor uses about 1.0 beside its own steps, the benchmarks' stack
 # (scheduler, client, Redis) 0.09 beside small's heavy steps, where a second thread is 1.6x faster.
 OTHERS_HOLD_A_CORE = 0.5
+# Steps of at least this many tokens are mostly prompt tokens, whose cost per token (their matrix
+# products) predicts a later large step's; a decode step's fixed cost would overstate it.
+LARGE_STEP_TOKENS = 256
 
 
 def usable_cores() -> int:
@@ -144,18 +150,32 @@ class ThreadGovernor:
         self._set_threads = set_threads
         self._others = others_busy_cores
         self._applied: int | None = None
+        self._last_others = math.inf
+        self._large_step_ms_per_token: float | None = None  # work per token of the last large step
 
-    def before_step(self) -> None:
-        """Apply the current choice (a no-op when it has not changed); call from the engine thread."""
-        if self._applied != self.current:
-            self._set_threads(self.current)
-            self._applied = self.current
+    def before_step(self, tokens: int = 0) -> None:
+        """Apply the choice for a step of ``tokens`` tokens (a no-op when it has not changed); call
+        from the engine thread. A large step whose predicted work is heavy gets a heavy step's threads."""
+        threads = self.current
+        per_token = self._large_step_ms_per_token
+        if tokens >= LARGE_STEP_TOKENS and per_token is not None and tokens * per_token >= HEAVY_STEP_CPU_MS:
+            threads = max(threads, self._heavy_threads(self._last_others))
+        if self._applied != threads:
+            self._set_threads(threads)
+            self._applied = threads
 
-    def after_step(self, forward_seconds: float) -> None:
-        work_ms = forward_seconds * 1000.0 * self.current
+    def after_step(self, forward_seconds: float, tokens: int = 0) -> None:
+        work_ms = forward_seconds * 1000.0 * (self._applied or self.current)
         others = self._others(forward_seconds)
+        self._last_others = others
+        if tokens >= LARGE_STEP_TOKENS:
+            self._large_step_ms_per_token = work_ms / tokens
         if work_ms >= HEAVY_STEP_CPU_MS:
-            held = 0 if math.isinf(others) else math.floor(others + 1.0 - OTHERS_HOLD_A_CORE)
-            self.current = max(1, self.many - held)
+            self.current = self._heavy_threads(others)
         elif work_ms < LIGHT_STEP_CPU_MS:
             self.current = self.few if others >= OTHERS_BUSY_CORES else self.many
+
+    def _heavy_threads(self, others: float) -> int:
+        """Every core but those other processes keep busy."""
+        held = 0 if math.isinf(others) else math.floor(others + 1.0 - OTHERS_HOLD_A_CORE)
+        return max(1, self.many - held)

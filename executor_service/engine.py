@@ -382,10 +382,11 @@ class Engine:
     def _forward(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None) -> torch.Tensor:
         if self.threads is None:
             return self._run(chunks, leading)
-        self.threads.before_step()
+        tokens = sum(chunk.num_tokens for chunk in chunks)
+        self.threads.before_step(tokens)
         started = time.perf_counter()
         logits = self._run(chunks, leading)
-        self.threads.after_step(time.perf_counter() - started)
+        self.threads.after_step(time.perf_counter() - started, tokens)
         return logits
 
     def _run(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None) -> torch.Tensor:

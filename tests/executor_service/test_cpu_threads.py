@@ -10,6 +10,7 @@ import pytest
 
 from executor_service.cpu_threads import (
     HEAVY_STEP_CPU_MS,
+    LARGE_STEP_TOKENS,
     LIGHT_STEP_CPU_MS,
     OPENMP_SPIN_COUNT,
     OTHERS_BUSY_CORES,
@@ -55,6 +56,38 @@ def test_between_the_marks_the_choice_stands() -> None:
     governor.after_step(1.0)
     governor.after_step(middle / 2)  # two threads: the same work as ``middle`` on one
     assert governor.current == 2
+
+
+def test_a_large_step_predicted_heavy_gets_a_heavy_steps_threads_before_it_runs() -> None:
+    governor, applied = make(2)
+    governor.before_step(512)  # nothing learned yet: the current (light) choice
+    governor.after_step(0.05, 512)  # 50 ms of work on one thread: light, and about 0.1 ms a token
+    assert governor.current == 1
+    governor.before_step(2000)  # predicted about 195 ms of work: heavy, so both cores now
+    assert applied == [1, 2]
+    governor.after_step(0.128, 2000)  # judged with the two threads it had: heavy
+    assert governor.current == 2
+    governor.before_step(8)
+    governor.after_step(0.003, 8)  # a decode step: light again
+    governor.before_step(8)
+    assert applied == [1, 2, 1]
+
+
+def test_small_steps_and_large_steps_predicted_light_keep_the_current_choice() -> None:
+    governor, applied = make(2)
+    governor.before_step(LARGE_STEP_TOKENS)
+    governor.after_step(0.05, LARGE_STEP_TOKENS)  # about 0.2 ms a token
+    governor.before_step(LARGE_STEP_TOKENS - 1)  # predicted heavy, but not a large step
+    governor.before_step(LARGE_STEP_TOKENS)  # a large step predicted light (about 50 ms)
+    assert applied == [1]
+
+
+def test_a_predicted_heavy_step_leaves_the_cores_other_processes_keep_busy() -> None:
+    governor, applied = make(2, others=1.0)  # another executor keeps a core busy
+    governor.before_step(512)
+    governor.after_step(0.05, 512)
+    governor.before_step(4000)
+    assert applied == [1]
 
 
 def test_heavy_steps_leave_the_cores_other_processes_keep_busy() -> None:
