@@ -102,7 +102,7 @@ def test_staggered_batch_matches_generate_alone(
 class _Alternating(ThreadGovernor):
     """Flips between its two thread counts after every step, whatever the step's work."""
 
-    def after_step(self, forward_seconds: float) -> None:
+    def after_step(self, forward_seconds: float, tokens: int = 0) -> None:
         self.current = self.many if self.current == self.few else self.few
 
 
