@@ -322,7 +322,7 @@ class Engine:
         prefills = chunks[decodes:]
         scoring = any(c.seq.prompt_logprobs is not None for c in prefills)
         leading = [prompt_logprobs.rows_wanted(c) for c in chunks] if scoring else None
-        logits = self._forward(chunks, leading)
+        logits = self._forward(chunks, leading, plan.num_tokens)
         if leading is not None:
             prompt_logprobs.gather(chunks, leading, logits[len(completing) :])
         sampled = None
@@ -379,10 +379,9 @@ class Engine:
             seq.num_pending = 0
         return self._postprocess(seqs, tokens, [None] * len(seqs))
 
-    def _forward(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None) -> torch.Tensor:
+    def _forward(self, chunks: Seq[ScheduledChunk[Sequence]], leading: Seq[int] | None, tokens: int) -> torch.Tensor:
         if self.threads is None:
             return self._run(chunks, leading)
-        tokens = sum(chunk.num_tokens for chunk in chunks)
         self.threads.before_step(tokens)
         started = time.perf_counter()
         logits = self._run(chunks, leading)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Generic, TypeVar
 
 from executor_service.block_allocator import OutOfBlocks
@@ -45,7 +46,7 @@ class StepPlan(Generic[S]):
     # The first ``num_decodes`` chunks are the running decodes: one token each, each completing.
     num_decodes: int = 0
 
-    @property
+    @cached_property  # read twice a step: the thread governor's judgement and the step's report
     def num_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks)
 
