@@ -19,6 +19,11 @@ with one thread each, by up to 12 % (performance.md, "Twelfth round"). Four thre
 wait on each other at every parallel region, and the other executor already keeps the second
 core busy.
 
+While the others' load is unknown (at start, and after a pause, when they are idle too), a heavy
+step leaves a core to each other executor on the same cores (``host_peers``): a burst reaches every
+executor at once, and two executors each taking both cores of a 2-core host ran the burst's first
+steps about twice as long as one thread each.
+
 The next step is judged by the last one's work (its forward-pass seconds
 times the threads it had), with a gap between the two thresholds so that halving a step's time by
 doubling its threads does not flip it back. A large prefill is also judged before it runs, from its
@@ -139,8 +144,11 @@ class ThreadGovernor:
         self,
         cores: int,
         set_threads: Callable[[int], None],
-        # Given the last step's seconds; math.inf when unknown: light steps leave a core, heavy ones do not.
+        # Given the last step's seconds; math.inf when unknown: light steps leave a core, heavy ones
+        # leave one to each other executor on these cores (``peers``).
         others_busy_cores: Callable[[float], float] = lambda stepped_s: math.inf,
+        # How many other executors of this host share these cores (``host_peers.HostPeers``).
+        peers: Callable[[], int] = lambda: 0,
     ) -> None:
         if cores < 1:
             raise ValueError(f"cores must be >= 1, got {cores}")
@@ -149,6 +157,7 @@ class ThreadGovernor:
         self.current = self.few
         self._set_threads = set_threads
         self._others = others_busy_cores
+        self._peers = peers
         self._applied: int | None = None
         self._last_others = math.inf
         self._large_step_ms_per_token: float | None = None  # work per token of the last large step
@@ -181,6 +190,7 @@ class ThreadGovernor:
             self.current = self.few if others >= OTHERS_BUSY_CORES else self.many
 
     def _heavy_threads(self, others: float) -> int:
-        """Every core but those other processes keep busy."""
-        held = 0 if math.isinf(others) else math.floor(others + 1.0 - OTHERS_HOLD_A_CORE)
+        """Every core but those other processes keep busy; while that is unknown, every core but one
+        for each other executor on these cores, which a burst keeps stepping as it does this one."""
+        held = self._peers() if math.isinf(others) else math.floor(others + 1.0 - OTHERS_HOLD_A_CORE)
         return max(1, self.many - held)

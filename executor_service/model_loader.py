@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -92,7 +93,9 @@ def servable_length(model_config: Any, kv_tokens: int, window: SlidingWindow | N
     return kv_tokens
 
 
-def load_engine(config: ExecutorConfig) -> LoadedModel:
+def load_engine(config: ExecutorConfig, peers: Callable[[], int] = lambda: 0) -> LoadedModel:
+    """``peers``: how many other executors share this host's cores (``host_peers.HostPeers``, which
+    the executor service registers; an engine run in process, as the benchmarks do, counts none)."""
     if not config.model:
         raise ValueError("executor.model is not set (a model directory or hub id)")
     device = resolve_device(config.device)
@@ -105,7 +108,7 @@ def load_engine(config: ExecutorConfig) -> LoadedModel:
     if config.torch_threads > 0:
         torch.set_num_threads(config.torch_threads)
     elif device.type == "cpu":
-        threads = ThreadGovernor(usable_cores(), torch.set_num_threads, OtherLoad())
+        threads = ThreadGovernor(usable_cores(), torch.set_num_threads, OtherLoad(), peers)
         threads.before_step()  # loading and warm-up run with all cores but one, like light steps
     if device.type == "cpu":
         keep_freed_memory()

@@ -28,6 +28,7 @@ from common.tracing import setup_tracing
 from executor_service.cpu_threads import LARGE_STEP_TOKENS
 from executor_service.engine import Engine
 from executor_service.engine_io import AdmitSpec, PlanUpdate
+from executor_service.host_peers import HostPeers
 from executor_service.load_metrics import LoadSampler
 from executor_service.metrics import ExecutorMetrics
 from executor_service.model_loader import LoadedModel, load_engine
@@ -170,7 +171,7 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     address = service.advertise_address(cfg.host, port, cfg.advertise_address)
     await server.start()
     serve_metrics(metrics.registry, config.monitoring.executor_metrics_port)
-    loaded = await asyncio.to_thread(load_engine, cfg)
+    loaded = await asyncio.to_thread(load_engine, cfg, HostPeers())
     metrics.backend.labels(loaded.backend).set(1)
     await asyncio.to_thread(warm_up, loaded.engine, loaded.model_name)
     load = LoadSampler(str(loaded.device))

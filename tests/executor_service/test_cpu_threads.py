@@ -97,9 +97,25 @@ def test_heavy_steps_leave_the_cores_other_processes_keep_busy() -> None:
     many, _ = make(8, others=2.6)  # rounded to whole cores: three held
     many.after_step(HEAVY_STEP_CPU_MS / 1000)
     assert many.current == 5
-    unknown, _ = make(2, others=math.inf)  # just after a pause: as if nothing else ran
+    unknown, _ = make(2, others=math.inf)  # just after a pause, no other executor here: every core
     unknown.after_step(HEAVY_STEP_CPU_MS / 1000)
     assert unknown.current == 2
+
+
+def test_while_the_load_is_unknown_a_heavy_step_leaves_a_core_to_each_other_executor_here() -> None:
+    applied: list[int] = []
+    paused = ThreadGovernor(2, applied.append, lambda stepped_s: math.inf, peers=lambda: 1)
+    paused.after_step(HEAVY_STEP_CPU_MS / 1000)  # a burst reaches both executors at once
+    assert paused.current == 1
+    paused.after_step(0.05, 512)
+    paused.before_step(4000)  # the look-ahead as well: predicted heavy, still one thread
+    assert applied == [1]
+    known = ThreadGovernor(8, applied.append, lambda stepped_s: 0.02, peers=lambda: 3)
+    known.after_step(HEAVY_STEP_CPU_MS / 1000)  # measured: the other executors are idle
+    assert known.current == 8
+    crowded = ThreadGovernor(2, applied.append, lambda stepped_s: math.inf, peers=lambda: 5)
+    crowded.after_step(HEAVY_STEP_CPU_MS / 1000)
+    assert crowded.current == 1  # never fewer than one
 
 
 def test_light_steps_take_every_core_when_nothing_else_needs_one() -> None:
