@@ -51,9 +51,9 @@ async def test_executor_is_not_serving_until_its_model_is_loaded(
 ) -> None:
     real_load = executor_server.load_engine
 
-    def slow_load(config: object) -> object:
+    def slow_load(config: object, *args: object) -> object:
         time.sleep(1.0)  # a bigger model: the port is up long before the model
-        return real_load(config)  # type: ignore[arg-type]
+        return real_load(config, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(executor_server, "load_engine", slow_load)
     port = free_port()
