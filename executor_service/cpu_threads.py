@@ -162,11 +162,6 @@ class ThreadGovernor:
         self._last_others = math.inf
         self._large_step_ms_per_token: float | None = None  # work per token of the last large step
 
-    @property
-    def predicts_large_steps(self) -> bool:
-        """Whether a large step has run, so that the next one's work is predicted before it runs."""
-        return self._large_step_ms_per_token is not None
-
     def before_step(self, tokens: int = 0) -> None:
         """Apply the choice for a step of ``tokens`` tokens (a no-op when it has not changed); call
         from the engine thread. A large step whose predicted work is heavy gets a heavy step's threads."""

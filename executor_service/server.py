@@ -25,7 +25,6 @@ from common.redis_client import check_deployment, connect
 from common.sampling_params import SamplingParams
 from common.security import fleet_secret
 from common.tracing import setup_tracing
-from executor_service.cpu_threads import LARGE_STEP_TOKENS
 from executor_service.engine import Engine
 from executor_service.engine_io import AdmitSpec, PlanUpdate
 from executor_service.host_peers import HostPeers
@@ -125,21 +124,20 @@ def _info(executor_id: str, loaded: LoadedModel, config: BatonConfig) -> pb.Info
 
 
 def warm_up(engine: Engine, model: str = "the model") -> None:
-    """Run one tiny request through every stage, so the first real one pays no first-call costs
-    (on CPU, beside it one of a large step's tokens, for the thread governor).
+    """Run one tiny request through every stage, so the first real one pays no first-call costs.
 
     A model whose first step fails is refused here, before the executor registers, with the
     reason: its config passed every check (``model_support``), but its layers do not run under
     Baton's attention (a family that does not hand the attention its own keyword arguments, an
     unusual K/V layout), which only running it shows."""
     params = SamplingParams(max_tokens=2, ignore_eos=True)
-    requests = [AdmitSpec("__warmup__", (1, 2, 3, 4), (), params, 0.0)]
-    if engine.threads is not None:
-        # The CPU thread governor predicts a large prefill's work from an earlier large step's work per
-        # token: with one here, the first long prompt a client sends gets the threads it needs too.
-        requests.append(AdmitSpec("__warmup_large__", (1, 2, 3, 4) * (LARGE_STEP_TOKENS // 4), (), params, 1.0))
+    # Only a tiny request: a large one here (a prefill of 256 tokens, so that the CPU thread governor
+    # would predict the first long prompt's work) left the small model's shared-prefix workload end to
+    # end about 10 % slower on an AMX Xeon, whatever the governor learned from it (docs/performance.md,
+    # "Threads chosen per step"); the governor learns from the first real large step instead.
+    requests = (AdmitSpec("__warmup__", (1, 2, 3, 4), (), params, 0.0),)
     try:
-        engine.apply(PlanUpdate(seq=0, admit=tuple(requests)))
+        engine.apply(PlanUpdate(seq=0, admit=requests))
         while engine.has_work:
             engine.step()
         engine.drain()

@@ -15,28 +15,16 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from redis.exceptions import RedisError
 
-from common.config import ExecutorConfig
 from common.keys import KeySchema
 from common.pb import executor_pb2, executor_pb2_grpc
 from executor_service.engine_io import StepOutput
-from executor_service.model_loader import load_engine
-from executor_service.server import RunningExecutor, start_executor, warm_up
+from executor_service.server import RunningExecutor, start_executor
 from tests.conftest import free_port
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts
 from tests.stack import Stack, eventually, stack_config, start_stack
 
 _TOKENS = 200  # per stream: long enough to be running when an executor goes
-
-
-def test_the_warm_up_teaches_a_cpu_thread_governor_a_large_steps_work(tiny_model_dir: Path) -> None:
-    """So the first long prompt a client sends is judged before it runs, as later ones are."""
-    engine = load_engine(ExecutorConfig(model=str(tiny_model_dir), kv_cache_memory_mb=16)).engine
-    assert engine.threads is not None and not engine.threads.predicts_large_steps
-    warm_up(engine)
-    assert engine.threads.predicts_large_steps
-    assert not engine.running and not engine.has_news
-    assert engine.prefix_cache.queries == engine.prefix_cache.hits == 0
 
 
 async def test_before_serving_runs_before_the_executor_registers(redis_url: str, tiny_model_dir: Path) -> None:
