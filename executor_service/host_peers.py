@@ -10,7 +10,8 @@ before it shows: it steps whenever the scheduler gives it work, which a burst do
 executor at once.
 
 Each executor writes a file named by its pid into a directory on this host (``/dev/shm`` where it
-exists: memory, cleared at boot), holding its start time and the cores it may run on. Its peers
+exists: memory, cleared at boot), holding its start time and the cores it may run on, and removes
+it when it stops (a killed one's file is dropped by the next peer that reads it). Its peers
 are the files of live processes (the same pid and start time, so a reused pid is not counted)
 whose cores overlap its own. Executors in separate containers see separate directories, as they
 see separate process tables; there the governor behaves as before.

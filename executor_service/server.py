@@ -59,6 +59,7 @@ class RunningExecutor:
     hub: ReportHub
     engine_failed: asyncio.Event  # set on the event loop once the engine thread has died
     withdrawn: asyncio.Event = field(default_factory=asyncio.Event)  # ``withdraw`` has run
+    peers: HostPeers | None = None  # its registration among the host's executors
     _watcher: asyncio.Task[None] | None = None
 
     def watch_engine(self) -> None:
@@ -99,6 +100,8 @@ class RunningExecutor:
             await self.registration.fall_silent()
         await self.server.stop(grace)
         await asyncio.to_thread(self.worker.stop)
+        if self.peers is not None:
+            self.peers.close()  # no longer a neighbour whose steps take a core
         if self.loaded.engine.grammars is not None:
             self.loaded.engine.grammars.close()
 
@@ -169,7 +172,8 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     address = service.advertise_address(cfg.host, port, cfg.advertise_address)
     await server.start()
     serve_metrics(metrics.registry, config.monitoring.executor_metrics_port)
-    loaded = await asyncio.to_thread(load_engine, cfg, HostPeers())
+    peers = HostPeers()
+    loaded = await asyncio.to_thread(load_engine, cfg, peers)
     metrics.backend.labels(loaded.backend).set(1)
     await asyncio.to_thread(warm_up, loaded.engine, loaded.model_name)
     load = LoadSampler(str(loaded.device))
@@ -230,7 +234,18 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     await set_serving(health_servicer, [SERVICE_NAME], serving=True)
     log.info("executor %s serving at %s", executor_id, address)
     running = RunningExecutor(
-        executor_id, address, port, server, worker, registration, health_servicer, loaded, metrics, hub, engine_failed
+        executor_id,
+        address,
+        port,
+        server,
+        worker,
+        registration,
+        health_servicer,
+        loaded,
+        metrics,
+        hub,
+        engine_failed,
+        peers=peers,
     )
     running.watch_engine()
     return running

@@ -59,9 +59,13 @@ async def test_a_clean_stop_retires_the_executor_for_the_reaper(redis_url: str, 
     try:
         # What its scheduler's link would have indexed, had that replica died before the executor.
         store.sadd(keys.cached_blocks(running.executor_id), "abc")
+        assert running.peers is not None
+        registered = running.peers.directory / str(os.getpid())
+        assert registered.exists()  # other executors of this host count it while it runs
     finally:
         await running.stop()
     try:
+        assert not registered.exists()
         assert store.zscore(keys.executors, running.executor_id) == 0
         assert not store.exists(keys.executor(running.executor_id), keys.cached_blocks(running.executor_id))
     finally:
