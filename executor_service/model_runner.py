@@ -27,7 +27,9 @@ from executor_service.backends.base import Backend, DecodeRead
 from executor_service.block_allocator import BlockAllocator
 from executor_service.decode_graphs import DecodeGraphs
 from executor_service.decode_step import DecodeShape, DecodeStep, width_bucket, width_buckets
+from executor_service.kernels import prefill_attention
 from executor_service.kernels.decode_attention import PagedDecodes
+from executor_service.kernels.prefill_attention import PagedPrefills
 from executor_service.kv_cache import KVPool
 from executor_service.paged_attention import (
     AttentionBatch,
@@ -84,6 +86,13 @@ class ModelRunner:
         self._reads_full = window is None or not window.every_layer
         # How decodes read their contexts is the backend's choice (backends/base.py, DecodeRead).
         self.decode_read = backend.decode_read
+        # Prompt chunks read the pool in place through the native kernel beside the native decode
+        # kernel, where it serves the pool (bfloat16 with AVX512-BF16) and no layer is windowed.
+        self.native_prefill = (
+            self.decode_read is DecodeRead.NATIVE
+            and window is None
+            and prefill_attention.available(device, pool.keys.dtype, pool.keys.shape[-1])
+        )
         self.decode = DecodeStep(pool, max_seqs, allocator.blocks_for(max_model_len), device, window)
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs and device.type == "cuda" and backend.static_shapes:
@@ -261,6 +270,10 @@ class ModelRunner:
         native_rows: list[int] = []
         native_lengths: list[int] = []
         native_tables: list[list[int]] = []
+        prefill_rows: list[int] = []
+        prefill_counts: list[int] = []
+        prefill_starts: list[int] = []
+        prefill_tables: list[list[int]] = []
         sample_rows: list[int] = []
         leading_rows: list[int] = []
         completing: list[Sequence] = []
@@ -291,6 +304,11 @@ class ModelRunner:
                             gathered_rows[k].append(row)
                             gathered_seqs[k].append(seq)
                             gathered_ends[k].append(end)
+            elif self.native_prefill:
+                prefill_rows.append(row)
+                prefill_counts.append(end - start)
+                prefill_starts.append(start)
+                prefill_tables.append(table)
             else:
                 for k, window in enumerate(kinds):
                     prefills[k].append(self._prefill_segment(row, table, start, end, window))
@@ -301,6 +319,9 @@ class ModelRunner:
             if leading:
                 leading_rows += range(row, row + leading[i])
         native = PagedDecodes.build(native_rows, native_lengths, native_tables) if native_rows else None
+        native_prefills = (
+            PagedPrefills.build(prefill_rows, prefill_counts, prefill_starts, prefill_tables) if prefill_rows else None
+        )
         reads = []
         for k, window in enumerate(kinds):
             gathered, paged = self._decode_reads(gathered_rows[k], gathered_seqs[k], gathered_ends[k], window)
@@ -311,6 +332,7 @@ class ModelRunner:
                     decode_views=tuple(views[k]),
                     decodes=gathered,
                     native_decodes=native,
+                    native_prefills=native_prefills,
                     paged_decodes=paged,
                 )
             )

@@ -23,7 +23,12 @@ backend declares (``backends.base.DecodeRead``):
 - every decode of a full-attention layer in one call of a kernel that reads each context in place
   through its block table (``paged_decode.py``: torch's FlashAttention on CUDA, where the block size
   and dtype allow it);
-- a fresh prefill attends to its own new K/V directly.
+- a fresh prefill attends to its own new K/V directly; a prompt chunk after cached tokens gathers
+  its context's blocks and attends under a causal mask, one SDPA call each.
+Where the native decode kernel reads a bfloat16 pool on a CPU with AVX512-BF16 and no layer is
+windowed, every prompt chunk of the step is instead one call of the native prefill kernel
+(``kernels/prefill_attention.c``), which reads each chunk's keys in place through its block table:
+no gathered copy, no mask, and bfloat16 products computed natively rather than widened by BLAS.
 Grouped-query attention never expands K/V: a decode's query heads are folded into the query
 length (``[kv_heads, group, d]``), which is the same computation.
 
@@ -45,6 +50,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from executor_service.kernels.decode_attention import PagedDecodes, decode_attention
+from executor_service.kernels.prefill_attention import PagedPrefills, prefill_attention
 from executor_service.kv_cache import KVPool
 from executor_service.model_support import UnsupportedModel
 from executor_service.paged_decode import PagedGroup, attend_paged
@@ -112,6 +118,8 @@ class ContextReads:
     decodes: DecodeGroup | None = None
     # The kernel cuts each context to ``window`` itself, so both kinds share one ``PagedDecodes``.
     native_decodes: PagedDecodes | None = None
+    # Prompt chunks read in place by the native prefill kernel (full attention only), instead of ``prefills``.
+    native_prefills: PagedPrefills | None = None
     paged_decodes: PagedGroup | None = None  # full attention only (DecodeRead.PAGED)
 
 
@@ -166,6 +174,11 @@ def paged_attention(
     out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [N, H, d]
     for seg in reads.prefills:
         out[seg.start : seg.end] = _prefill(query, key, value, keys, values, seg, scaling, softcap)
+    if reads.native_prefills is not None:
+        if softcap is not None or reads.window is not None:
+            raise UnsupportedModel("the native prefill kernel serves full attention without soft-capping only")
+        scale = scaling if scaling is not None else query.shape[3] ** -0.5
+        prefill_attention(query, keys, values, reads.native_prefills, batch.pool.block_size, scale, out)
     if reads.native_decodes is not None:
         if softcap is not None:
             raise UnsupportedModel("the native decode kernel does not soft-cap attention logits")

@@ -15,8 +15,8 @@ it to be given back. This removes the drops of about 25 calls a tiny step (torch
 drop it as well). Measured end to end (benchmarks.md, "Eleventh round"), the effect is within the
 noise of the alternated comparison: rounds 3 % shorter with ``PyDLL`` for the small GEMM and 3 %
 again for the layer ops, where identical trees differed by 0.5-7 %. It is kept: it holds the GIL
-for microseconds at a time, which cannot delay a step. The decode-attention kernel, hundreds of
-microseconds a call, keeps ``CDLL``, so the gRPC thread can send the last step's report beside it.
+for microseconds at a time, which cannot delay a step. The attention kernels, hundreds of
+microseconds a call, keep ``CDLL``, so the gRPC thread can send the last step's report beside it.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("decode_attention.c")
 LAYER_OPS_SOURCE = Path(__file__).with_name("layer_ops.c")
 SMALL_GEMM_SOURCE = Path(__file__).with_name("small_gemm.c")
+PREFILL_ATTENTION_SOURCE = Path(__file__).with_name("prefill_attention.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 # Each product and sum rounded on its own, as torch's separate ops round them (see layer_ops.c).
 LAYER_OPS_FLAGS = ("-ffp-contract=off",)
@@ -105,6 +106,29 @@ def load_decode_attention(path: Path) -> ctypes.CDLL:
         _PTR, _PTR, _PTR, _PTR, _I64,  # rows, lengths, table offsets, tables, count
         _I64, _I64, _I64, _I64, _I64,  # block size, sliding window (0: none), heads, kv heads, head dim
         ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int,  # scale, is_bf16, threads, share
+    ]  # fmt: skip
+    return library
+
+
+@cache
+def prefill_attention_library() -> ctypes.CDLL | None:
+    """The compiled prefill-attention library, or None (logged once) when it cannot be built or loaded."""
+    try:
+        library = ctypes.CDLL(str(build(PREFILL_ATTENTION_SOURCE)))
+    except OSError as exc:
+        log.warning("native prefill attention unavailable, using torch SDPA per prompt chunk: %s", exc)
+        return None
+    library.baton_prefill_attention_supported.restype = ctypes.c_int
+    library.baton_prefill_attention_supported.argtypes = [_I64]
+    function = library.baton_prefill_attention
+    function.restype = ctypes.c_int
+    function.argtypes = [
+        _PTR, _I64, _I64,  # query, row stride, head stride
+        _PTR, _PTR, _I64, _I64,  # keys, values, slot stride, kv-head stride
+        _PTR, _I64, _I64,  # out, row stride, head stride
+        _PTR, _PTR, _PTR, _PTR, _PTR, _I64,  # rows, counts, starts, table offsets, tables, chunks
+        _I64, _I64, _I64, _I64,  # block size, heads, kv heads, head dim
+        ctypes.c_float, ctypes.c_int,  # scale, threads
     ]  # fmt: skip
     return library
 

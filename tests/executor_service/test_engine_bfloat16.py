@@ -1,7 +1,8 @@
 """The engine in bfloat16 on the generated tiny model: the native paths' logits against torch's, step by step.
 
 Greedy exactness against ``model.generate`` is float32's (test_engine.py); in bfloat16 the native
-layer ops and the small GEMM must agree with the torch ops and oneDNN to bf16 precision.
+layer ops, the small GEMM and the prefill kernel must agree with the torch ops, oneDNN and SDPA to bf16
+precision.
 """
 
 from __future__ import annotations
@@ -85,3 +86,16 @@ def test_bfloat16_small_gemm_gives_the_onednn_logits(tiny_model_dir: Path, monke
     finally:
         torch.set_num_threads(before)
     _assert_same_logits_to_bf16_precision(with_kernel, onednn)
+
+
+def test_bfloat16_native_prefill_gives_the_sdpa_logits(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompt chunks through the native prefill kernel (keys read in place) give the logits of the
+    gathered-context SDPA path, step by step, to bf16 precision."""
+    steps: dict[bool, list[torch.Tensor]] = {}
+    for native in (True, False):
+        engine = make_engine(tiny_model_dir, dtype="bfloat16")
+        if not engine.runner.native_prefill:
+            pytest.skip("no native prefill kernel here (it needs AVX512-BF16)")
+        engine.runner.native_prefill = native
+        steps[native] = _logits_per_step(engine, monkeypatch)
+    _assert_same_logits_to_bf16_precision(steps[True], steps[False])
