@@ -44,6 +44,17 @@ LAYER_OPS_FLAGS = ("-ffp-contract=off",)
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
 
+def concatenated_tables(tables: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Block tables laid one after another, as the attention kernels read them: (the offset where
+    each starts, then one past the last; the tables' blocks in order)."""
+    offsets = [0]
+    flat: list[int] = []
+    for table in tables:
+        flat += table
+        offsets.append(len(flat))
+    return offsets, flat
+
+
 def _cpu_signature() -> str:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from executor_service.kernels import decode_attention_library
+from executor_service.kernels import concatenated_tables, decode_attention_library
 
 SUPPORTED_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -29,11 +29,7 @@ class PagedDecodes:
 
     @classmethod
     def build(cls, rows: list[int], lengths: list[int], tables: list[list[int]]) -> PagedDecodes:
-        offsets = [0]
-        flat: list[int] = []
-        for table in tables:
-            flat += table
-            offsets.append(len(flat))
+        offsets, flat = concatenated_tables(tables)
         as_tensor = torch.tensor
         return cls(as_tensor(rows), as_tensor(lengths), as_tensor(offsets), as_tensor(flat))
 

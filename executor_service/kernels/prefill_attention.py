@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from executor_service.kernels import prefill_attention_library
+from executor_service.kernels import concatenated_tables, prefill_attention_library
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,7 @@ class PagedPrefills:
 
     @classmethod
     def build(cls, rows: list[int], counts: list[int], starts: list[int], tables: list[list[int]]) -> PagedPrefills:
-        offsets = [0]
-        flat: list[int] = []
-        for table in tables:
-            flat += table
-            offsets.append(len(flat))
+        offsets, flat = concatenated_tables(tables)
         as_tensor = torch.tensor
         return cls(as_tensor(rows), as_tensor(counts), as_tensor(starts), as_tensor(offsets), as_tensor(flat))
 
