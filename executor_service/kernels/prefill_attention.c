@@ -146,13 +146,16 @@ static void weigh_values(const layer_t *L, const float *scores, const float *val
     }
 }
 
+/* 64-byte aligned memory; aligned_alloc wants a size that is a multiple of the alignment. */
+static void *aligned_buffer(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
+
 /* One chunk's queries of one head: tile by tile, scores, softmax, weighted values. */
 static int attend_head(const layer_t *L, int64_t row, int64_t count, int64_t start, const int64_t *table,
                        int64_t head) {
     int64_t kv_head = head / L->group, context = start + count;
-    float *scores = aligned_alloc(64, sizeof(float) * (size_t)(context * TILE + TILE));
-    float *values = aligned_alloc(64, sizeof(float) * (size_t)(context * L->dim));
-    uint32_t *qt = aligned_alloc(64, sizeof(uint32_t) * (size_t)(L->dim / 2 * TILE));
+    float *scores = aligned_buffer(sizeof(float) * (size_t)(context * TILE + TILE));
+    float *values = aligned_buffer(sizeof(float) * (size_t)(context * L->dim));
+    uint32_t *qt = aligned_buffer(sizeof(uint32_t) * (size_t)(L->dim / 2 * TILE));
     if (scores == NULL || values == NULL || qt == NULL) {
         free(scores), free(values), free(qt);
         return -1;

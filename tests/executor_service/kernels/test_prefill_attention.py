@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import ctypes
 import random
 
 import pytest
 import torch
 
+from executor_service import kernels
 from executor_service.kernels.prefill_attention import PagedPrefills, available, prefill_attention
 
-pytestmark = pytest.mark.skipif(
+needs_avx512_bf16 = pytest.mark.skipif(
     not available(torch.device("cpu"), torch.bfloat16, 64), reason="the prefill kernel needs AVX512-BF16"
 )
 
@@ -43,6 +45,7 @@ def reference(
     return (scores.masked_fill(future, float("-inf")).softmax(-1) @ v).transpose(0, 1)
 
 
+@needs_avx512_bf16
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (12, 12)])  # the tiny and small models' heads
 def test_matches_causal_attention_over_the_pool(heads: int, kv_heads: int) -> None:
     # (start, count): a fresh prompt, chunks after cached tokens ending and starting mid-block, one
@@ -63,6 +66,7 @@ def test_matches_causal_attention_over_the_pool(heads: int, kv_heads: int) -> No
         torch.testing.assert_close(out[row : row + count].double(), expected, atol=8e-3, rtol=8e-3)
 
 
+@needs_avx512_bf16
 def test_a_query_gets_the_same_bits_however_its_prompt_is_chunked() -> None:
     """Each query's sums run in its own lane, in key order: splitting a prompt into chunks, or
     sharing the call with other chunks, changes none of its output bits."""
@@ -81,6 +85,7 @@ def test_a_query_gets_the_same_bits_however_its_prompt_is_chunked() -> None:
     assert torch.equal(torch.cat([split[:50], split[70:]]), whole)
 
 
+@needs_avx512_bf16
 def test_refuses_what_it_cannot_serve() -> None:
     keys, values = pool(4 * BLOCK, 2, 64)
     prefills = PagedPrefills.build([0], [4], [0], [[0]])
@@ -89,3 +94,13 @@ def test_refuses_what_it_cannot_serve() -> None:
         prefill_attention(query, keys, values, prefills, BLOCK, 0.125, torch.empty(4, 4, 64))
     assert not available(torch.device("cpu"), torch.float32, 64)
     assert not available(torch.device("cpu"), torch.bfloat16, 80)  # head_dim not a multiple of 64
+
+
+def test_a_build_without_avx512_bf16_declines_every_shape() -> None:
+    """Where the compiler may not use AVX512-BF16 the library still builds, says it serves nothing,
+    and the runner keeps the SDPA path."""
+    try:
+        library = ctypes.CDLL(str(kernels.build(kernels.PREFILL_ATTENTION_SOURCE, ("-mno-avx512bf16",))))
+    except OSError as exc:
+        pytest.skip(f"no such build here: {exc}")
+    assert library.baton_prefill_attention_supported(ctypes.c_int64(64)) == 0
