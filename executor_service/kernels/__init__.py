@@ -130,7 +130,7 @@ def prefill_attention_library() -> ctypes.CDLL | None:
         log.warning("native prefill attention unavailable, using torch SDPA per prompt chunk: %s", exc)
         return None
     library.baton_prefill_attention_supported.restype = ctypes.c_int
-    library.baton_prefill_attention_supported.argtypes = [_I64]
+    library.baton_prefill_attention_supported.argtypes = [_I64, ctypes.c_int]
     function = library.baton_prefill_attention
     function.restype = ctypes.c_int
     function.argtypes = [
@@ -139,7 +139,7 @@ def prefill_attention_library() -> ctypes.CDLL | None:
         _PTR, _I64, _I64,  # out, row stride, head stride
         _PTR, _PTR, _PTR, _PTR, _PTR, _I64,  # rows, counts, starts, table offsets, tables, chunks
         _I64, _I64, _I64, _I64,  # block size, heads, kv heads, head dim
-        ctypes.c_float, ctypes.c_int,  # scale, threads
+        ctypes.c_float, ctypes.c_int, ctypes.c_int,  # scale, is_bf16, threads
     ]  # fmt: skip
     return library
 

@@ -9,6 +9,8 @@ import torch
 
 from executor_service.kernels import concatenated_tables, prefill_attention_library
 
+SUPPORTED_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
 
 @dataclass(frozen=True)
 class PagedPrefills:
@@ -34,11 +36,11 @@ class PagedPrefills:
 
 def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """Whether the kernel can serve this device, dtype and head size (building it on first ask): a
-    bfloat16 pool on a CPU with AVX512-BF16, head_dim a multiple of 64."""
-    if device.type != "cpu" or dtype != torch.bfloat16:
+    float32 pool on a CPU with AVX-512, a bfloat16 one with AVX512-BF16 as well; head_dim a multiple of 64."""
+    if device.type != "cpu" or dtype not in SUPPORTED_DTYPES:
         return False
     library = prefill_attention_library()
-    return library is not None and bool(library.baton_prefill_attention_supported(head_dim))
+    return library is not None and bool(library.baton_prefill_attention_supported(head_dim, SUPPORTED_DTYPES[dtype]))
 
 
 def prefill_attention(
@@ -53,7 +55,7 @@ def prefill_attention(
     """Write ``out`` rows of every chunk: causal attention over its sequence's keys in the pool.
 
     query [1, H, N, d] (any strides, head_dim contiguous), one layer's keys/values [slots, Hkv, d]
-    holding every key the chunks read (their own included), out [N, H, d]; all bfloat16.
+    holding every key the chunks read (their own included), out [N, H, d]; all float32 or all bfloat16.
     """
     library = prefill_attention_library()
     if library is None:
@@ -61,9 +63,11 @@ def prefill_attention(
     heads, dim, kv_heads = query.shape[1], query.shape[3], keys.shape[1]
     if query.stride(3) != 1:
         query = query.contiguous()
-    for name, tensor in (("query", query), ("keys", keys), ("values", values), ("out", out)):
-        if tensor.dtype != torch.bfloat16 or tensor.device.type != "cpu":
-            raise ValueError(f"prefill_attention needs {name} in bfloat16 on the CPU")
+    if query.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"prefill_attention serves float32 and bfloat16, not {query.dtype}")
+    for name, tensor in (("keys", keys), ("values", values), ("out", out)):
+        if tensor.dtype != query.dtype or tensor.device.type != "cpu":
+            raise ValueError(f"prefill_attention needs {name} on the CPU in the query's dtype")
     for name, tensor in (("keys", keys), ("values", values), ("out", out)):
         if not tensor.is_contiguous():
             raise ValueError(f"prefill_attention needs {name} contiguous")
@@ -73,9 +77,12 @@ def prefill_attention(
         out.data_ptr(), out.stride(0), out.stride(1),
         prefills.rows.data_ptr(), prefills.counts.data_ptr(), prefills.starts.data_ptr(),
         prefills.table_offsets.data_ptr(), prefills.tables.data_ptr(), prefills.rows.numel(),
-        block_size, heads, kv_heads, dim, ctypes.c_float(scale), torch.get_num_threads(),
+        block_size, heads, kv_heads, dim, ctypes.c_float(scale), SUPPORTED_DTYPES[query.dtype],
+        torch.get_num_threads(),
     )  # fmt: skip
     if status == -2:
-        raise ValueError(f"prefill_attention cannot serve head_dim {dim} with {heads} heads over {kv_heads}")
+        raise ValueError(
+            f"prefill_attention cannot serve {query.dtype} with head_dim {dim} and {heads} heads over {kv_heads} here"
+        )
     if status != 0:
         raise MemoryError("prefill_attention could not allocate its buffers")

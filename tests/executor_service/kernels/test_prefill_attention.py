@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,17 +12,27 @@ import torch
 from executor_service import kernels
 from executor_service.kernels.prefill_attention import PagedPrefills, available, prefill_attention
 
-needs_avx512_bf16 = pytest.mark.skipif(
-    not available(torch.device("cpu"), torch.bfloat16, 64), reason="the prefill kernel needs AVX512-BF16"
-)
+CPU = torch.device("cpu")
+needs_avx512 = pytest.mark.skipif(not available(CPU, torch.float32, 64), reason="the prefill kernel needs AVX-512")
+DTYPES = [
+    torch.float32,
+    pytest.param(
+        torch.bfloat16,
+        marks=pytest.mark.skipif(not available(CPU, torch.bfloat16, 64), reason="bfloat16 needs AVX512-BF16"),
+    ),
+]
+# bfloat16 output: within half a unit in the last place of values about 1 in size
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
 
 BLOCK = 16
 
 
-def pool(slots: int, kv_heads: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def pool(
+    slots: int, kv_heads: int, dim: int, dtype: torch.dtype = torch.bfloat16, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    keys = torch.randn(slots, kv_heads, dim, generator=generator).to(torch.bfloat16)
-    values = torch.randn(slots, kv_heads, dim, generator=generator).to(torch.bfloat16)
+    keys = torch.randn(slots, kv_heads, dim, generator=generator).to(dtype)
+    values = torch.randn(slots, kv_heads, dim, generator=generator).to(dtype)
     return keys, values
 
 
@@ -45,62 +56,74 @@ def reference(
     return (scores.masked_fill(future, float("-inf")).softmax(-1) @ v).transpose(0, 1)
 
 
-@needs_avx512_bf16
+@needs_avx512
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (12, 12)])  # the tiny and small models' heads
-def test_matches_causal_attention_over_the_pool(heads: int, kv_heads: int) -> None:
+def test_matches_causal_attention_over_the_pool(heads: int, kv_heads: int, dtype: torch.dtype) -> None:
     # (start, count): a fresh prompt, chunks after cached tokens ending and starting mid-block, one
     # query, and a chunk longer than several tiles of sixteen.
     chunks = [(0, 37), (400, 40), (10, 1), (17, 100), (48, 16)]
     rng = random.Random(0)
     tables = tables_for([s + c for s, c in chunks], 200, rng)
-    keys, values = pool(200 * BLOCK, kv_heads, 64)
+    keys, values = pool(200 * BLOCK, kv_heads, 64, dtype)
     rows = [sum(c for _, c in chunks[:i]) for i in range(len(chunks))]
     total = sum(c for _, c in chunks)
-    query = torch.randn(1, heads, total, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    out = torch.empty(total, heads, 64, dtype=torch.bfloat16)
+    query = torch.randn(1, heads, total, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
+    out = torch.empty(total, heads, 64, dtype=dtype)
     prefills = PagedPrefills.build(rows, [c for _, c in chunks], [s for s, _ in chunks], tables)
     prefill_attention(query, keys, values, prefills, BLOCK, 64**-0.5, out)
     for (start, count), row, table in zip(chunks, rows, tables, strict=True):
         expected = reference(query, keys, values, row, start, count, table)
-        # bfloat16 output: within half a unit in the last place of values about 1 in size
-        torch.testing.assert_close(out[row : row + count].double(), expected, atol=8e-3, rtol=8e-3)
+        tolerance = TOLERANCE[dtype]
+        torch.testing.assert_close(out[row : row + count].double(), expected, atol=tolerance, rtol=tolerance)
 
 
-@needs_avx512_bf16
-def test_a_query_gets_the_same_bits_however_its_prompt_is_chunked() -> None:
+@needs_avx512
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_query_gets_the_same_bits_however_its_prompt_is_chunked(dtype: torch.dtype) -> None:
     """Each query's sums run in its own lane, in key order: splitting a prompt into chunks, or
     sharing the call with other chunks, changes none of its output bits."""
     heads, kv_heads, count = 12, 12, 100
     rng = random.Random(2)
     table, other = tables_for([17 + count, 300], 100, rng)
-    keys, values = pool(100 * BLOCK, kv_heads, 64, seed=3)
-    query = torch.randn(1, heads, count, 64, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
-    whole = torch.empty(count, heads, 64, dtype=torch.bfloat16)
+    keys, values = pool(100 * BLOCK, kv_heads, 64, dtype, seed=3)
+    query = torch.randn(1, heads, count, 64, generator=torch.Generator().manual_seed(4)).to(dtype)
+    whole = torch.empty(count, heads, 64, dtype=dtype)
     prefill_attention(query, keys, values, PagedPrefills.build([0], [count], [17], [table]), BLOCK, 0.125, whole)
     # the same queries as chunks of 50, 7 and 43, with a chunk of another prompt between them
-    mixed = torch.cat([query[:, :, :50], torch.randn(1, heads, 20, 64).to(torch.bfloat16), query[:, :, 50:]], dim=2)
-    split = torch.empty(count + 20, heads, 64, dtype=torch.bfloat16)
+    mixed = torch.cat([query[:, :, :50], torch.randn(1, heads, 20, 64).to(dtype), query[:, :, 50:]], dim=2)
+    split = torch.empty(count + 20, heads, 64, dtype=dtype)
     prefills = PagedPrefills.build([0, 50, 70, 77], [50, 20, 7, 43], [17, 280, 67, 74], [table, other, table, table])
     prefill_attention(mixed, keys, values, prefills, BLOCK, 0.125, split)
     assert torch.equal(torch.cat([split[:50], split[70:]]), whole)
 
 
-@needs_avx512_bf16
+@needs_avx512
 def test_refuses_what_it_cannot_serve() -> None:
-    keys, values = pool(4 * BLOCK, 2, 64)
+    keys, values = pool(4 * BLOCK, 2, 64, torch.float32)
     prefills = PagedPrefills.build([0], [4], [0], [[0]])
-    query = torch.randn(1, 4, 4, 64)
-    with pytest.raises(ValueError, match="bfloat16"):
-        prefill_attention(query, keys, values, prefills, BLOCK, 0.125, torch.empty(4, 4, 64))
-    assert not available(torch.device("cpu"), torch.float32, 64)
-    assert not available(torch.device("cpu"), torch.bfloat16, 80)  # head_dim not a multiple of 64
+    with pytest.raises(ValueError, match="query's dtype"):
+        prefill_attention(torch.randn(1, 4, 4, 64), keys, values, prefills, BLOCK, 0.125, torch.empty(4, 4, 64).half())
+    with pytest.raises(ValueError, match="float32 and bfloat16"):
+        prefill_attention(torch.randn(1, 4, 4, 64).half(), keys, values, prefills, BLOCK, 0.125, torch.empty(4, 4, 64))
+    assert not available(CPU, torch.float16, 64)
+    assert not available(CPU, torch.float32, 80)  # head_dim not a multiple of 64
 
 
-def test_a_build_without_avx512_bf16_declines_every_shape() -> None:
-    """Where the compiler may not use AVX512-BF16 the library still builds, says it serves nothing,
-    and the runner keeps the SDPA path."""
+@pytest.mark.parametrize(
+    ("cpu_flag", "flags", "serves"),
+    [("avx512_bf16", ("-mno-avx512bf16",), {0: 1, 1: 0}), ("avx512f", ("-mno-avx512f",), {0: 0, 1: 0})],
+)
+def test_narrower_builds_decline_what_they_cannot_compute(
+    cpu_flag: str, flags: tuple[str, ...], serves: dict[int, int]
+) -> None:
+    """A build without AVX512-BF16 serves float32 pools only, one without AVX-512 neither; both still
+    build and say so, and the runner keeps the SDPA path for what they decline."""
+    if cpu_flag not in Path("/proc/cpuinfo").read_text():
+        pytest.skip(f"this CPU's own build already does without {cpu_flag}")
     try:
-        library = ctypes.CDLL(str(kernels.build(kernels.PREFILL_ATTENTION_SOURCE, ("-mno-avx512bf16",))))
+        library = ctypes.CDLL(str(kernels.build(kernels.PREFILL_ATTENTION_SOURCE, flags)))
     except OSError as exc:
         pytest.skip(f"no such build here: {exc}")
-    assert library.baton_prefill_attention_supported(ctypes.c_int64(64)) == 0
+    for is_bf16, expected in serves.items():
+        assert library.baton_prefill_attention_supported(ctypes.c_int64(64), ctypes.c_int(is_bf16)) == expected
