@@ -66,11 +66,8 @@ def prefill_attention(
     if query.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"prefill_attention serves float32 and bfloat16, not {query.dtype}")
     for name, tensor in (("keys", keys), ("values", values), ("out", out)):
-        if tensor.dtype != query.dtype or tensor.device.type != "cpu":
-            raise ValueError(f"prefill_attention needs {name} on the CPU in the query's dtype")
-    for name, tensor in (("keys", keys), ("values", values), ("out", out)):
-        if not tensor.is_contiguous():
-            raise ValueError(f"prefill_attention needs {name} contiguous")
+        if not tensor.is_contiguous() or tensor.dtype != query.dtype or tensor.device.type != "cpu":
+            raise ValueError(f"prefill_attention needs {name} contiguous on the CPU in the query's dtype")
     status = library.baton_prefill_attention(
         query.data_ptr(), query.stride(2), query.stride(1),
         keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
