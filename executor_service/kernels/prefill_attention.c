@@ -4,11 +4,12 @@
  * block table.
  *
  * Why a kernel of our own: the torch path gathers a chunk's cached context into a copy, builds a
- * boolean mask and calls SDPA, whose matrix products on AMD CPUs go through MKL's generic AVX2 path (bfloat16 widened
- * to float32 first). Here the keys are read in place and every query of a tile of sixteen is scored
- * against a key at once: the queries sit transposed, sixteen lanes, one query a lane, and each of a
- * key's values (float32, a multiply-add each) or pairs of values (bfloat16, one `vdpbf16ps` each) is
- * broadcast from the pool against them. No horizontal sums, no copy of the context, no mask.
+ * boolean mask and calls SDPA, whose matrix products on AMD CPUs go through MKL's generic AVX2 path
+ * (bfloat16 widened to float32 first). Here the keys are read in place and every query of a tile of
+ * sixteen is scored against a key at once: the queries sit transposed, sixteen lanes, one query a
+ * lane, and each of a key's values (float32, a multiply-add each) or pairs of values (bfloat16, one
+ * `vdpbf16ps` each) is broadcast from the pool against them. No horizontal sums, no copy of the
+ * context, no mask.
  *
  * Each query's arithmetic lives in its own lane and runs in the same order whatever else shares
  * the tile, so a query's output does not depend on how its prompt was chunked or what else ran in
