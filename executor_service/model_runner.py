@@ -87,7 +87,8 @@ class ModelRunner:
         # How decodes read their contexts is the backend's choice (backends/base.py, DecodeRead).
         self.decode_read = backend.decode_read
         # Prompt chunks read the pool in place through the native kernel beside the native decode
-        # kernel, where it serves the pool (AVX-512; bfloat16 also AVX512-BF16) and no layer is windowed.
+        # kernel, where it serves the pool (float32: AVX-512, or AVX2 and FMA; bfloat16: AVX512-BF16)
+        # and no layer is windowed.
         self.native_prefill = (
             self.decode_read is DecodeRead.NATIVE
             and window is None

@@ -25,10 +25,11 @@ backend declares (``backends.base.DecodeRead``):
   and dtype allow it);
 - a fresh prefill attends to its own new K/V directly; a prompt chunk after cached tokens gathers
   its context's blocks and attends under a causal mask, one SDPA call each.
-Where the native decode kernel reads the pool, no layer is windowed and the CPU has AVX-512
-(AVX512-BF16 as well for a bfloat16 pool), every prompt chunk of the step is instead one call of the
-native prefill kernel (``kernels/prefill_attention.c``), which reads each chunk's keys in place
-through its block table: no gathered copy, no mask, sixteen queries against a key at once.
+Where the native decode kernel reads the pool, no layer is windowed and the CPU has AVX-512 or AVX2
+and FMA for a float32 pool (AVX512-BF16 for a bfloat16 one), every prompt chunk of the step is
+instead one call of the native prefill kernel (``kernels/prefill_attention.c``), which reads each
+chunk's keys in place through its block table: no gathered copy, no mask, sixteen queries against
+a key at once.
 Grouped-query attention never expands K/V: a decode's query heads are folded into the query
 length (``[kv_heads, group, d]``), which is the same computation.
 

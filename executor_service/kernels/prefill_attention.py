@@ -36,7 +36,8 @@ class PagedPrefills:
 
 def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """Whether the kernel can serve this device, dtype and head size (building it on first ask): a
-    float32 pool on a CPU with AVX-512, a bfloat16 one with AVX512-BF16 as well; head_dim a multiple of 64."""
+    float32 pool on a CPU with AVX-512 or with AVX2 and FMA, a bfloat16 one with AVX512-BF16; head_dim
+    a multiple of 64."""
     if device.type != "cpu" or dtype not in SUPPORTED_DTYPES:
         return False
     library = prefill_attention_library()

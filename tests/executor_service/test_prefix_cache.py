@@ -79,11 +79,11 @@ class Checker:
 @pytest.mark.parametrize(("backend", "native_prefill"), [("auto", True), ("auto", False), ("torch", False)])
 def test_shared_prefixes_of_every_kind_match_generate(tiny_model_dir: Path, backend: str, native_prefill: bool) -> None:
     """``torch``: transformers' forward and plain torch attention read the shared blocks. ``auto``
-    reads prompt chunks through the native prefill kernel where the CPU has AVX-512, and else (or
-    asked not to) gathers their cached blocks for SDPA."""
+    reads prompt chunks through the native prefill kernel where the CPU has AVX-512, or AVX2 and
+    FMA, and else (or asked not to) gathers their cached blocks for SDPA."""
     engine = make_engine(tiny_model_dir, block_size=BLOCK, backend=backend)
     if native_prefill and not engine.runner.native_prefill:
-        pytest.skip("no native prefill kernel here (it needs AVX-512)")
+        pytest.skip("no native prefill kernel here (it needs AVX-512, or AVX2 and FMA)")
     engine.runner.native_prefill = native_prefill
     check = Checker(engine, tiny_model_dir)
     base = [1, *random_tokens(149, seed=1)]  # 150 tokens: 9 full blocks and a partial one

@@ -13,7 +13,9 @@ from executor_service import kernels
 from executor_service.kernels.prefill_attention import PagedPrefills, available, prefill_attention
 
 CPU = torch.device("cpu")
-needs_avx512 = pytest.mark.skipif(not available(CPU, torch.float32, 64), reason="the prefill kernel needs AVX-512")
+needs_kernel = pytest.mark.skipif(
+    not available(CPU, torch.float32, 64), reason="the prefill kernel needs AVX-512, or AVX2 and FMA"
+)
 DTYPES = [
     torch.float32,
     pytest.param(
@@ -56,7 +58,7 @@ def reference(
     return (scores.masked_fill(future, float("-inf")).softmax(-1) @ v).transpose(0, 1)
 
 
-@needs_avx512
+@needs_kernel
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (12, 12)])  # the tiny and small models' heads
 def test_matches_causal_attention_over_the_pool(heads: int, kv_heads: int, dtype: torch.dtype) -> None:
@@ -78,7 +80,7 @@ def test_matches_causal_attention_over_the_pool(heads: int, kv_heads: int, dtype
         torch.testing.assert_close(out[row : row + count].double(), expected, atol=tolerance, rtol=tolerance)
 
 
-@needs_avx512
+@needs_kernel
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_query_gets_the_same_bits_however_its_prompt_is_chunked(dtype: torch.dtype) -> None:
     """Each query's sums run in its own lane, in key order: splitting a prompt into chunks, or
@@ -98,7 +100,7 @@ def test_a_query_gets_the_same_bits_however_its_prompt_is_chunked(dtype: torch.d
     assert torch.equal(torch.cat([split[:50], split[70:]]), whole)
 
 
-@needs_avx512
+@needs_kernel
 def test_refuses_what_it_cannot_serve() -> None:
     keys, values = pool(4 * BLOCK, 2, 64, torch.float32)
     prefills = PagedPrefills.build([0], [4], [0], [[0]])
@@ -112,13 +114,18 @@ def test_refuses_what_it_cannot_serve() -> None:
 
 @pytest.mark.parametrize(
     ("cpu_flag", "flags", "serves"),
-    [("avx512_bf16", ("-mno-avx512bf16",), {0: 1, 1: 0}), ("avx512f", ("-mno-avx512f",), {0: 0, 1: 0})],
+    [
+        ("avx512_bf16", ("-mno-avx512bf16",), {0: 1, 1: 0}),
+        ("avx512f", ("-mno-avx512f",), {0: 1, 1: 0}),  # AVX2 and FMA: float32
+        ("avx2", ("-mno-avx2",), {0: 0, 1: 0}),  # (which drops AVX-512 with it)
+    ],
 )
 def test_narrower_builds_decline_what_they_cannot_compute(
     cpu_flag: str, flags: tuple[str, ...], serves: dict[int, int]
 ) -> None:
-    """A build without AVX512-BF16 serves float32 pools only, one without AVX-512 neither; both still
-    build and say so, and the runner keeps the SDPA path for what they decline."""
+    """A build without AVX512-BF16 serves float32 pools only, and so does one without AVX-512 (on
+    AVX2 and FMA); one without AVX2 serves neither. Each still builds and says so, and the runner
+    keeps the SDPA path for what it declines."""
     if cpu_flag not in Path("/proc/cpuinfo").read_text():
         pytest.skip(f"this CPU's own build already does without {cpu_flag}")
     try:
