@@ -9,6 +9,7 @@ killing something idle.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 import time
@@ -21,7 +22,12 @@ import redis
 
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
-from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
+from tests.executor_service.reference import (
+    Reference,
+    assert_matches_reference,
+    load_reference_model,
+    reference_greedy,
+)
 from tests.process_stack import ProcessStack
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts
 from tests.stack import eventually
@@ -90,12 +96,21 @@ class Clients:
         return max(pauses)
 
     def check_exact(self, model_dir: Path) -> None:
-        reference_model = load_reference_model(model_dir)
         for i, rid in enumerate(self.ids):
             assert self.finish.get(rid) == pb.FINISH_REASON_LENGTH, rid
             assert_matches_reference(
-                self.tokens[rid], reference_greedy(reference_model, self.prompts[i], self.max_tokens), rid
+                self.tokens[rid], _reference(model_dir, tuple(self.prompts[i]), self.max_tokens), rid
             )
+
+
+@functools.cache
+def _reference(model_dir: Path, prompt: tuple[int, ...], max_tokens: int) -> Reference:
+    """``model.generate``'s greedy output, computed once per prompt for every test here that sends it
+    (both Redis-kill cases send the same prompts; 512 tokens of the reference take seconds each)."""
+    return reference_greedy(_reference_model(model_dir), list(prompt), max_tokens)
+
+
+_reference_model = functools.cache(load_reference_model)
 
 
 async def test_executor_sigkill_mid_stream_loses_and_repeats_nothing(
