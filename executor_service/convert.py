@@ -35,6 +35,8 @@ def _delta_pb(out: TokenOut) -> pb.TokenDelta:
         msg.logprobs.CopyFrom(out.logprobs.to_pb())
     if out.prompt_logprobs is not None:
         msg.prompt_logprobs.CopyFrom(out.prompt_logprobs.to_pb())
+    if out.num_cached is not None:
+        msg.cached_tokens = out.num_cached
     return msg
 
 

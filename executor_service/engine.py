@@ -403,7 +403,8 @@ class Engine:
         keep = [i for i, s in enumerate(seqs) if s.params.max_tokens > 0]
         for seq in seqs:
             if seq.params.max_tokens == 0:
-                out.append(TokenOut(seq.request_id, (), "", 0, prompt_logprobs=prompt_logprobs.take(seq)))
+                scored = prompt_logprobs.take(seq)
+                out.append(TokenOut(seq.request_id, (), "", 0, prompt_logprobs=scored, num_cached=seq.num_cached))
                 self._finish(seq, FinishReason.LENGTH, "")
         kept = [seqs[i] for i in keep]
         return out + self._postprocess(kept, [tokens[i] for i in keep], [logprobs[i] for i in keep])
@@ -450,7 +451,11 @@ class Engine:
             detokenizer = seq.detokenizer
             # As in vLLM, a stop token's own text is left out unless the request asks for it.
             text = "" if stop_token and not seq.params.include_stop_str_in_output else detokenizer.push_token(token)
-            out.append(TokenOut(seq.request_id, (token,), text, count - 1, logprobs, first))
+            cached = None
+            if not seq.cached_reported:  # the admission's first output says what its prefill skipped
+                seq.cached_reported = True
+                cached = seq.num_cached
+            out.append(TokenOut(seq.request_id, (token,), text, count - 1, logprobs, first, cached))
             if detokenizer.stopped:  # the detokenizer already waits for min_tokens
                 self._finish(seq, FinishReason.STOP, "")
             elif stop_token or (seq.grammar is not None and seq.grammar.is_terminated()):

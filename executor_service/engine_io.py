@@ -56,6 +56,8 @@ class TokenOut(NamedTuple):
     # the prompt's, on the request's first output.
     logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
+    # On an admission's first output: the tokens it took from the prefix cache instead of computing.
+    num_cached: int | None = None
 
     def then(self, later: TokenOut) -> TokenOut:
         """These tokens followed by ``later``'s (the next ones of the same request), as one output."""
@@ -66,6 +68,7 @@ class TokenOut(NamedTuple):
             self.output_index,
             joined_logprobs(self.logprobs, later.logprobs),
             self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
+            self.num_cached if self.num_cached is not None else later.num_cached,
         )
 
 

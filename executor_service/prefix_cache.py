@@ -53,6 +53,7 @@ class PrefixCache:
         seq.block_table.extend(blocks)
         seq.num_named = len(blocks)
         seq.num_computed = len(blocks) * block_size
+        seq.num_cached = seq.num_computed
         self.queries += seq.num_tokens
         self.hits += seq.num_computed
 
@@ -70,8 +71,10 @@ class PrefixCache:
         if blocks:
             seq.block_table.extend(blocks)
             seq.num_named += len(blocks)
-            seq.num_computed += len(blocks) * self.allocator.block_size
-            self.hits += len(blocks) * self.allocator.block_size
+            taken = len(blocks) * self.allocator.block_size
+            seq.num_computed += taken
+            seq.num_cached += taken
+            self.hits += taken
 
     def name_computed(self, seq: Sequence) -> None:
         """Name the sequence's blocks that are full and computed and not named yet."""
@@ -141,6 +144,7 @@ class StepSharing:
             table.append(block)
             seq.num_named += 1
             seq.num_computed += size
+            seq.num_cached += size
             self.cache.hits += size
 
     def _note(self, chunks: Seq[ScheduledChunk[Sequence]]) -> None:

@@ -37,6 +37,11 @@ class Sequence:
     # and how many of its blocks carry their name in the allocator (or were taken by it).
     block_names: list[int] = field(default_factory=list)
     num_named: int = 0
+    # Tokens of this admission taken from the prefix cache rather than computed, and whether its
+    # first output (which reports them: the usage's cached tokens) has gone out. Hits happen only
+    # while it prefills, so the count is final by its first output.
+    num_cached: int = 0
+    cached_reported: bool = False
     # The prompt's log probabilities gathered so far, chunk by chunk, while the request wants them
     # (it asked, and has no output yet: a resumed request's were delivered); None otherwise.
     prompt_logprobs: Logprobs | None = None

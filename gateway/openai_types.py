@@ -351,19 +351,24 @@ def apply_headers(request: pb.GenerateRequest, headers: Mapping[str, str]) -> No
     request.request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
 
 
-def usage_dict(usage: pb.Usage) -> dict[str, int]:
+def usage_dict(usage: pb.Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        # As OpenAI reports it: the prompt tokens served from the prefix cache.
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
 
 
 def samples_usage(usages: Sequence[pb.Usage]) -> pb.Usage:
-    """A request's usage from its samples': the prompt once (they share it), every sample's output."""
+    """A request's usage from its samples': the prompt once (they share it), every sample's output.
+    Its cached tokens are the fewest any sample found: the later samples read the blocks that
+    sample 0 computed, and the prompt counts once."""
     return pb.Usage(
         prompt_tokens=usages[0].prompt_tokens if usages else 0,
         completion_tokens=sum(u.completion_tokens for u in usages),
+        cached_tokens=min((u.cached_tokens for u in usages), default=0),
     )
 
 

@@ -28,6 +28,9 @@ class LinkedRequest:
     deadline_ms: int = 0
     expected_output: int = 0  # the estimator's guess at enqueue (else max_tokens)
     cached_tokens: int = 0  # the prefix its executor was expected to find cached at admission
+    # The prompt tokens it found cached when it first produced a token, as its executor reported
+    # (kept in its record across preemptions and migrations); None until then.
+    cached_prompt_tokens: int | None = None
     # Its prompt's marks where they name this executor's blocks (placement.PrefixMarks): placement
     # counts them as placed here until its first token, whose report names its prompt's blocks.
     prefix_marks: tuple[str, ...] = ()
@@ -112,5 +115,6 @@ def linked_request_of(
         deadline_ms=claimed.deadline_ms,
         expected_output=claimed.expected_output or claimed.params.max_tokens,
         cached_tokens=0 if whole_prompt else cached_tokens,
+        cached_prompt_tokens=claimed.cached_prompt_tokens,
         prefix_marks=() if whole_prompt or claimed.output_ids else prefix_marks,
     )

@@ -49,6 +49,11 @@ class ReportWrites:
                 continue  # aborted or handed back meanwhile
             if req.first_token_ms is None:
                 req.first_token_ms = stamp
+            cached = None
+            if delta.HasField("cached_tokens"):  # the admission's first delta
+                if req.cached_prompt_tokens is None:  # the first admission that produced a token decides
+                    req.cached_prompt_tokens = min(delta.cached_tokens, req.prompt_len)
+                cached = req.cached_prompt_tokens
             fin = finished.pop(delta.request_id, None)
             tokens = tuple(delta.token_ids)
             generated += len(tokens)
@@ -58,9 +63,9 @@ class ReportWrites:
             if delta.HasField("prompt_logprobs"):
                 event = replace(event, prompt_logprobs=_logprobs(delta, "prompt_logprobs"))
             if fin is None:
-                writes.append(StepWrite(req.request_id, event))
+                writes.append(StepWrite(req.request_id, event, cached_tokens=cached))
             else:
-                writes.append(self._final_write(req, event, fin))
+                writes.append(replace(self._final_write(req, event, fin), cached_tokens=cached))
             req.generated = delta.index + len(tokens)
         for fin in finished.values():
             req = self._requests.get(fin.request_id)
@@ -83,7 +88,12 @@ class ReportWrites:
         if fin.error:
             log.warning("request %s failed on %s: %s", req.request_id, self._executor_id, fin.error)
         usage = usage_of(
-            req.prompt_len, req.generated + len(event.token_ids), req.arrival_ms, req.assigned_ms, req.first_token_ms
+            req.prompt_len,
+            req.generated + len(event.token_ids),
+            req.arrival_ms,
+            req.assigned_ms,
+            req.first_token_ms,
+            req.cached_prompt_tokens or 0,
         )
         reason = FinishReason(fin.finish_reason)
         if req.deadline_ms:
@@ -99,13 +109,19 @@ def _logprobs(delta: pb.TokenDelta, name: str) -> Logprobs | None:
 
 
 def usage_of(
-    prompt_tokens: int, completion_tokens: int, arrival_ms: int, assigned_ms: int, first_token_ms: int | None
+    prompt_tokens: int,
+    completion_tokens: int,
+    arrival_ms: int,
+    assigned_ms: int,
+    first_token_ms: int | None,
+    cached_tokens: int = 0,
 ) -> dict[str, float]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "queue_time_ms": float(max(0, assigned_ms - arrival_ms)),
         "ttft_ms": float(max(0, (first_token_ms or assigned_ms) - arrival_ms)),
+        "cached_tokens": cached_tokens,
     }
 
 
@@ -120,9 +136,11 @@ def coalesce(writes: list[StepWrite]) -> list[StepWrite]:
     for write in writes:
         at = last.get(write.request_id)
         if at is not None:
-            merged = out[at].event.joined(write.event)
+            earlier = out[at]
+            merged = earlier.event.joined(write.event)
             if merged is not None:
-                out[at] = StepWrite(write.request_id, merged, write.error)
+                cached = earlier.cached_tokens if earlier.cached_tokens is not None else write.cached_tokens
+                out[at] = StepWrite(write.request_id, merged, write.error, cached)
                 continue
         last[write.request_id] = len(out)
         out.append(write)

@@ -46,6 +46,7 @@ class ClaimedRequest:
     preemptions: int = 0  # times it was preempted before: preemption spares it past the limit
     deadline_ms: int = 0
     expected_output: int = 0  # the estimator's output length at enqueue
+    cached_prompt_tokens: int | None = None  # recorded with its first token (the usage's cached tokens)
 
 
 @dataclass(frozen=True)

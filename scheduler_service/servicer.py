@@ -68,6 +68,7 @@ def usage_pb(usage: dict[str, float]) -> pb.Usage:
         completion_tokens=int(usage.get("completion_tokens", 0)),
         queue_time_ms=float(usage.get("queue_time_ms", 0.0)),
         ttft_ms=float(usage.get("ttft_ms", 0.0)),
+        cached_tokens=int(usage.get("cached_tokens", 0)),
     )
 
 

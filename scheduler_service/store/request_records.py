@@ -334,7 +334,7 @@ def _claimed(request_id: str, row: list[str] | None) -> ClaimedRequest | None:
     if not row:
         return None
     prompt, params, score, arrival, assigned, first_token, _, out, traceparent, *rest = row
-    tenant, priority, preemptions, deadline, est_out = rest
+    tenant, priority, preemptions, deadline, est_out, cached = rest
     return ClaimedRequest(
         request_id=request_id,
         prompt_ids=parse_ids(prompt),
@@ -350,4 +350,5 @@ def _claimed(request_id: str, row: list[str] | None) -> ClaimedRequest | None:
         preemptions=int(preemptions),
         deadline_ms=int(deadline),
         expected_output=int(est_out),
+        cached_prompt_tokens=int(cached) if cached else None,
     )

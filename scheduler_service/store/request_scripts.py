@@ -98,20 +98,23 @@ redis.call('HSET', KEYS[2], 'state', 'ASSIGNED', 'executor', ARGV[2], 'owner', A
 redis.call('HSETNX', KEYS[2], 'assigned_ms', ARGV[3])
 redis.call('SADD', KEYS[3], ARGV[1])
 local f = redis.call('HMGET', KEYS[2], 'prompt_ids', 'params', 'score', 'arrival_ms', 'assigned_ms',
-  'first_token_ms', 'prompt_len', 'traceparent', 'priority', 'preemptions', 'deadline_ms', 'est_out')
+  'first_token_ms', 'prompt_len', 'traceparent', 'priority', 'preemptions', 'deadline_ms', 'est_out',
+  'cached_tokens')
 local out = redis.call('LRANGE', KEYS[4], 0, -1)
 return {f[1], f[2], f[3], f[4], f[5], f[6] or '', f[7], table.concat(out, ','), f[8] or '', t,
-  f[9] or '0', f[10] or '0', f[11] or '0', f[12] or '0'}
+  f[9] or '0', f[10] or '0', f[11] or '0', f[12] or '0', f[13] or ''}
 """
 )
 
 # Record tokens; ASSIGNED -> RUNNING on the first. append_tokens(req, tokens, owner, index, now_ms,
-# argv, first, last) pushes argv[first..last]. Returns the new token count (also for an exact replay
+# argv, first, last, cached) pushes argv[first..last]; ``cached`` (nil or '' when unknown) is the
+# prompt tokens the admission found in its executor's prefix cache, kept from the request's first
+# token on. Returns the new token count (also for an exact replay
 # of the last write), -1 if the owner no longer holds the request, -2 if the index is not the next
 # output position (a gap or a stale computation); and, after an accepted write, whether a cancel is
 # pending (CANCEL flagged the request while it ran: its executor still has to abort it).
 _APPEND_LIB = """
-local function append_tokens(req, toks, owner, index, now, argv, first, last)
+local function append_tokens(req, toks, owner, index, now, argv, first, last, cached)
   local st = redis.call('HMGET', req, 'state', 'owner', 'cancel')
   if st[2] ~= owner then return -1 end
   local have = redis.call('LLEN', toks)
@@ -134,6 +137,7 @@ local function append_tokens(req, toks, owner, index, now, argv, first, last)
     -- resumed request's original), so steady decoding pays no extra command for it.
     redis.call('HSET', req, 'state', 'RUNNING')
     redis.call('HSETNX', req, 'first_token_ms', now)
+    if cached and cached ~= '' then redis.call('HSETNX', req, 'cached_tokens', cached) end
   end
   return redis.call('RPUSH', toks, unpack(argv, first, last)), st[3] == '1'
 end
@@ -223,8 +227,9 @@ return finish(KEYS, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7
 # KEYS: running, pending, waiting, counters, tenant_running, estimator, then req_i, tokens_i (and
 # stream_i when publishing) per request. ARGV: append_owner, finish_owner ('' = any), now_ms,
 # ttl_s, tenant_queue_prefix, estimator_alpha, publish ('1': XADD here), then per request: id,
-# index, n, n token ids, state ('' = not finishing), finish_reason, error, and when publishing
-# m then m stream field/value strings. Returns {append_i, finish_i, entry_i, ...}: each result as
+# index, n, n token ids, state ('' = not finishing), finish_reason, error, cached prompt tokens
+# ('' unless the admission's first tokens; see append_tokens), and when publishing m then m stream
+# field/value strings. Returns {append_i, finish_i, entry_i, ...}: each result as
 # its own script's (0 where a request had no tokens or did not finish; a finish skipped because
 # its step was refused repeats that refusal), and the stream entry id
 # of an accepted event when publishing ('' otherwise); a request whose tokens were accepted, that
@@ -260,7 +265,8 @@ for w = 1, (#KEYS - 6) / stride do
   if bad then
     appended = -9
   elseif n > 0 then
-    appended, cancelling = append_tokens(req, toks, ARGV[1], index, ARGV[3], ARGV, a + 3, a + 2 + n)
+    local cached = ARGV[a + 6 + n]
+    appended, cancelling = append_tokens(req, toks, ARGV[1], index, ARGV[3], ARGV, a + 3, a + 2 + n, cached)
   elseif final and (reason == 'STOP' or reason == 'LENGTH') and redis.call('LLEN', toks) ~= index then
     appended = -2
   end
@@ -276,7 +282,7 @@ for w = 1, (#KEYS - 6) / stride do
   elseif cancelling then
     finished = 3
   end
-  a = a + 3
+  a = a + 4
   local entry = ''
   if publish then
     local m = tonumber(ARGV[a])

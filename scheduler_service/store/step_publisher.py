@@ -27,6 +27,9 @@ class StepWrite:
     request_id: str
     event: TokenEvent
     error: str = ""
+    # On the first write of an admission's tokens: the prompt tokens the request found cached,
+    # which its record keeps from the first such write on (the usage's cached tokens).
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class StepPublisher:
                 args += ("", "", "")
             else:
                 args += (terminal_state_for(event.finish_reason).name, event.finish_reason.name, write.error)
+            args.append("" if write.cached_tokens is None else write.cached_tokens)
             if publish_here:
                 keys.append(self.keys.output(write.request_id))
                 args += (2 * len(entry), *(item for pair in entry.items() for item in pair))

@@ -44,6 +44,7 @@ class Checker:
         self.count = 0
         self.events = KvCacheEvents()  # since the last take_events
         self.first_token_step: dict[str, int] = {}  # the last run's: the step each request's first token came in
+        self.cached: dict[str, int] = {}  # the last run's: the tokens each request reported taken from the cache
 
     def run(self, prompts: list[list[int]], max_tokens: int = 10) -> dict[str, list[int]]:
         specs = []
@@ -52,12 +53,16 @@ class Checker:
             specs.append(admit(f"q{self.count}", prompt, max_tokens))
         self.engine.apply(PlanUpdate(seq=self.count, admit=tuple(specs)))
         outputs: dict[str, list[int]] = {spec.request_id: [] for spec in specs}
-        self.first_token_step = {}
+        self.first_token_step, self.cached = {}, {}
         step = 0
         while self.engine.has_work:
             out = self.engine.step()
             self.events = self.events.then(out.kv_events)
             for delta in out.tokens:
+                # Its first output, and only that, says what its prefill took from the cache.
+                assert (delta.num_cached is not None) == (not outputs[delta.request_id]), delta
+                if delta.num_cached is not None:
+                    self.cached[delta.request_id] = delta.num_cached
                 outputs[delta.request_id] += delta.token_ids
                 self.first_token_step.setdefault(delta.request_id, step)
             step += 1
@@ -71,9 +76,12 @@ class Checker:
         return events
 
     def hits_of(self, prompts: list[list[int]], max_tokens: int = 10) -> int:
+        """The run's hits in tokens, which its requests' own reports add up to."""
         before = self.engine.prefix_cache.hits
         self.run(prompts, max_tokens)
-        return self.engine.prefix_cache.hits - before
+        hits = self.engine.prefix_cache.hits - before
+        assert sum(self.cached.values()) == hits, self.cached
+        return hits
 
 
 @pytest.mark.parametrize(("backend", "native_prefill"), [("auto", True), ("auto", False), ("torch", False)])
@@ -143,6 +151,7 @@ def test_requests_on_the_same_new_prefix_in_one_step_match_generate(tiny_model_d
     # from its 5 blocks (the bare prefix, 80 tokens, from 4: its last one is computed) in the same step,
     # reading the blocks that the first fills in that forward pass.
     assert check.hits_of(together) == 2 * 5 * BLOCK + 4 * BLOCK
+    assert sorted(check.cached.values()) == [0, 4 * BLOCK, 5 * BLOCK, 5 * BLOCK]
     assert set(check.first_token_step.values()) == {0}, check.first_token_step
     stored = check.take_events().stored
     assert len(stored) == len(set(stored)) == len(engine.allocator.cached_names())
@@ -188,6 +197,7 @@ def test_a_burst_on_one_new_prefix_computes_it_once_even_across_chunks(tiny_mode
     burst = [prefix + random_tokens(3 + i, seed=30 + i) for i in range(4)]
     hits = check.hits_of(burst, max_tokens=6)
     assert hits == 3 * 10 * BLOCK  # everyone but the first started from all ten blocks
+    assert sorted(check.cached.values()) == [0, 10 * BLOCK, 10 * BLOCK, 10 * BLOCK]
     assert engine.allocator.num_free == engine.allocator.num_blocks
 
 
@@ -204,7 +214,13 @@ def test_a_preempted_request_resumes_from_its_cached_blocks(tiny_model_dir: Path
     assert engine.drain().preempted == ("p",) and engine.allocator.num_used == 0
     hits = engine.prefix_cache.hits
     params = SamplingParams(max_tokens=30, ignore_eos=True)
-    rest = run_to_end(engine, {0: [AdmitSpec("p", tuple(prompt), tuple(got), params, 0.0)]})["p"]
+    engine.apply(PlanUpdate(seq=3, admit=(AdmitSpec("p", tuple(prompt), tuple(got), params, 0.0),)))
+    resumed = engine.step().tokens
+    # The resumed admission's first output reports its own hits, its output so far included.
+    assert [d.num_cached for d in resumed] == [((len(prompt) + len(got) - 1) // BLOCK) * BLOCK]
+    rest = [t for d in resumed for t in d.token_ids]
+    while engine.has_work:
+        rest += [t for d in engine.step().tokens for t in d.token_ids]
     assert engine.prefix_cache.hits - hits == ((len(prompt) + len(got) - 1) // BLOCK) * BLOCK
     assert_matches_reference(got + rest, ref, "resumed")
 
@@ -289,6 +305,8 @@ async def test_repeated_prompts_through_a_stack_hit_the_cache_and_match_generate
     model = load_reference_model(tiny_model_dir)
     for i, (prompt, chunks) in enumerate(zip(prompts, results, strict=True)):
         assert_matches_reference(joined_tokens(chunks), reference_greedy(model, prompt, 8), f"prompt {i}")
+    # Each client's usage says how much of its prompt was read from the cache: the shared 3 blocks.
+    assert [chunks[-1].usage.cached_tokens for chunks in results] == [0] + [3 * BLOCK] * (len(prompts) - 1)
     want_hits, want_queries = 3 * BLOCK * (len(prompts) - 1), sum(len(p) for p in prompts)
 
     def counted() -> bool:  # the last step's metrics are observed on the engine thread

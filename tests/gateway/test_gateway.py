@@ -46,6 +46,19 @@ async def test_completion_whole(client: openai.AsyncOpenAI) -> None:
     assert out.usage.total_tokens == out.usage.prompt_tokens + 8
 
 
+async def test_usage_counts_the_prompt_tokens_read_from_the_prefix_cache(client: openai.AsyncOpenAI) -> None:
+    prompt = "A prompt that fills several KV blocks: " + " ".join(f"w{i}" for i in range(60))
+    outs = [
+        await client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0, extra_body=NO_EOS)
+        for _ in range(2)
+    ]
+    details = [out.usage.prompt_tokens_details if out.usage else None for out in outs]
+    assert details[0] is not None and details[0].cached_tokens == 0
+    assert details[1] is not None and outs[1].usage is not None
+    # The repeat read its prompt's whole blocks from the cache and computed the rest.
+    assert 0 < (details[1].cached_tokens or 0) < outs[1].usage.prompt_tokens
+
+
 async def test_completion_stream_joins_to_whole(client: openai.AsyncOpenAI) -> None:
     whole = await client.completions.create(
         model="tiny", prompt="Once upon", max_tokens=12, temperature=0, extra_body=NO_EOS

@@ -270,7 +270,7 @@ def test_headers_override_body() -> None:
 
 
 def test_reply_shapes() -> None:
-    usage = pb.Usage(prompt_tokens=3, completion_tokens=2)
+    usage = pb.Usage(prompt_tokens=3, completion_tokens=2, cached_tokens=1)
     text = Reply(chat=False, request_id="r", model="m", created=1)
     whole = pb.CompleteResponse(text="ab", finish_reason=pb.FINISH_REASON_LENGTH, usage=usage)
     assert text.whole(whole) == {
@@ -279,7 +279,12 @@ def test_reply_shapes() -> None:
         "created": 1,
         "model": "m",
         "choices": [{"index": 0, "logprobs": None, "finish_reason": "length", "text": "ab"}],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        "usage": {
+            "prompt_tokens": 3,
+            "completion_tokens": 2,
+            "total_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": 1},
+        },
     }
     chat = Reply(chat=True, request_id="r", model="m", created=1)
     whole.finish_reason = pb.FINISH_REASON_STOP
@@ -303,7 +308,7 @@ def test_reply_has_a_choice_per_sample_and_counts_the_prompt_once() -> None:
             sample_index=k,
             text=f"s{k}",
             finish_reason=pb.FINISH_REASON_STOP if k == 1 else pb.FINISH_REASON_LENGTH,
-            usage=pb.Usage(prompt_tokens=3, completion_tokens=k + 1),
+            usage=pb.Usage(prompt_tokens=3, completion_tokens=k + 1, cached_tokens=2 if k else 0),
         )
         for k in range(3)
     ]
@@ -316,7 +321,13 @@ def test_reply_has_a_choice_per_sample_and_counts_the_prompt_once() -> None:
         (1, "s1", "stop"),
         (2, "s2", "length"),
     ]
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
+    # The prompt once, and as cached as the sample that computed it found it.
+    assert body["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 6,
+        "total_tokens": 9,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     text = Reply(chat=False, request_id="r", model="m", created=1)
     assert text.chunk("x", index=2)["choices"][0] == {"index": 2, "logprobs": None, "finish_reason": None, "text": "x"}
 

@@ -229,6 +229,27 @@ async def test_one_step_judges_each_request_on_its_own(store: Store) -> None:
     assert await tokens_of(store.redis, "ok") == ["5", "6"]
 
 
+async def test_the_cached_prompt_tokens_of_the_first_token_stay_with_the_request(store: Store) -> None:
+    """What the admission that produced the first token found cached is kept: a preempted request
+    resumed elsewhere reports its new admission's hits, which cover its output too, and they are not
+    the prompt's."""
+    await enqueue(store, "r1")
+    claimed = await store.requests.claim("r1", "e1")
+    assert claimed is not None and claimed.cached_prompt_tokens is None
+    refused = await store.steps.publish("e1", [StepWrite("r1", TokenEvent(1, (5,), "a"), cached_tokens=4)])
+    assert refused.accepted == [False]  # a refused write keeps nothing
+    assert "cached_tokens" not in (await store.requests.get("r1") or {})
+    first = StepWrite("r1", TokenEvent(0, (5,), "a"), cached_tokens=32)
+    assert (await store.steps.publish("e1", [first])).accepted == [True]
+    assert (await store.requests.get("r1") or {})["cached_tokens"] == "32"
+    assert await store.requests.requeue("r1", "e1") == 1
+    claimed = await store.requests.claim("r1", "e2")
+    assert claimed is not None and claimed.cached_prompt_tokens == 32
+    resumed = StepWrite("r1", TokenEvent(1, (6,), "b"), cached_tokens=48)
+    assert (await store.steps.publish("e2", [resumed])).accepted == [True]
+    assert (await store.requests.get("r1") or {})["cached_tokens"] == "32"
+
+
 @pytest.mark.parametrize("tokens", [(7, 8), ()], ids=["with-tokens", "no-tokens"])
 async def test_a_final_step_behind_the_record_ends_nothing(store: Store, tokens: tuple[int, ...]) -> None:
     """Redis holds fewer tokens than the executor made (its AOF's tail was lost): the request's
