@@ -8,6 +8,11 @@ vLLM's and nano-vllm's block managers. Executors name the blocks they cache this
 scheduler names a queued prompt's blocks the same way to find the executor that holds the most
 of it. Only full blocks have names: a partial block's K/V is still growing.
 
+A request may carry a cache salt (vLLM's ``cache_salt``): its chain then starts from the salt's
+hash instead of ``ROOT`` (``chain_root``), so its blocks' names differ from every other chain's
+and it shares cached blocks only with requests of the same salt. That keeps one tenant from
+learning, by timing its prefills, which prompts another sent.
+
 xxHash (XXH3, 64 bits) is fast on short inputs and well distributed; a collision would need two
 different prefixes to meet in 64 bits, and the chain makes every name depend on every token
 before it.
@@ -21,6 +26,14 @@ from collections.abc import Sequence
 import xxhash
 
 ROOT = 0  # the parent of a sequence's first block
+_SALT_DOMAIN = b"baton cache salt\0"  # so a salt's hash is never the hash of some block's bytes
+
+
+def chain_root(cache_salt: str) -> int:
+    """The parent of the first block of a request with this cache salt; ``ROOT`` without one."""
+    if not cache_salt:
+        return ROOT
+    return xxhash.xxh3_64_intdigest(_SALT_DOMAIN + cache_salt.encode())
 
 
 def block_hash(parent: int, token_ids: Sequence[int], extra: bytes = b"") -> int:

@@ -19,6 +19,7 @@ def plan_from_pb(msg: pb.Plan) -> PlanUpdate:
                 output_ids=tuple(a.output_token_ids),
                 params=SamplingParams.from_pb(a.sampling),
                 rank=a.rank,
+                prefix_root=a.prefix_root,
             )
             for a in msg.admit
         ),

@@ -218,6 +218,7 @@ class Engine:
                 () if params.ignore_eos else self.limits.eos_token_ids
             ),
             max_output=min(params.max_tokens, self.limits.max_model_len - len(spec.prompt_ids)),
+            prefix_root=spec.prefix_root,
         )
         self.running[spec.request_id] = seq
         self._by_rank = None

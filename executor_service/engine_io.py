@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from common.block_hashing import ROOT
 from common.lifecycle import FinishReason
 from common.logprobs import Logprobs, joined_logprobs
 from common.sampling_params import SamplingParams
@@ -21,6 +22,8 @@ class AdmitSpec:
     output_ids: tuple[int, ...]
     params: SamplingParams
     rank: float
+    # The name its first KV block chains from: ROOT, or its cache salt's (common/block_hashing.py).
+    prefix_root: int = ROOT
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from common.block_hashing import ROOT
 from common.logprobs import Logprobs
 from common.sampling_params import SamplingParams
 from executor_service.detokenizer import IncrementalDetokenizer
@@ -37,6 +38,8 @@ class Sequence:
     # and how many of its blocks carry their name in the allocator (or were taken by it).
     block_names: list[int] = field(default_factory=list)
     num_named: int = 0
+    # The name its first block chains from: ROOT, or its cache salt's.
+    prefix_root: int = ROOT
     # Tokens of this admission taken from the prefix cache rather than computed, and whether its
     # first output (which reports them: the usage's cached tokens) has gone out. Hits happen only
     # while it prefills, so the count is final by its first output.

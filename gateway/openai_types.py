@@ -21,7 +21,7 @@ fields): see ``openai_structured``.
 Extensions beyond OpenAI's schema (send them with the client's ``extra_body``): ``top_k``,
 ``ignore_eos``, ``stop_token_ids``, and vLLM's ``repetition_penalty``, ``min_tokens``, ``min_p``
 and ``include_stop_str_in_output``, which map to Baton's ``SamplingParams`` fields of the same
-names.
+names, and vLLM's ``cache_salt``, the request's (``GenerateRequest.cache_salt``).
 
 Headers: ``x-baton-priority`` (0-10), ``x-baton-tenant`` (wins over the body's ``user``, itself
 mapped to a tenant by ``tenant_of_user``; with client auth on, the API key sets the tenant instead,
@@ -231,6 +231,12 @@ def _parsed(
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise BadRequest("user must be a string", param="user")
+    salt = body.get("cache_salt")
+    if salt is not None:
+        # As vLLM: a salt given must salt something (Baton checks its length).
+        if not isinstance(salt, str) or not salt:
+            raise BadRequest("cache_salt must be a non-empty string", param="cache_salt")
+        request.cache_salt = salt
     stream = _bool(body, "stream")
     request.params.CopyFrom(_sampling(body, default_max_tokens, min_max_tokens))
     if (structured := structured_output(body)) is not None:

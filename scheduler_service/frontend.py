@@ -147,7 +147,7 @@ class Frontend:
         if req.n > limit:  # each sample counts against the queue's limit: these would never fit
             raise InvalidRequest(f"n={req.n} samples exceed the queue's limit for priority {req.priority} ({limit})")
         # The prompt's block names, for placement where an executor caches its start.
-        fields = {**scored.fields, **prefix_fields(req.prompt_ids, limits.block_size)}
+        fields = {**scored.fields, **prefix_fields(req.prompt_ids, limits.block_size, req.prefix_root)}
         try:
             await self.store.requests.enqueue_samples(
                 sample_requests(req), scored.score, limit, current_traceparent(), fields

@@ -20,6 +20,7 @@ def admit_pb(claimed: ClaimedRequest, stream_interval_tokens: int, stream_interv
         traceparent=claimed.traceparent,
         stream_interval_tokens=stream_interval_tokens,
         stream_interval_ms=stream_interval_ms,
+        prefix_root=claimed.prefix_root,
     )
 
 

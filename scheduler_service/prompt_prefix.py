@@ -8,14 +8,15 @@ prompt need no prefill there.
 Names are stored as lowercase hex without padding (at most 16 characters for 64 bits, against
 up to 20 in decimal), comma-joined in the record's ``prefix`` field, with the block size they
 were computed for in ``prefix_block``: an executor with another block size names other blocks.
-The executors' index sets hold the same text, so Redis compares the strings directly.
+The executors' index sets hold the same text, so Redis compares the strings directly. A salted
+request's chain root goes in ``prefix_root``, for its executor to name its blocks from.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from common.block_hashing import block_hashes
+from common.block_hashing import ROOT, block_hashes
 
 # Only the first 256 blocks are named (4,096 tokens with 16-token blocks). Admission looks names
 # up in a Lua script that runs atomically on Redis, one call per candidate, each walking the names
@@ -26,6 +27,7 @@ MAX_PREFIX_BLOCKS = 256
 
 PREFIX_FIELD = "prefix"
 BLOCK_SIZE_FIELD = "prefix_block"
+ROOT_FIELD = "prefix_root"
 
 
 def name_text(name: int) -> str:
@@ -37,12 +39,14 @@ def names_text(names: Iterable[int]) -> list[str]:
     return [name_text(name) for name in names]
 
 
-def prefix_fields(prompt_ids: Sequence[int], block_size: int) -> dict[str, str]:
-    """The record fields naming the prompt's first full blocks; none when the block size is
-    unknown (no executor said it) or the prompt fills no block."""
+def prefix_fields(prompt_ids: Sequence[int], block_size: int, root: int = ROOT) -> dict[str, str]:
+    """The record fields naming the prompt's first full blocks, chained from ``root``: none when the
+    block size is unknown (no executor said it) or the prompt fills no block; and a salted
+    request's root, always (the blocks its output fills are named from it as well)."""
+    fields = {ROOT_FIELD: name_text(root)} if root != ROOT else {}
     if block_size < 1:
-        return {}
-    names = block_hashes(prompt_ids[: MAX_PREFIX_BLOCKS * block_size], block_size)
-    if not names:
-        return {}
-    return {PREFIX_FIELD: ",".join(names_text(names)), BLOCK_SIZE_FIELD: str(block_size)}
+        return fields
+    names = block_hashes(prompt_ids[: MAX_PREFIX_BLOCKS * block_size], block_size, parent=root)
+    if names:
+        fields |= {PREFIX_FIELD: ",".join(names_text(names)), BLOCK_SIZE_FIELD: str(block_size)}
+    return fields

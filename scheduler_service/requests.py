@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from common.block_hashing import ROOT
 from common.lifecycle import FinishReason
 from common.logprobs import Logprobs, joined_logprobs
 from common.sampling_params import SamplingParams
@@ -26,6 +27,8 @@ class NewRequest:
     # Samples of the prompt the client asked for; ``samples.sample_requests`` makes them requests
     # of their own, each with n = 1 but sample 0, whose record keeps the count.
     n: int = 1
+    # The name its first KV block chains from: ROOT, or its cache salt's (common/block_hashing.py).
+    prefix_root: int = ROOT
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class ClaimedRequest:
     deadline_ms: int = 0
     expected_output: int = 0  # the estimator's output length at enqueue
     cached_prompt_tokens: int | None = None  # recorded with its first token (the usage's cached tokens)
+    prefix_root: int = ROOT  # the name its first KV block chains from (its cache salt's, or ROOT)
 
 
 @dataclass(frozen=True)

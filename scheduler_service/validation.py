@@ -6,6 +6,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+from common.block_hashing import chain_root
 from common.config import RequestLevelConfig
 from common.errors import InvalidRequest
 from common.keys import MAX_NAME_CHARS, NAME_ALPHABET, is_safe_name
@@ -22,6 +23,8 @@ MAX_LOGIT_BIAS_ENTRIES = 1024
 # Characters of a structured output's schema, expression, grammar or choices: the executor compiles
 # it against the whole vocabulary, and Redis keeps it with the request.
 MAX_STRUCTURED_OUTPUT_CHARS = 65536
+# A cache salt is hashed once at submit; 256 characters hold any random secret (vLLM suggests 43).
+MAX_CACHE_SALT_CHARS = 256
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
@@ -110,6 +113,8 @@ def validate(
         raise InvalidRequest(f"tenant must be 1-{MAX_NAME_CHARS} characters of {NAME_ALPHABET}")
     if msg.deadline_ms and msg.deadline_ms <= now:
         raise InvalidRequest(f"deadline_ms {msg.deadline_ms} is in the past (now {now})")
+    if len(msg.cache_salt) > MAX_CACHE_SALT_CHARS:
+        raise InvalidRequest(f"cache_salt has {len(msg.cache_salt)} characters; at most {MAX_CACHE_SALT_CHARS}")
     if msg.WhichOneof("input") == "chat":
         if msg.prompt_token_ids:
             raise InvalidRequest("set one input: chat or prompt_token_ids, not both")
@@ -139,4 +144,5 @@ def validate(
         arrival_ms=now,
         ttft_target_ms=msg.ttft_target_ms,
         n=n,
+        prefix_root=chain_root(msg.cache_salt),
     )

@@ -55,7 +55,7 @@ class ExecSampling(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_tokens: _Optional[int] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., structured_output: _Optional[_Union[_generate_pb2.StructuredOutput, _Mapping]] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "sampling", "rank", "traceparent", "stream_interval_tokens", "stream_interval_ms")
+    __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "sampling", "rank", "traceparent", "stream_interval_tokens", "stream_interval_ms", "prefix_root")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class AdmitRequest(_message.Message):
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_ROOT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -72,7 +73,8 @@ class AdmitRequest(_message.Message):
     traceparent: str
     stream_interval_tokens: int
     stream_interval_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[ExecSampling, _Mapping]] = ..., rank: _Optional[float] = ..., traceparent: _Optional[str] = ..., stream_interval_tokens: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ...) -> None: ...
+    prefix_root: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[ExecSampling, _Mapping]] = ..., rank: _Optional[float] = ..., traceparent: _Optional[str] = ..., stream_interval_tokens: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ..., prefix_root: _Optional[int] = ...) -> None: ...
 
 class PrefillGrant(_message.Message):
     __slots__ = ("request_id", "num_tokens")

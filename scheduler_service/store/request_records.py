@@ -334,7 +334,7 @@ def _claimed(request_id: str, row: list[str] | None) -> ClaimedRequest | None:
     if not row:
         return None
     prompt, params, score, arrival, assigned, first_token, _, out, traceparent, *rest = row
-    tenant, priority, preemptions, deadline, est_out, cached = rest
+    tenant, priority, preemptions, deadline, est_out, cached, root = rest
     return ClaimedRequest(
         request_id=request_id,
         prompt_ids=parse_ids(prompt),
@@ -351,4 +351,5 @@ def _claimed(request_id: str, row: list[str] | None) -> ClaimedRequest | None:
         deadline_ms=int(deadline),
         expected_output=int(est_out),
         cached_prompt_tokens=int(cached) if cached else None,
+        prefix_root=int(root, 16) if root else 0,
     )

@@ -99,10 +99,10 @@ redis.call('HSETNX', KEYS[2], 'assigned_ms', ARGV[3])
 redis.call('SADD', KEYS[3], ARGV[1])
 local f = redis.call('HMGET', KEYS[2], 'prompt_ids', 'params', 'score', 'arrival_ms', 'assigned_ms',
   'first_token_ms', 'prompt_len', 'traceparent', 'priority', 'preemptions', 'deadline_ms', 'est_out',
-  'cached_tokens')
+  'cached_tokens', 'prefix_root')
 local out = redis.call('LRANGE', KEYS[4], 0, -1)
 return {f[1], f[2], f[3], f[4], f[5], f[6] or '', f[7], table.concat(out, ','), f[8] or '', t,
-  f[9] or '0', f[10] or '0', f[11] or '0', f[12] or '0', f[13] or ''}
+  f[9] or '0', f[10] or '0', f[11] or '0', f[12] or '0', f[13] or '', f[14] or ''}
 """
 )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.block_hashing import ROOT, block_hash, block_hashes
+from common.block_hashing import ROOT, block_hash, block_hashes, chain_root
 
 
 def test_only_full_blocks_are_named() -> None:
@@ -39,3 +39,13 @@ def test_extra_keys_change_the_name() -> None:
 def test_block_size_is_checked() -> None:
     with pytest.raises(ValueError):
         block_hashes([1], 0)
+
+
+def test_a_cache_salt_renames_every_block_of_its_chain() -> None:
+    tokens = list(range(48))
+    plain = block_hashes(tokens, 16)
+    salted = block_hashes(tokens, 16, parent=chain_root("tenant-a secret"))
+    other = block_hashes(tokens, 16, parent=chain_root("tenant-b secret"))
+    assert chain_root("") == ROOT and chain_root("x") not in (ROOT, chain_root("y"))
+    assert not set(salted) & set(plain) and not set(salted) & set(other)
+    assert block_hashes(tokens, 16, parent=chain_root("tenant-a secret")) == salted  # the same salt, the same names

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
 import grpc
 import pytest
 
+from common.block_hashing import chain_root
 from common.pb import executor_pb2, executor_pb2_grpc
 from common.pb import generate_pb2 as gen_pb
 from common.sampling_params import SamplingParams
@@ -260,6 +262,23 @@ def test_a_request_preempted_for_blocks_resumes_exactly(tiny_model_dir: Path) ->
     assert engine.allocator.num_free == engine.allocator.num_blocks
 
 
+def test_a_cache_salt_shares_blocks_only_with_requests_of_the_same_salt(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, block_size=BLOCK)
+    prompt = [1, *random_tokens(60, seed=14)]  # 3 full blocks before its last token
+    ref = reference_greedy(load_reference_model(tiny_model_dir), prompt, 6)
+
+    def hits_of(request_id: str, salt: str) -> int:
+        before = engine.prefix_cache.hits
+        spec = replace(admit(request_id, prompt, 6), prefix_root=chain_root(salt))
+        assert_matches_reference(run_to_end(engine, {0: [spec]})[request_id], ref, request_id)
+        return engine.prefix_cache.hits - before
+
+    salts = ["a", "b", "", "a", "b", ""]
+    assert [hits_of(f"r{i}", salt) for i, salt in enumerate(salts)] == [0, 0, 0] + [3 * BLOCK] * 3
+    names = engine.allocator.cached_names()
+    assert len(names) == len(set(names)) == 3 * 4  # each salt's chain of the 4 blocks the first request filled
+
+
 def test_prefix_caching_off_reuses_nothing(tiny_model_dir: Path) -> None:
     engine = make_engine(tiny_model_dir, block_size=BLOCK, prefix_caching=False)
     check = Checker(engine, tiny_model_dir)
@@ -321,6 +340,16 @@ async def test_repeated_prompts_through_a_stack_hit_the_cache_and_match_generate
     async with grpc.aio.insecure_channel(cached_stack.executors[0].address) as channel:
         info = await executor_pb2_grpc.ExecutorStub(channel).Info(executor_pb2.InfoRequest(), timeout=10)
     assert info.prefix_caching
+
+
+async def test_a_salted_request_through_a_stack_reads_only_its_salts_blocks(cached_stack: Stack) -> None:
+    prompt = [1, *random_tokens(60, seed=15)]
+    cached = []
+    for salt in ("tenant-a", "tenant-b", "", "tenant-a", ""):
+        params = gen_pb.SamplingParams(max_tokens=4, ignore_eos=True)
+        request = gen_pb.GenerateRequest(prompt_token_ids=prompt, params=params, cache_salt=salt)
+        cached.append((await cached_stack.generate(request))[-1].usage.cached_tokens)
+    assert cached == [0, 0, 0, 3 * BLOCK, 3 * BLOCK]
 
 
 # ---- the step's sharing rule alone: sequences and the allocator's bookkeeping, no model ------------

@@ -157,6 +157,11 @@ def test_n_asks_baton_for_samples() -> None:
     assert parse_completion({"prompt": "a", "n": 100_000}).request.params.n == 100_000
 
 
+def test_cache_salt_goes_to_baton() -> None:
+    assert parse_completion({"prompt": "a", "cache_salt": "s3cret"}).request.cache_salt == "s3cret"
+    assert parse_completion({"prompt": "a", "cache_salt": None}).request.cache_salt == ""
+
+
 def test_chat_defaults_to_batons_max_tokens() -> None:
     parsed = parse_chat({"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 3})
     assert parsed.request.params.max_tokens == 3
@@ -197,6 +202,8 @@ def test_chat_defaults_to_batons_max_tokens() -> None:
         ({"prompt": "a", "stop": [1]}, "stop"),
         ({"prompt": "a", "stream": "yes"}, "stream"),
         ({"prompt": "a", "user": 5}, "user"),
+        ({"prompt": "a", "cache_salt": ""}, "cache_salt"),
+        ({"prompt": "a", "cache_salt": 7}, "cache_salt"),
     ],
 )
 def test_completion_rejects(body: dict[str, Any], param: str) -> None:

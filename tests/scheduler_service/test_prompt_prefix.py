@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import cast
 
-from common.block_hashing import block_hashes
+from common.block_hashing import block_hashes, chain_root
 from common.config import BatonConfig
 from common.pb import generate_pb2 as pb
 from scheduler_service.dispatcher import Dispatcher
@@ -30,6 +30,15 @@ def test_names_are_the_executors_block_names_in_hex() -> None:
 def test_no_names_without_a_block_size_or_a_full_block() -> None:
     assert prefix_fields(list(range(40)), 0) == {}
     assert prefix_fields(list(range(15)), 16) == {}
+
+
+def test_a_salted_prompt_is_named_from_its_salts_root_which_its_record_keeps() -> None:
+    prompt, root = list(range(1, 40)), chain_root("s")
+    fields = prefix_fields(prompt, 16, root)
+    assert fields["prefix"].split(",") == [name_text(n) for n in block_hashes(prompt, 16, parent=root)]
+    assert fields["prefix_root"] == name_text(root)
+    # With no full block, or no block size yet, the root is still kept: its output's blocks chain from it.
+    assert prefix_fields(prompt[:10], 16, root) == prefix_fields(prompt, 0, root) == {"prefix_root": name_text(root)}
 
 
 def test_only_the_first_blocks_are_named() -> None:

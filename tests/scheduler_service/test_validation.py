@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from common.block_hashing import ROOT, chain_root
 from common.config import RequestLevelConfig
 from common.errors import InvalidRequest
 from common.keys import MAX_NAME_CHARS
@@ -95,6 +96,7 @@ BAD: dict[str, tuple[pb.GenerateRequest, str]] = {
     "tenant with a colon": (make(tenant="a:b"), "tenant"),
     "tenant with a pipe": (make(tenant="a|b"), "tenant"),
     "tenant with a brace": (make(tenant="}x"), "tenant"),
+    "cache salt too long": (make(cache_salt="s" * 257), "cache_salt has 257 characters; at most 256"),
 }
 
 
@@ -203,6 +205,11 @@ def test_explicit_priorities_are_kept_including_zero() -> None:
 
 def test_default_priority_comes_from_config() -> None:
     assert run(make(), RequestLevelConfig(default_priority=2)).priority == 2
+
+
+def test_a_cache_salt_sets_the_prompts_chain_root() -> None:
+    assert run(make()).prefix_root == ROOT
+    assert run(make(cache_salt="s" * 256)).prefix_root == chain_root("s" * 256) != ROOT
 
 
 def test_tenant_and_future_deadline_are_kept() -> None:
