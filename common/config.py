@@ -71,6 +71,10 @@ class RequestLevelConfig:
     # Most samples one request may ask for (SamplingParams.n); the batch size bounds it too, as its
     # samples share one executor.
     max_samples: int = 128
+    # Each tenant's requests share cached prompt blocks only with the same tenant's, as if each
+    # carried its tenant as a cache salt: no tenant can tell by timing what another sent. Off, as
+    # in vLLM, tenants share what they have in common (a system prompt) unless a request salts it.
+    prefix_cache_per_tenant: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.default_priority <= self.max_priority:

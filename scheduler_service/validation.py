@@ -134,15 +134,18 @@ def validate(
         raise InvalidRequest(f"prompt has {len(prompt_ids)} tokens; max_model_len is {limits.max_model_len}")
     params = _params(msg.params, len(prompt_ids), limits, config)
     n = check_samples(msg.params.n, params.seed, config.max_samples if max_samples is None else max_samples)
+    tenant = msg.tenant or "default"
+    # A tenant's name cannot hold NUL, so no request's own salt can take another tenant's place.
+    salt = f"{tenant}\0{msg.cache_salt}" if config.prefix_cache_per_tenant else msg.cache_salt
     return NewRequest(
         request_id=request_id,
         prompt_ids=tuple(prompt_ids),
         params=params,
         priority=priority,
-        tenant=msg.tenant or "default",
+        tenant=tenant,
         deadline_ms=msg.deadline_ms,
         arrival_ms=now,
         ttft_target_ms=msg.ttft_target_ms,
         n=n,
-        prefix_root=chain_root(msg.cache_salt),
+        prefix_root=chain_root(salt),
     )
