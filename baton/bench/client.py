@@ -56,6 +56,8 @@ async def stream_one(
                     tokens.extend(chunk.token_ids)
             if chunk.finish_reason not in (pb.FINISH_REASON_NONE, pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP):
                 timing.error = pb.FinishReason.Name(chunk.finish_reason)
+            if chunk.HasField("usage"):
+                timing.cached_len = chunk.usage.cached_tokens
     except grpc.aio.AioRpcError as exc:
         timing.error = f"{exc.code().name}: {exc.details()}"
     if not timing.chunk_times and not timing.error:

@@ -48,6 +48,7 @@ def scenario_table(results: Sequence[ScenarioResult]) -> Table:
         table.add_column(name)
     for name in ("seconds", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "failed"):
         table.add_column(name, justify="right")
+    table.add_column("prompt cached", justify="right")  # the share of prompt tokens read from a prefix cache
     reuse = any(r.reuse for r in results)
     if reuse:
         for name in ("first TTFT ms", "repeat TTFT ms", "repeat/first"):
@@ -68,6 +69,7 @@ def scenario_table(results: Sequence[ScenarioResult]) -> Table:
             _ms(s.tpot.p50),
             _ms(s.tpot.p99),
             str(s.failed),
+            f"{s.cached_input_tokens / s.input_tokens:.0%}" if s.input_tokens else "-",
             *extra,
         )
     return table
@@ -93,7 +95,7 @@ def turn_table(results: Sequence[ScenarioResult]) -> Table | None:
 def print_scenarios(results: Sequence[ScenarioResult], console: Console | None = None) -> None:
     console = console or Console()
     if not console.is_terminal:
-        console.width = 200  # piped to a file: no need to squeeze the table into 80 columns
+        console.width = 260  # piped to a file: no need to squeeze the table into 80 columns
     console.print(scenario_table(results))
     turns = turn_table(results)
     if turns is not None:
@@ -111,6 +113,7 @@ def serve_text(summary: Summary, title: str = "Serving Benchmark Result") -> str
     row("Failed requests:", summary.failed)
     row("Benchmark duration (s):", f"{summary.duration_s:.2f}")
     row("Total input tokens:", summary.input_tokens)
+    row("Cached input tokens:", summary.cached_input_tokens)
     row("Total generated tokens:", summary.output_tokens)
     row("Request throughput (req/s):", f"{summary.request_throughput:.2f}")
     if summary.request_goodput is not None:

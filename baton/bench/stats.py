@@ -30,6 +30,7 @@ class RequestTiming:
     chunk_times: list[float] = field(default_factory=list)  # arrival of each token-carrying chunk
     output_len: int = 0  # tokens received
     error: str = ""  # empty when the request finished normally
+    cached_len: int = 0  # prompt tokens the server read from its prefix cache (the final usage's)
 
     @property
     def ok(self) -> bool:
@@ -92,6 +93,7 @@ class Summary:
     failed: int
     duration_s: float
     input_tokens: int
+    cached_input_tokens: int  # of input_tokens, those read from a prefix cache instead of computed
     output_tokens: int
     request_throughput: float  # completed requests / s
     output_throughput: float  # generated tokens / s
@@ -110,6 +112,7 @@ class Summary:
             "failed": self.failed,
             "duration": self.duration_s,
             "total_input_tokens": self.input_tokens,
+            "total_cached_input_tokens": self.cached_input_tokens,
             "total_output_tokens": self.output_tokens,
             "request_throughput": self.request_throughput,
             "request_goodput": self.request_goodput,
@@ -162,6 +165,7 @@ def summarize(timings: Sequence[RequestTiming], duration_s: float, slos: Mapping
         failed=len(timings) - len(done),
         duration_s=duration_s,
         input_tokens=input_tokens,
+        cached_input_tokens=sum(t.cached_len for t in done),
         output_tokens=output_tokens,
         request_throughput=len(done) / duration,
         output_throughput=output_tokens / duration,

@@ -13,6 +13,7 @@ from typing import cast
 import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
+from common.block_hashing import ROOT
 from common.clock import now_ms
 from common.errors import AlreadyExists, Overloaded
 from common.keys import KeySchema
@@ -351,5 +352,5 @@ def _claimed(request_id: str, row: list[str] | None) -> ClaimedRequest | None:
         deadline_ms=int(deadline),
         expected_output=int(est_out),
         cached_prompt_tokens=int(cached) if cached else None,
-        prefix_root=int(root, 16) if root else 0,
+        prefix_root=int(root, 16) if root else ROOT,
     )

@@ -93,5 +93,8 @@ async def test_bench_prefix_scenarios_report_first_and_repeat_ttft(stack: Stack,
     shared, multi = json.loads(result.read_text())["results"]
     assert shared["name"] == "shared-prefix" and shared["summary"]["completed"] == 6
     assert shared["reuse"]["firsts"] == 2 and shared["reuse"]["repeats"] == 4 and shared["reuse"]["ratio"] > 0
+    # The repeats read their groups' system prompts from the prefix cache, as their usage says.
+    assert 0 < shared["summary"]["total_cached_input_tokens"] < shared["summary"]["total_input_tokens"]
+    assert "prompt cached" in out
     assert multi["name"] == "multi-turn" and multi["summary"]["completed"] == 6
     assert multi["reuse"]["firsts"] == 2 and len(multi["ttft_by_turn"]) == 3

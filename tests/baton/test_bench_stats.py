@@ -67,18 +67,20 @@ def test_percentile_interpolates_like_numpy() -> None:
     assert math.isnan(percentile([], 50))
 
 
-def _timing(sent: float, chunks: list[float], tokens: int, expected: int = 0, error: str = "") -> RequestTiming:
-    return RequestTiming(10, expected or tokens, sent, chunks, tokens, error)
+def _timing(
+    sent: float, chunks: list[float], tokens: int, expected: int = 0, error: str = "", cached: int = 0
+) -> RequestTiming:
+    return RequestTiming(10, expected or tokens, sent, chunks, tokens, error, cached)
 
 
 def test_summary_follows_vllm_definitions() -> None:
     timings = [
         _timing(0.0, [0.1, 0.2, 0.4], 3),  # ttft 100 ms, tpot (400-100)/2 = 150 ms, itls 100, 200
-        _timing(0.5, [1.0], 1),  # one token: no tpot, no itl
+        _timing(0.5, [1.0], 1, cached=8),  # one token: no tpot, no itl
         _timing(0.0, [], 0, error="UNAVAILABLE: no executor"),
     ]
     s = summarize(timings, 2.0, {"ttft": 200, "tpot": 100})
-    assert (s.completed, s.failed, s.output_tokens, s.input_tokens) == (2, 1, 4, 20)
+    assert (s.completed, s.failed, s.output_tokens, s.input_tokens, s.cached_input_tokens) == (2, 1, 4, 20, 8)
     assert s.output_throughput == 2.0 and s.request_throughput == 1.0
     assert s.total_token_throughput == 12.0
     assert s.ttft.mean == pytest.approx(300.0) and s.ttft.p50 == pytest.approx(300.0)
