@@ -16,6 +16,7 @@ import torch
 import xgrammar as xgr
 import xxhash
 
+from common.block_hashing import UNKEYED, BlockNaming
 from common.lifecycle import FinishReason
 from common.logprobs import NO_LOGPROBS, Logprobs
 from common.sampling_params import SamplingParams
@@ -63,10 +64,12 @@ class Engine:
         threads: ThreadGovernor | None = None,
         grammars: GrammarCache | None = None,
         overlap: bool = False,
+        naming: BlockNaming = UNKEYED,
     ) -> None:
         """``grammars``: compiles structured outputs' grammars (None: such requests end with an error);
         ``overlap``: launch each decode step before reading the last one's tokens (see ``step``), where
-        the runner feeds decodes from its device-side rows."""
+        the runner feeds decodes from its device-side rows; ``naming``: how the fleet names cached
+        blocks (keyed by its secret)."""
         self.runner = runner
         self.allocator = allocator
         self.tokenizer = tokenizer
@@ -74,7 +77,7 @@ class Engine:
         self.token_budget = limits.token_budget
         self.sampler = Sampler(limits.eos_token_ids)
         self.threads = threads  # None: torch's thread count is fixed (configured, or a GPU)
-        self.prefix_cache = PrefixCache(allocator)
+        self.prefix_cache = PrefixCache(allocator, naming)
         # The model's sliding window; where every layer has it (``releasing``), the blocks it has passed
         # are released, checked per chunk only then.
         self.window = runner.window

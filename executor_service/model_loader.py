@@ -11,6 +11,7 @@ from typing import Any, cast
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
+from common.block_hashing import UNKEYED, BlockNaming
 from common.config import ExecutorConfig
 from common.sampling_defaults import SamplingDefaults
 from executor_service.backends.registry import select_backend
@@ -93,7 +94,9 @@ def servable_length(model_config: Any, kv_tokens: int, window: SlidingWindow | N
     return kv_tokens
 
 
-def load_engine(config: ExecutorConfig, peers: Callable[[], int] = lambda: 0) -> LoadedModel:
+def load_engine(
+    config: ExecutorConfig, peers: Callable[[], int] = lambda: 0, naming: BlockNaming = UNKEYED
+) -> LoadedModel:
     """``peers``: how many other executors share this host's cores (``host_peers.HostPeers``, which
     the executor service registers; an engine run in process, as the benchmarks do, counts none)."""
     if not config.model:
@@ -162,7 +165,7 @@ def load_engine(config: ExecutorConfig, peers: Callable[[], int] = lambda: 0) ->
     vocab = int(model.get_output_embeddings().weight.shape[0])
     grammars = GrammarCache(tokenizer, vocab, limits.eos_token_ids)  # compiles nothing until asked
     overlap = config.async_scheduling == "on" or (config.async_scheduling == "auto" and device.type == "cuda")
-    engine = Engine(runner, allocator, tokenizer, limits, threads, grammars, overlap=overlap)
+    engine = Engine(runner, allocator, tokenizer, limits, threads, grammars, overlap=overlap, naming=naming)
     if engine.overlap:
         log.info("overlapped steps: each decode step launches before the last one's tokens are read")
     defaults = SamplingDefaults.of_generation_config(getattr(model, "generation_config", None))

@@ -23,15 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from common.block_hashing import block_hashes
+from common.block_hashing import UNKEYED, BlockNaming
 from executor_service.block_allocator import BlockAllocator
 from executor_service.sequence import Sequence
 from executor_service.step_scheduler import ScheduledChunk
 
 
 class PrefixCache:
-    def __init__(self, allocator: BlockAllocator) -> None:
+    def __init__(self, allocator: BlockAllocator, naming: BlockNaming = UNKEYED) -> None:
         self.allocator = allocator
+        self.naming = naming  # as the fleet's schedulers name prompts
         self.enabled = allocator.prefix_caching
         # In tokens, since the engine started: what admissions looked up, and what they found.
         self.queries = 0
@@ -48,7 +49,9 @@ class PrefixCache:
         if seq.block_table or seq.num_computed:
             raise ValueError(f"{seq.request_id} already has blocks; only a fresh sequence matches the cache")
         block_size = self.allocator.block_size
-        seq.block_names = block_hashes(seq.token_slice(0, seq.num_tokens), block_size, parent=seq.prefix_root)
+        seq.block_names = self.naming.block_hashes(
+            seq.token_slice(0, seq.num_tokens), block_size, parent=seq.prefix_root
+        )
         blocks = self.allocator.cached_prefix(seq.block_names[: (seq.num_tokens - 1) // block_size])
         seq.block_table.extend(blocks)
         seq.num_named = len(blocks)
@@ -87,7 +90,8 @@ class PrefixCache:
         names = seq.block_names
         if len(names) < full:
             parent = names[-1] if names else seq.prefix_root
-            names += block_hashes(seq.token_slice(len(names) * block_size, full * block_size), block_size, 0, parent)
+            tokens = seq.token_slice(len(names) * block_size, full * block_size)
+            names += self.naming.block_hashes(tokens, block_size, 0, parent)
         for index in range(seq.num_named, full):
             self.allocator.name(seq.block_table[index], names[index])
         seq.num_named = full

@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health
 
 from common import service
+from common.block_hashing import BlockNaming
 from common.config import BatonConfig
 from common.gc_heap import freeze_startup_heap
 from common.health import add_health_and_reflection, set_serving
@@ -160,9 +161,8 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     await check_deployment(redis, dist.redis_url)  # before minutes of model loading
     executor_id = cfg.executor_id or f"exec-{uuid.uuid4().hex[:8]}"
     tracing = setup_tracing("baton-executor", config.monitoring.tracing, config.monitoring.otlp_endpoint)
-    server = service.make_server(
-        config.scheduler.max_message_bytes, tracing=tracing, fleet_secret=fleet_secret(config.security)
-    )
+    secret = fleet_secret(config.security)
+    server = service.make_server(config.scheduler.max_message_bytes, tracing=tracing, fleet_secret=secret)
     metrics = ExecutorMetrics()
     servicer = ExecutorServicer(metrics, tracing, lambda: TokenBatcher(cfg.report_every_steps, cfg.report_max_wait_ms))
     executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server)
@@ -173,7 +173,8 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     await server.start()
     serve_metrics(metrics.registry, config.monitoring.executor_metrics_port)
     peers = HostPeers()
-    loaded = await asyncio.to_thread(load_engine, cfg, peers)
+    # Named as the fleet's schedulers name prompts, keyed by the same secret (common/block_hashing.py).
+    loaded = await asyncio.to_thread(load_engine, cfg, peers, BlockNaming.for_fleet(secret))
     metrics.backend.labels(loaded.backend).set(1)
     await asyncio.to_thread(warm_up, loaded.engine, loaded.model_name)
     load = LoadSampler(str(loaded.device))

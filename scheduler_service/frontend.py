@@ -15,13 +15,14 @@ from typing import TypeVar
 
 from redis.exceptions import ResponseError
 
+from common.block_hashing import BlockNaming
 from common.config import BatonConfig
 from common.errors import DataLoss, InvalidRequest, NotFound, Overloaded, PermissionDenied
 from common.keys import sample_id, split_sample_id
 from common.lifecycle import FinishReason, RequestState
 from common.pb import generate_pb2 as pb
 from common.redis_client import with_redis_retry
-from common.security import current_principal
+from common.security import current_principal, fleet_secret
 from common.tracing import current_traceparent, tag_current_span
 from scheduler_service.chat import Chat, chat_prompt_ids
 from scheduler_service.dispatcher import Dispatcher
@@ -83,6 +84,8 @@ class Frontend:
         self.metrics = metrics
         self._texts: TokenTexts | None = None
         self.grammar_check = GrammarCheck()
+        # Prompts are named as the fleet's executors name their blocks: keyed by the same secret.
+        self.naming = BlockNaming.for_fleet(fleet_secret(config.security))
 
     async def tokenize(self, text: str) -> list[int]:
         limit = self.config.scheduler.request_level.max_prompt_chars
@@ -147,7 +150,7 @@ class Frontend:
         if req.n > limit:  # each sample counts against the queue's limit: these would never fit
             raise InvalidRequest(f"n={req.n} samples exceed the queue's limit for priority {req.priority} ({limit})")
         # The prompt's block names, for placement where an executor caches its start.
-        fields = {**scored.fields, **prefix_fields(req.prompt_ids, limits.block_size, req.prefix_root)}
+        fields = {**scored.fields, **prefix_fields(req.prompt_ids, limits.block_size, req.cache_salt, self.naming)}
         try:
             await self.store.requests.enqueue_samples(
                 sample_requests(req), scored.score, limit, current_traceparent(), fields

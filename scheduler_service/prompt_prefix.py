@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from common.block_hashing import ROOT, block_hashes
+from common.block_hashing import ROOT, UNKEYED, BlockNaming
 
 # Only the first 256 blocks are named (4,096 tokens with 16-token blocks). Admission looks names
 # up in a Lua script that runs atomically on Redis, one call per candidate, each walking the names
@@ -39,14 +39,18 @@ def names_text(names: Iterable[int]) -> list[str]:
     return [name_text(name) for name in names]
 
 
-def prefix_fields(prompt_ids: Sequence[int], block_size: int, root: int = ROOT) -> dict[str, str]:
-    """The record fields naming the prompt's first full blocks, chained from ``root``: none when the
-    block size is unknown (no executor said it) or the prompt fills no block; and a salted
-    request's root, always (the blocks its output fills are named from it as well)."""
+def prefix_fields(
+    prompt_ids: Sequence[int], block_size: int, cache_salt: str = "", naming: BlockNaming = UNKEYED
+) -> dict[str, str]:
+    """The record fields naming the prompt's first full blocks as the fleet's executors name them,
+    from its cache salt's root: none when the block size is unknown (no executor said it) or the
+    prompt fills no block; and a salted request's root, always (the blocks its output fills are
+    named from it as well)."""
+    root = naming.root(cache_salt)
     fields = {ROOT_FIELD: name_text(root)} if root != ROOT else {}
     if block_size < 1:
         return fields
-    names = block_hashes(prompt_ids[: MAX_PREFIX_BLOCKS * block_size], block_size, parent=root)
+    names = naming.block_hashes(prompt_ids[: MAX_PREFIX_BLOCKS * block_size], block_size, parent=root)
     if names:
         fields |= {PREFIX_FIELD: ",".join(names_text(names)), BLOCK_SIZE_FIELD: str(block_size)}
     return fields

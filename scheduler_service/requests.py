@@ -27,8 +27,9 @@ class NewRequest:
     # Samples of the prompt the client asked for; ``samples.sample_requests`` makes them requests
     # of their own, each with n = 1 but sample 0, whose record keeps the count.
     n: int = 1
-    # The name its first KV block chains from: ROOT, or its cache salt's (common/block_hashing.py).
-    prefix_root: int = ROOT
+    # What salts its prefix cache: its own cache_salt, with its tenant where each tenant has a
+    # cache of its own; the record keeps only the root it names (common/block_hashing.py).
+    cache_salt: str = ""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
-from common.block_hashing import chain_root
 from common.config import RequestLevelConfig
 from common.errors import InvalidRequest
 from common.keys import MAX_NAME_CHARS, NAME_ALPHABET, is_safe_name
@@ -147,5 +146,5 @@ def validate(
         arrival_ms=now,
         ttft_target_ms=msg.ttft_target_ms,
         n=n,
-        prefix_root=chain_root(salt),
+        cache_salt=salt,
     )

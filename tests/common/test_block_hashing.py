@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.block_hashing import ROOT, block_hash, block_hashes, chain_root
+from common.block_hashing import ROOT, BlockNaming, block_hash, block_hashes, chain_root
 
 
 def test_only_full_blocks_are_named() -> None:
@@ -49,3 +49,14 @@ def test_a_cache_salt_renames_every_block_of_its_chain() -> None:
     assert chain_root("") == ROOT and chain_root("x") not in (ROOT, chain_root("y"))
     assert not set(salted) & set(plain) and not set(salted) & set(other)
     assert block_hashes(tokens, 16, parent=chain_root("tenant-a secret")) == salted  # the same salt, the same names
+
+
+def test_a_fleet_secret_keys_every_name() -> None:
+    tokens = list(range(48))
+    keyed = BlockNaming.for_fleet("0f1e2d3c4b5a69788796a5b4c3d2e1f0")
+    assert BlockNaming.for_fleet("") == BlockNaming()  # no secret: the unkeyed names
+    assert keyed == BlockNaming.for_fleet("0f1e2d3c4b5a69788796a5b4c3d2e1f0")  # every process derives the same key
+    assert not set(keyed.block_hashes(tokens, 16)) & set(block_hashes(tokens, 16))
+    assert keyed.root("s") not in (chain_root("s"), ROOT)
+    other = BlockNaming.for_fleet("1f1e2d3c4b5a69788796a5b4c3d2e1f0")
+    assert not set(keyed.block_hashes(tokens, 16)) & set(other.block_hashes(tokens, 16))

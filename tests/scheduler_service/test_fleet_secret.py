@@ -8,14 +8,17 @@ from pathlib import Path
 
 import grpc
 import pytest
+import redis.asyncio as aioredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.block_hashing import BlockNaming
 from common.config import SecurityConfig
 from common.pb import executor_pb2 as epb
 from common.pb import executor_pb2_grpc
 from common.pb import generate_pb2 as pb
 from common.security import FLEET_SECRET_KEY, fleet_metadata, fleet_secret
 from scheduler_service.executor_link import ExecutorLink
+from scheduler_service.prompt_prefix import name_text
 from tests.stack import Stack, stack_config, start_stack
 
 SECRET = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
@@ -108,3 +111,28 @@ def test_the_secret_comes_from_config_or_its_file(tmp_path: Path) -> None:
         SecurityConfig(fleet_secret="a", fleet_secret_file=str(path))
     with pytest.raises(ValueError, match="printable ASCII"):
         SecurityConfig(fleet_secret="has space")
+
+
+async def test_a_keyed_fleet_names_prompts_as_its_executors_name_their_blocks(
+    guarded_stack: Stack, redis_url: str
+) -> None:
+    """The scheduler and the executor key block names with the fleet secret alike: a repeat reads its
+    prompt from the cache, and the record's names are the ones the executor's index holds."""
+    prompt = list(range(100, 161))
+    params = pb.SamplingParams(max_tokens=3, ignore_eos=True)
+    usages = []
+    for rid in ("keyed-1", "keyed-2"):
+        request = pb.GenerateRequest(request_id=rid, prompt_token_ids=prompt, params=params)
+        usages.append((await guarded_stack.generate(request))[-1].usage.cached_tokens)
+    assert usages[0] == 0 and usages[1] > 0
+    naming = BlockNaming.for_fleet(SECRET)
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        record = await client.hgetall("{baton}:req:keyed-2")  # type: ignore[misc]
+        index = f"{{baton}}:prefix:executor:{guarded_stack.executors[0].executor_id}"
+        held = await client.smembers(index)  # type: ignore[misc]
+    finally:
+        await client.aclose()
+    names = str(record["prefix"]).split(",")
+    assert names == [name_text(n) for n in naming.block_hashes(prompt, int(record["prefix_block"]))]
+    assert set(names) <= held

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import cast
 
-from common.block_hashing import block_hashes, chain_root
+from common.block_hashing import BlockNaming, block_hashes, chain_root
 from common.config import BatonConfig
 from common.pb import generate_pb2 as pb
 from scheduler_service.dispatcher import Dispatcher
@@ -34,11 +34,20 @@ def test_no_names_without_a_block_size_or_a_full_block() -> None:
 
 def test_a_salted_prompt_is_named_from_its_salts_root_which_its_record_keeps() -> None:
     prompt, root = list(range(1, 40)), chain_root("s")
-    fields = prefix_fields(prompt, 16, root)
+    fields = prefix_fields(prompt, 16, "s")
     assert fields["prefix"].split(",") == [name_text(n) for n in block_hashes(prompt, 16, parent=root)]
     assert fields["prefix_root"] == name_text(root)
     # With no full block, or no block size yet, the root is still kept: its output's blocks chain from it.
-    assert prefix_fields(prompt[:10], 16, root) == prefix_fields(prompt, 0, root) == {"prefix_root": name_text(root)}
+    assert prefix_fields(prompt[:10], 16, "s") == prefix_fields(prompt, 0, "s") == {"prefix_root": name_text(root)}
+
+
+def test_a_fleet_with_a_secret_names_prompts_with_its_key() -> None:
+    prompt, keyed = list(range(1, 40)), BlockNaming.for_fleet("0f1e2d3c4b5a69788796a5b4c3d2e1f0")
+    fields = prefix_fields(prompt, 16, "s", keyed)
+    root = keyed.root("s")
+    assert fields["prefix"].split(",") == [name_text(n) for n in keyed.block_hashes(prompt, 16, parent=root)]
+    assert fields["prefix_root"] == name_text(root) != name_text(chain_root("s"))
+    assert not set(fields["prefix"].split(",")) & set(prefix_fields(prompt, 16, "s")["prefix"].split(","))
 
 
 def test_only_the_first_blocks_are_named() -> None:

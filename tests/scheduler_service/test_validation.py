@@ -207,21 +207,21 @@ def test_default_priority_comes_from_config() -> None:
     assert run(make(), RequestLevelConfig(default_priority=2)).priority == 2
 
 
-def test_a_cache_salt_sets_the_prompts_chain_root() -> None:
-    assert run(make()).prefix_root == ROOT
-    assert run(make(cache_salt="s" * 256)).prefix_root == chain_root("s" * 256) != ROOT
+def test_a_cache_salt_is_kept() -> None:
+    assert run(make()).cache_salt == ""
+    assert run(make(cache_salt="s" * 256)).cache_salt == "s" * 256
 
 
 def test_per_tenant_prefix_caches_give_each_tenant_a_root_of_its_own() -> None:
     config = RequestLevelConfig(prefix_cache_per_tenant=True)
     roots = {
-        (tenant, salt): run(make(tenant=tenant, cache_salt=salt), config).prefix_root
+        (tenant, salt): chain_root(run(make(tenant=tenant, cache_salt=salt), config).cache_salt)
         for tenant in ("", "default", "acme", "globex")
         for salt in ("", "s")
     }
     assert roots[("", "")] == roots[("default", "")]  # no tenant is the default tenant
     assert len(set(roots.values())) == 6 and ROOT not in roots.values()
-    assert run(make(tenant="acme", cache_salt="s"), config).prefix_root == roots[("acme", "s")]
+    assert chain_root(run(make(tenant="acme", cache_salt="s"), config).cache_salt) == roots[("acme", "s")]
 
 
 def test_tenant_and_future_deadline_are_kept() -> None:
