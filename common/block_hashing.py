@@ -19,9 +19,10 @@ what another request generates. A non-cryptographic hash (xxHash, Python's ``has
 who can send prompts construct such collisions offline, as vLLM's CVE-2025-25183 showed with
 Python's ``hash``; vLLM names blocks with SHA-256 since. Names here stay 64 bits (they fill the
 fleet's index in Redis), so a fleet with a fleet secret keys the hash with it
-(``BlockNaming.for_fleet``): without the key nobody can compute a name at all, and finding a
-collision by sending requests would take about 2**32 of them. Without one (``baton dev``, on
-loopback), a second name for a given block still costs about 2**64 hashes. Schedulers and
+(``BlockNaming.for_fleet``): without the key nobody can compute a name at all, and reaching a
+name another request's block holds by trial would take some 2**64 requests over the number of
+blocks cached. Without one (``baton dev``, on loopback), a second block with a given block's
+name still costs some 2**64 hashes. Schedulers and
 executors must name alike, or placement finds nothing cached (exactness never depends on it):
 they read the same secret. BLAKE2b costs about a microsecond a block in Python (XXH3 0.13).
 """
