@@ -34,8 +34,14 @@ from executor_service.grammar_cache import GrammarCache
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.executor_service.test_engine import make_engine, prompts
 
+# The same examples every run: a draw found xgrammar's over-acceptance of ill-formed UTF-8 in JSON
+# strings, which the next test tracks; a suite that draws anew would fail on it now and then.
 _settings = settings(
-    max_examples=12, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=12,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 
 
@@ -147,6 +153,22 @@ def test_json_schema_outputs_parse_and_validate(engine: Engine, schemas: list[di
         assert result.reason is FinishReason.STOP, (schema, result)
         assert result.tokens[-1] in engine.limits.eos_token_ids  # the end the grammar forced
         jsonschema.validate(json.loads(result.text), schema)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="xgrammar lets a JSON string hold an overlong UTF-8 sequence (E0 88 88), which decodes to three "
+    "U+FFFD and so breaks a maxLength of 1; a known class of its over-acceptance, to fix in Baton or upstream",
+)
+def test_a_json_string_takes_only_well_formed_utf8(engine: Engine) -> None:
+    assert engine.grammars is not None
+    schema = {"type": "array", "items": {"type": "string", "maxLength": 1}}
+    matcher = xgr.GrammarMatcher(engine.grammars.get(json_schema(schema)).result())
+    tokenizer = engine.tokenizer
+    # Byte-level tokens for '["', the bytes E0 88 88, then '"]': found by a drawn schema, greedy.
+    ids = tokenizer.convert_tokens_to_ids(["[", '"', "à", "Ī", "Ī", '"', "]"])  # type: ignore[attr-defined]
+    accepted = [matcher.accept_token(token) for token in ids]
+    assert not all(accepted), "the grammar took an overlong UTF-8 sequence as one character"
 
 
 REGEXES = [
