@@ -13,7 +13,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
-import xgrammar as xgr
 import xxhash
 
 from common.block_hashing import UNKEYED, BlockNaming
@@ -36,7 +35,7 @@ from executor_service.engine_io import (
     TokenOut,
 )
 from executor_service.grammar_cache import GrammarCache
-from executor_service.grammar_masks import GrammarBroken, GrammarMasks, resume_matcher
+from executor_service.grammar_masks import GrammarBroken, GrammarMasks, OutputGrammar, resume_matcher
 from executor_service.model_runner import ModelRunner
 from executor_service.prefix_cache import PrefixCache
 from executor_service.sampling import Sampled, Sampler, make_generator
@@ -106,7 +105,7 @@ class Engine:
         self._pending: _PendingStep | None = None  # the launched step whose tokens are not read yet
         self._drops = 0  # sequences dropped so far: a pending step whose count still matches lost none
         # Admissions waiting for their structured output's grammar to compile, in arrival order.
-        self._compiling: dict[str, tuple[AdmitSpec, Future[xgr.CompiledGrammar]]] = {}
+        self._compiling: dict[str, tuple[AdmitSpec, Future[OutputGrammar]]] = {}
 
     @property
     def has_work(self) -> bool:
@@ -176,7 +175,7 @@ class Engine:
                 del self._compiling[request_id]
                 self._join(spec, future)
 
-    def _join(self, spec: AdmitSpec, grammar: Future[xgr.CompiledGrammar] | None) -> None:
+    def _join(self, spec: AdmitSpec, grammar: Future[OutputGrammar] | None) -> None:
         """Add the request to the batch (``grammar``: its structured output's, compiled)."""
         if grammar is not None and grammar.exception() is not None:
             # The scheduler checked the constraint; only a compile that fails here lands on this path.

@@ -12,8 +12,8 @@ compiling is never dropped (its size is unknown), and a request holds its own gr
 cache drops. xgrammar's own compiler cache is off: this one is the only copy.
 
 The compiler, with its view of the tokenizer (``xgrammar.TokenizerInfo``, a pass over the
-vocabulary), is built by the worker on the first compile, so an executor that never sees a
-structured request never pays for it.
+vocabulary), and the tokenizer's UTF-8 table (``utf8_vocabulary.py``) are built by the worker on
+the first compile, so an executor that never sees a structured request never pays for them.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import xgrammar as xgr
 
 from common import structured_grammar
 from common.structured_output import StructuredOutput
+from executor_service.grammar_masks import OutputGrammar
+from executor_service.utf8_vocabulary import Utf8Vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +53,14 @@ class GrammarCache:
         self._tokenizer = tokenizer
         self._stop_token_ids = sorted(stop_token_ids)
         self._compiler: xgr.GrammarCompiler | None = None  # the worker's alone
+        self._utf8: Utf8Vocabulary | None = None  # the worker's alone
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-grammar")
-        self._entries: OrderedDict[StructuredOutput, Future[xgr.CompiledGrammar]] = OrderedDict()
+        self._entries: OrderedDict[StructuredOutput, Future[OutputGrammar]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, spec: StructuredOutput) -> Future[xgr.CompiledGrammar]:
+    def get(self, spec: StructuredOutput) -> Future[OutputGrammar]:
         """The compiled grammar of ``spec``, compiled or on its way. Engine thread only. A spec that
         does not compile gives a future holding InvalidRequest."""
         future = self._entries.get(spec)
@@ -79,23 +82,26 @@ class GrammarCache:
                 del self._entries[spec]
 
     @staticmethod
-    def _size(future: Future[xgr.CompiledGrammar]) -> int:
+    def _size(future: Future[OutputGrammar]) -> int:
         if not future.done() or future.exception() is not None:
             return 0
-        return int(future.result().memory_size_bytes)
+        return int(future.result().compiled.memory_size_bytes)
 
-    def _compile(self, spec: StructuredOutput) -> xgr.CompiledGrammar:
+    def _compile(self, spec: StructuredOutput) -> OutputGrammar:
         started = time.perf_counter()
-        if self._compiler is None:
+        if self._compiler is None or self._utf8 is None:
             info = xgr.TokenizerInfo.from_huggingface(
                 self._tokenizer,  # type: ignore[arg-type]  # the engine's Hugging Face tokenizer
                 vocab_size=self.vocab_size,
                 stop_token_ids=self._stop_token_ids,
             )
             self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            words = xgr.allocate_token_bitmask(1, self.vocab_size).shape[1]
+            neutral = [*info.special_token_ids, *info.stop_token_ids]
+            self._utf8 = Utf8Vocabulary(info.decoded_vocab, neutral, words)
         compiled = structured_grammar.compile_grammar(self._compiler, spec)
         log.info("compiled a %s grammar in %.1f ms", spec.kind, (time.perf_counter() - started) * 1000)
-        return compiled
+        return OutputGrammar(compiled, self._utf8)
 
     def close(self) -> None:
         """Stop the worker; compiles not started are cancelled."""

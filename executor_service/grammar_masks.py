@@ -2,8 +2,9 @@
 the token bitmask that keeps its row of the logits to the tokens its grammar accepts next.
 
 Only constrained rows are touched: each step fills the bitmask rows of the sequences that have a
-matcher (xgrammar's ``fill_next_token_bitmask``, which also says whether anything is masked at all)
-and applies them to those rows alone (on the host, rows that allow few tokens are masked whole and
+matcher (xgrammar's ``fill_next_token_bitmask``), narrows them to the tokens that keep the output
+well-formed UTF-8, which xgrammar's matcher does not ensure (``utf8_vocabulary.py``), and applies
+them to those rows alone (on the host, rows that allow few tokens are masked whole and
 their allowed logits put back; the others through xgrammar's kernel); the other rows, and steps
 without a constrained sequence, pay nothing. The mask comes before anything
 else changes the logits (penalties, bias, temperature, filters), as in vLLM, so a constrained
@@ -19,9 +20,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import xgrammar as xgr
+
+from executor_service.utf8_vocabulary import BETWEEN, Utf8Vocabulary
 
 _BITS = torch.arange(32, dtype=torch.int32)
 # A row whose grammar allows tokens in at most this share of the bitmask's words is "sparse".
@@ -32,9 +36,40 @@ class GrammarBroken(ValueError):
     """A token the grammar does not accept: the output cannot continue under its constraint."""
 
 
-def resume_matcher(compiled: xgr.CompiledGrammar, output_ids: Sequence[int]) -> xgr.GrammarMatcher:
-    """A matcher for ``compiled`` that has accepted ``output_ids`` (a resumed request's output)."""
-    matcher = xgr.GrammarMatcher(compiled)
+@dataclass(frozen=True)
+class OutputGrammar:
+    """A structured output's compiled grammar, with its tokenizer's UTF-8 table (``GrammarCache``)."""
+
+    compiled: xgr.CompiledGrammar
+    utf8: Utf8Vocabulary
+
+
+class OutputMatcher:
+    """A constrained output's place in its grammar (xgrammar's matcher) and in its last character
+    (the UTF-8 decoder's state after the output's bytes)."""
+
+    __slots__ = ("matcher", "utf8", "utf8_state")
+
+    def __init__(self, grammar: OutputGrammar) -> None:
+        self.matcher = xgr.GrammarMatcher(grammar.compiled)
+        self.utf8 = grammar.utf8
+        self.utf8_state = BETWEEN
+
+    def accept_token(self, token: int) -> bool:
+        """Take ``token`` as the output's next; False, and nothing taken, if the grammar refuses it."""
+        if not self.matcher.accept_token(token):
+            return False
+        self.utf8_state = self.utf8.after(self.utf8_state, token)
+        return True
+
+    def is_terminated(self) -> bool:
+        """Whether the grammar has taken its stop token: the output is complete."""
+        return bool(self.matcher.is_terminated())
+
+
+def resume_matcher(grammar: OutputGrammar, output_ids: Sequence[int]) -> OutputMatcher:
+    """A matcher for ``grammar`` that has accepted ``output_ids`` (a resumed request's output)."""
+    matcher = OutputMatcher(grammar)
     for i, token in enumerate(output_ids):
         if matcher.is_terminated() or not matcher.accept_token(token):
             raise GrammarBroken(f"output token {i} (id {token}) does not follow the structured output's grammar")
@@ -55,16 +90,18 @@ class GrammarMasks:
         return self._bitmask
 
     @torch.inference_mode()  # the model's logits are inference tensors
-    def apply(self, logits: torch.Tensor, matchers: Sequence[xgr.GrammarMatcher | None]) -> None:
-        """Mask ``logits`` [len(matchers), V] in place to what each row's matcher accepts next;
-        rows without a matcher are left alone. Ids past the grammar's vocabulary are never accepted."""
-        constrained = [i for i, m in enumerate(matchers) if m is not None]
-        if not constrained:
+    def apply(self, logits: torch.Tensor, matchers: Sequence[OutputMatcher | None]) -> None:
+        """Mask ``logits`` [len(matchers), V] in place to what each row's matcher accepts next and
+        keeps its output well-formed UTF-8; rows without a matcher are left alone. Ids past the
+        grammar's vocabulary are never accepted."""
+        present = [(i, m) for i, m in enumerate(matchers) if m is not None]
+        if not present:
             return
         bitmask = self._buffer(len(matchers))
-        rows = [i for i in constrained if matchers[i].fill_next_token_bitmask(bitmask, i)]  # type: ignore[union-attr]
-        if not rows:
-            return
+        for i, matcher in present:
+            matcher.matcher.fill_next_token_bitmask(bitmask, i)
+        rows = [i for i, _ in present]
+        self._hold_to_utf8(bitmask, rows, [m.utf8_state for _, m in present], present[0][1].utf8)
         width = logits.shape[-1]
         covered = min(width, self.vocab_size)
         if logits.device.type == "cpu":
@@ -78,6 +115,21 @@ class GrammarMasks:
         if width > covered:
             index = torch.tensor(rows, dtype=torch.long, device=logits.device)
             logits[index, covered:] = -math.inf
+
+    @staticmethod
+    def _hold_to_utf8(bitmask: torch.Tensor, rows: list[int], states: list[int], utf8: Utf8Vocabulary) -> None:
+        """Narrow each row to the tokens that continue its output well-formed (one vocabulary per
+        engine: every grammar compiles for its tokenizer). A row with nothing left keeps the grammar's
+        mask alone, as every xgrammar-based server applies it, rather than reach a dead end. In numpy
+        over the host buffer: a few single-threaded microseconds, where torch's small indexed ops wake
+        its thread pool (about 0.1 ms each at two threads)."""
+        words = bitmask.numpy()
+        grammar_words = words[rows]
+        narrowed = grammar_words & utf8.allowed_words_np[states]
+        dead = ~narrowed.any(axis=1)
+        if dead.any():
+            narrowed[dead] = grammar_words[dead]
+        words[rows] = narrowed
 
     @staticmethod
     def _mask_on_host(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int], covered: int) -> None:

@@ -13,7 +13,7 @@ from common.sampling_params import SamplingParams
 from executor_service.detokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
-    import xgrammar as xgr
+    from executor_service.grammar_masks import OutputMatcher
 
 
 @dataclass(eq=False)
@@ -55,7 +55,7 @@ class Sequence:
     decode_blocks: int = 0
     decode_live: bool = False
     # Its structured output's matcher, at the end of its output so far (grammar_masks.py); None: free text.
-    grammar: xgr.GrammarMatcher | None = None
+    grammar: OutputMatcher | None = None
     # What ends it, read once at admission rather than from its parameters after every token: the tokens
     # that stop it once its output is longer than ``min_tokens`` (its stop tokens, and EOS unless it ignores
     # EOS), and the most output it may reach (max_tokens, within the executor's max_model_len).

@@ -37,10 +37,11 @@ def test_compiles_on_its_own_thread_once_per_constraint(cache: GrammarCache) -> 
     cache._compile = recording  # type: ignore[method-assign,assignment]
     first = cache.get(A)
     assert cache.get(StructuredOutput(StructuredKind.REGEX, "[a-z]{3}")) is first  # equal values, one entry
-    compiled = first.result(timeout=60)
-    assert compiled.tokenizer_info.vocab_size == 8192
+    grammar = first.result(timeout=60)
+    assert grammar.compiled.tokenizer_info.vocab_size == 8192
     assert len(threads) == 1 and threads[0].startswith("baton-grammar")
     assert threads[0] != threading.current_thread().name
+    assert grammar.utf8 is cache.get(B).result(timeout=60).utf8  # one UTF-8 table for the tokenizer
 
 
 def test_a_constraint_that_does_not_compile_gives_its_error(cache: GrammarCache) -> None:
@@ -52,6 +53,6 @@ def test_least_recently_used_grammars_go_past_the_memory_bound(cache: GrammarCac
     for spec in (A, B, C):
         cache.get(spec).result(timeout=60)
     cache.get(A)  # now the most recently used: B, C, A
-    cache.max_bytes = cache.get(A).result().memory_size_bytes
+    cache.max_bytes = cache.get(A).result().compiled.memory_size_bytes
     cache._evict()
     assert list(cache._entries) == [A]

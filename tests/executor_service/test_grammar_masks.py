@@ -9,15 +9,21 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from executor_service.grammar_masks import _SPARSE_WORDS, GrammarBroken, GrammarMasks, resume_matcher
+from executor_service.grammar_masks import _SPARSE_WORDS, GrammarBroken, GrammarMasks, OutputGrammar, resume_matcher
+from executor_service.utf8_vocabulary import Utf8Vocabulary
 
 VOCAB = [chr(c) for c in range(97, 123)] + ["0", "1", "</s>"]  # a-z, 0, 1, EOS (id 28)
 EOS = 28
 
 
-def compiled(regex: str) -> xgr.CompiledGrammar:
+def for_vocab(info: xgr.TokenizerInfo, compiled: xgr.CompiledGrammar) -> OutputGrammar:
+    words = xgr.allocate_token_bitmask(1, info.vocab_size).shape[1]
+    return OutputGrammar(compiled, Utf8Vocabulary(info.decoded_vocab, info.stop_token_ids, words))
+
+
+def compiled(regex: str) -> OutputGrammar:
     info = xgr.TokenizerInfo(VOCAB, stop_token_ids=[EOS])
-    return xgr.GrammarCompiler(info, max_threads=1).compile_regex(regex)
+    return for_vocab(info, xgr.GrammarCompiler(info, max_threads=1).compile_regex(regex))
 
 
 def test_only_constrained_rows_are_masked_to_their_next_tokens() -> None:
@@ -76,3 +82,26 @@ def test_sparse_and_dense_rows_mask_as_xgrammars_kernel(width: int) -> None:
     GrammarMasks._mask_on_host(logits, bitmask, rows, covered)
     assert torch.equal(logits[:, :covered], expected[:, :covered])
     assert torch.equal(logits[5], expected[5])  # a row not asked about
+
+
+def test_rows_keep_their_output_well_formed_utf8() -> None:
+    """After the lead byte E0 only A0-BF may follow (80-9F would be overlong), though xgrammar's
+    matcher takes both; tokens that would end a character already due are ruled out."""
+    vocab = [b"\xe0", b"\x88", b"\xa0", b"\xa0\x80", b"\xa0a", b"a", b"</s>"]
+    info = xgr.TokenizerInfo(vocab, stop_token_ids=[6])  # type: ignore[arg-type]  # raw bytes are tokens too
+    grammar = for_vocab(info, xgr.GrammarCompiler(info, max_threads=1).compile_regex(".{0,4}"))
+    matcher = resume_matcher(grammar, [0])
+    logits = torch.zeros(1, len(vocab))
+    GrammarMasks(len(vocab)).apply(logits, [matcher])
+    assert [i for i in range(len(vocab)) if logits[0, i] == 0] == [2, 3]  # A0 (one due after), A0 80
+    assert matcher.accept_token(3) and matcher.utf8_state == 0  # the character is complete
+
+
+def test_a_row_with_no_well_formed_continuation_keeps_the_grammars_mask() -> None:
+    # xgrammar takes the surrogate ED A0 80 as a character; here nothing else could be one.
+    vocab = [b"\xed\xa0\x80", b"</s>"]
+    info = xgr.TokenizerInfo(vocab, stop_token_ids=[1])  # type: ignore[arg-type]  # raw bytes are tokens too
+    grammar = for_vocab(info, xgr.GrammarCompiler(info, max_threads=1).compile_regex("."))
+    logits = torch.zeros(1, len(vocab))
+    GrammarMasks(len(vocab)).apply(logits, [resume_matcher(grammar, [])])
+    assert [i for i in range(len(vocab)) if logits[0, i] == 0] == [0]  # the grammar's, not a dead end
