@@ -38,6 +38,7 @@ SOURCE = Path(__file__).with_name("decode_attention.c")
 LAYER_OPS_SOURCE = Path(__file__).with_name("layer_ops.c")
 SMALL_GEMM_SOURCE = Path(__file__).with_name("small_gemm.c")
 PREFILL_ATTENTION_SOURCE = Path(__file__).with_name("prefill_attention.c")
+TOKEN_MASK_SOURCE = Path(__file__).with_name("token_mask.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 # Each product and sum rounded on its own, as torch's separate ops round them (see layer_ops.c).
 LAYER_OPS_FLAGS = ("-ffp-contract=off",)
@@ -181,4 +182,18 @@ def small_gemm_library() -> ctypes.PyDLL | None:
     function = library.baton_small_gemm_bf16
     function.restype = ctypes.c_int
     function.argtypes = [_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64]
+    return library
+
+
+@cache
+def token_mask_library() -> ctypes.PyDLL | None:
+    """The compiled token-bitmask library, or None (logged once) when it cannot be built or loaded."""
+    try:
+        library = ctypes.PyDLL(str(build(TOKEN_MASK_SOURCE)))
+    except OSError as exc:
+        log.warning("native token bitmask unavailable, using xgrammar's kernel: %s", exc)
+        return None
+    function = library.baton_apply_token_bitmask
+    function.restype = None
+    function.argtypes = [_PTR, _I64, _PTR, _I64, _PTR, _I64, _I64]
     return library

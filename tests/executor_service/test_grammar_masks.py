@@ -10,6 +10,7 @@ import torch
 import xgrammar as xgr
 
 from executor_service.grammar_masks import _SPARSE_WORDS, GrammarBroken, GrammarMasks, OutputGrammar, resume_matcher
+from executor_service.kernels import token_mask
 from executor_service.utf8_vocabulary import Utf8Vocabulary
 
 VOCAB = [chr(c) for c in range(97, 123)] + ["0", "1", "</s>"]  # a-z, 0, 1, EOS (id 28)
@@ -105,3 +106,16 @@ def test_a_row_with_no_well_formed_continuation_keeps_the_grammars_mask() -> Non
     logits = torch.zeros(1, len(vocab))
     GrammarMasks(len(vocab)).apply(logits, [resume_matcher(grammar, [])])
     assert [i for i in range(len(vocab)) if logits[0, i] == 0] == [0]  # the grammar's, not a dead end
+
+
+def test_the_native_kernel_and_the_fallback_mask_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    grammars = [compiled("[01]{2}"), compiled("ab"), compiled("[a-z]+"), compiled("a|b0")]
+    logits = torch.randn(6, len(VOCAB) + 3, generator=torch.Generator().manual_seed(2))
+    results = []
+    for native in (True, False):
+        monkeypatch.setattr(token_mask, "available", lambda native=native: native)
+        out = logits.clone()
+        matchers = [None, *(resume_matcher(g, []) for g in grammars), resume_matcher(grammars[1], [0])]
+        GrammarMasks(len(VOCAB)).apply(out, matchers)
+        results.append(out)
+    assert torch.equal(results[0], results[1]) and not torch.equal(results[0], logits)
