@@ -29,6 +29,7 @@ from common.tracing import client_interceptors
 from gateway.auth import Caller, ClientAuth
 from gateway.errors import BadRequest, GatewayError, ModelNotFound, from_rpc_error
 from gateway.openai_logprobs import ChoiceLogprobs
+from gateway.openai_tokenize import parse_detokenize, parse_tokenize, tokenize_answer
 from gateway.openai_types import (
     REQUEST_ID_HEADER,
     TENANT_HEADER,
@@ -294,6 +295,28 @@ class Gateway:
     async def _model_info(self, metadata: tuple[tuple[str, str], ...]) -> pb.ModelInfoResponse:
         return await self.stub.ModelInfo(pb.ModelInfoRequest(), timeout=_INFO_TIMEOUT_S, metadata=metadata)
 
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's ``/tokenize``: a prompt's or a conversation's token ids, as Baton would prompt with them."""
+        caller = self.auth.caller(request.headers)
+        model, call = parse_tokenize(await _json_body(request, self.max_body_bytes))
+        await self.served.resolve(model, caller.metadata)
+        try:
+            out = await self.stub.Tokenize(call, timeout=_INFO_TIMEOUT_S, metadata=caller.metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None
+        return JSONResponse(tokenize_answer(out, call.return_token_strs))
+
+    async def detokenize(self, request: Request) -> Response:
+        """vLLM's ``/detokenize``: the text of token ids."""
+        caller = self.auth.caller(request.headers)
+        model, call = parse_detokenize(await _json_body(request, self.max_body_bytes))
+        await self.served.resolve(model, caller.metadata)
+        try:
+            out = await self.stub.Detokenize(call, timeout=_INFO_TIMEOUT_S, metadata=caller.metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None
+        return JSONResponse({"prompt": out.text})
+
     async def models(self, request: Request) -> Response:
         # Behind auth as in OpenAI's API, where listing models needs a key too.
         served = await self.served.current(self.auth.caller(request.headers).metadata)
@@ -358,6 +381,8 @@ def create_app(
         Route("/v1/chat/completions", gateway.chat_completions, methods=["POST"]),
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/v1/models/{model:path}", gateway.model, methods=["GET"]),
+        Route("/tokenize", gateway.tokenize, methods=["POST"]),
+        Route("/detokenize", gateway.detokenize, methods=["POST"]),
         Route("/health", gateway.health, methods=["GET"]),
     ]
     handlers = {GatewayError: _gateway_error, HTTPException: _http_error, Exception: _unexpected}

@@ -87,15 +87,34 @@ class Frontend:
         # Prompts are named as the fleet's executors name their blocks: keyed by the same secret.
         self.naming = BlockNaming.for_fleet(fleet_secret(config.security))
 
-    async def tokenize(self, text: str) -> list[int]:
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         limit = self.config.scheduler.request_level.max_prompt_chars
         if len(text) > limit:  # the same limit as a prompt's, before any tokenising
             raise InvalidRequest(f"text has {len(text)} characters; at most {limit}")
         tokenizer, _ = await self.tokenizers.get()
-        encode = tokenizer.encode  # type: ignore[attr-defined]
+        encode = functools.partial(tokenizer.encode, add_special_tokens=add_special_tokens)  # type: ignore[attr-defined]
         if len(text) > _LONG_PROMPT_CHARS:  # keep the event loop responsive for huge prompts
             return list(await asyncio.to_thread(encode, text))
         return list(encode(text))
+
+    async def token_pieces(self, token_ids: list[int]) -> list[str]:
+        """Each token's piece as the vocabulary spells it (``convert_ids_to_tokens``)."""
+        tokenizer, _ = await self.tokenizers.get()
+        return [str(piece) for piece in tokenizer.convert_ids_to_tokens(token_ids)]  # type: ignore[attr-defined]
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """The text of ``token_ids``, special tokens' text included; ids past the vocabulary are refused."""
+        limit = self.config.scheduler.request_level.max_prompt_chars
+        if len(token_ids) > limit:
+            raise InvalidRequest(f"{len(token_ids)} token ids; at most {limit}")
+        tokenizer, _ = await self.tokenizers.get()
+        vocab = len(tokenizer)  # type: ignore[arg-type]
+        if token_ids and max(token_ids) >= vocab:
+            raise InvalidRequest(f"token id {max(token_ids)} is past the vocabulary ({vocab} tokens)")
+        decode = functools.partial(tokenizer.decode, token_ids)  # type: ignore[attr-defined]
+        if len(token_ids) > _LONG_PROMPT_CHARS:
+            return str(await asyncio.to_thread(decode))
+        return str(decode())
 
     async def tokenize_chat(self, chat: Chat) -> list[int]:
         """The conversation's prompt ids under the model's chat template, within the prompt's limits."""

@@ -195,5 +195,15 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         if request.WhichOneof("input") == "chat":
-            return pb.TokenizeResponse(token_ids=await self._frontend.tokenize_chat(Chat.from_pb(request.chat)))
-        return pb.TokenizeResponse(token_ids=await self._frontend.tokenize(request.text))
+            ids = await self._frontend.tokenize_chat(Chat.from_pb(request.chat))
+        else:
+            special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+            ids = await self._frontend.tokenize(request.text, add_special_tokens=special)
+        pieces = await self._frontend.token_pieces(ids) if request.return_token_strs else []
+        limits = await self._frontend.model_limits()
+        return pb.TokenizeResponse(token_ids=ids, token_strs=pieces, max_model_len=limits.max_model_len)
+
+    async def Detokenize(
+        self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DetokenizeResponse:
+        return pb.DetokenizeResponse(text=await self._frontend.detokenize(list(request.token_ids)))

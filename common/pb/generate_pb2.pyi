@@ -331,15 +331,35 @@ class SamplingDefaults(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
-    __slots__ = ("text", "chat")
+    __slots__ = ("text", "chat", "add_special_tokens", "return_token_strs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
+    ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_TOKEN_STRS_FIELD_NUMBER: _ClassVar[int]
     text: str
     chat: Chat
-    def __init__(self, text: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ...) -> None: ...
+    add_special_tokens: bool
+    return_token_strs: bool
+    def __init__(self, text: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., add_special_tokens: _Optional[bool] = ..., return_token_strs: _Optional[bool] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
+    __slots__ = ("token_ids", "token_strs", "max_model_len")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_STRS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    token_strs: _containers.RepeatedScalarFieldContainer[str]
+    max_model_len: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., token_strs: _Optional[_Iterable[str]] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+
+class DetokenizeRequest(_message.Message):
     __slots__ = ("token_ids",)
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DetokenizeResponse(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...

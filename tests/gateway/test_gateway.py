@@ -285,6 +285,42 @@ async def test_models(served: Served, client: openai.AsyncOpenAI) -> None:
     assert isinstance(missing.value.body, dict) and missing.value.body["code"] == "model_not_found"
 
 
+async def test_tokenize_and_detokenize_as_vllm_answers_them(served: Served) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(served.model_dir)
+    text = "Where does the river run?"
+    messages = [{"role": "user", "content": text}]
+    async with httpx.AsyncClient(base_url=served.base_url) as http:
+        plain = (await http.post("/tokenize", json={"model": ALIAS, "prompt": text})).json()
+        bare = (
+            await http.post("/tokenize", json={"prompt": text, "add_special_tokens": False, "return_token_strs": True})
+        ).json()
+        chat = (await http.post("/tokenize", json={"messages": messages})).json()
+        open_turn = (await http.post("/tokenize", json={"messages": messages, "add_generation_prompt": False})).json()
+        back = (await http.post("/detokenize", json={"model": ALIAS, "tokens": bare["tokens"]})).json()
+        wrong_model = await http.post("/tokenize", json={"model": "other", "prompt": text})
+        both = await http.post("/tokenize", json={"prompt": text, "messages": messages})
+        unknown = await http.post("/tokenize", json={"prompt": text, "tools": []})
+        past = await http.post("/detokenize", json={"tokens": [8192]})
+        not_ids = await http.post("/detokenize", json={"tokens": "abc"})
+    assert plain == {
+        "count": len(tokenizer(text).input_ids),
+        "max_model_len": plain["max_model_len"],
+        "tokens": tokenizer(text).input_ids,
+        "token_strs": None,
+    }
+    assert plain["max_model_len"] > 0
+    assert bare["tokens"] == tokenizer(text, add_special_tokens=False).input_ids
+    assert bare["token_strs"] == tokenizer.convert_ids_to_tokens(bare["tokens"])
+    assert chat["tokens"] == list(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    )
+    assert open_turn["tokens"] == list(tokenizer.apply_chat_template(messages, return_dict=False))
+    assert back == {"prompt": text}
+    assert wrong_model.status_code == 404
+    assert both.status_code == 400 and unknown.status_code == 400 and not_ids.status_code == 400
+    assert past.status_code == 400 and "past the vocabulary" in past.json()["error"]["message"]
+
+
 async def test_health(served: Served) -> None:
     async with httpx.AsyncClient(base_url=served.base_url) as http:
         reply = await http.get("/health")

@@ -73,8 +73,10 @@ async def test_no_or_unknown_key_is_401_and_health_stays_open(gateways: Gateways
             anonymous = await http.post("/v1/completions", json=body, headers={"x-baton-tenant": "alice"})
             wrong = await http.post("/v1/chat/completions", json=chat, headers={"authorization": "Bearer nope"})
             models = await http.get("/v1/models")
+            tokenize = await http.post("/tokenize", json={"prompt": "Hi"})
+            detokenize = await http.post("/detokenize", json={"tokens": [5]}, headers={"authorization": "Bearer nope"})
             health = await http.get("/health")
-        for reply in (anonymous, wrong, models):
+        for reply in (anonymous, wrong, models, tokenize, detokenize):
             assert reply.status_code == 401, (base_url, reply.text)
             assert reply.headers["www-authenticate"] == "Bearer"
             error = reply.json()["error"]

@@ -138,3 +138,12 @@ async def test_tokenize_has_the_prompt_character_limit(stack: Stack) -> None:
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "at most 1000000" in (info.value.details() or "")
     assert len((await stack.stub.Tokenize(pb.TokenizeRequest(text="hello"))).token_ids) > 0
+
+
+async def test_detokenize_refuses_ids_past_the_vocabulary_and_too_many(stack: Stack) -> None:
+    for ids, says in (([5, 8192], "past the vocabulary"), ([5] * 1_000_001, "at most 1000000")):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stack.stub.Detokenize(pb.DetokenizeRequest(token_ids=ids))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert says in (info.value.details() or "")
+    await stack.stub.Detokenize(pb.DetokenizeRequest(token_ids=[8191]))  # the last id is in it

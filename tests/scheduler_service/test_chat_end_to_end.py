@@ -64,6 +64,23 @@ async def test_tokenize_takes_a_chat(stack: Stack, tiny_model_dir: Path) -> None
     # Text keeps working as before.
     text = await stack.stub.Tokenize(pb.TokenizeRequest(text="Hello"))
     assert list(text.token_ids) == tokenizer("Hello").input_ids
+    assert not text.token_strs  # only when asked
+
+
+async def test_tokenize_options_and_detokenize_round_trip(stack: Stack, tiny_model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    text = "The river runs past the old mill."
+    bare = await stack.stub.Tokenize(pb.TokenizeRequest(text=text, add_special_tokens=False, return_token_strs=True))
+    assert list(bare.token_ids) == tokenizer(text, add_special_tokens=False).input_ids
+    assert list(bare.token_strs) == tokenizer.convert_ids_to_tokens(list(bare.token_ids))
+    info = await stack.stub.ModelInfo(pb.ModelInfoRequest())
+    assert bare.max_model_len == info.max_model_len > 0
+    full = await stack.stub.Tokenize(pb.TokenizeRequest(text=text))
+    assert list(full.token_ids) == tokenizer(text).input_ids != list(bare.token_ids)  # the BOS
+    back = await stack.stub.Detokenize(pb.DetokenizeRequest(token_ids=full.token_ids))
+    assert back.text == tokenizer.decode(list(full.token_ids)) and back.text.endswith(text)
+    assert (await stack.stub.Detokenize(pb.DetokenizeRequest(token_ids=bare.token_ids))).text == text
+    assert (await stack.stub.Detokenize(pb.DetokenizeRequest())).text == ""
 
 
 BAD_CHATS = {

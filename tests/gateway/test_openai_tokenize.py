@@ -1,0 +1,57 @@
+"""The gateway's reading of vLLM's /tokenize and /detokenize bodies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from common.pb import generate_pb2 as pb
+from gateway.errors import BadRequest
+from gateway.openai_tokenize import parse_detokenize, parse_tokenize, tokenize_answer
+
+
+def test_a_prompt_adds_special_tokens_unless_told_not_to() -> None:
+    model, call = parse_tokenize({"model": "m", "prompt": "hi"})
+    assert model == "m" and call.text == "hi" and call.add_special_tokens and not call.return_token_strs
+    _, bare = parse_tokenize({"prompt": "hi", "add_special_tokens": False, "return_token_strs": True})
+    assert bare.HasField("add_special_tokens") and not bare.add_special_tokens and bare.return_token_strs
+
+
+def test_messages_become_a_chat_with_its_generation_prompt() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    model, call = parse_tokenize({"messages": messages})
+    assert model == "" and call.WhichOneof("input") == "chat" and call.chat.add_generation_prompt
+    assert [(m.role, m.content) for m in call.chat.messages] == [("user", "hi")]
+    assert not parse_tokenize({"messages": messages, "add_generation_prompt": False})[1].chat.add_generation_prompt
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({}, "either prompt or messages"),
+        ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "either prompt or messages"),
+        ({"prompt": 5}, "prompt must be a string"),
+        ({"prompt": "a", "add_special_tokens": "yes"}, "true or false"),
+        ({"messages": [{"role": "user", "content": "b"}], "add_special_tokens": True}, "template places"),
+        ({"messages": []}, "non-empty list"),
+        ({"prompt": "a", "continue_final_message": True}, "unsupported field continue_final_message"),
+        ({"prompt": "a", "model": 3}, "model must be a string"),
+    ],
+)
+def test_tokenize_refusals(body: dict[str, Any], says: str) -> None:
+    with pytest.raises(BadRequest, match=says):
+        parse_tokenize(body)
+
+
+@pytest.mark.parametrize("tokens", [None, "12", [1, "2"], [1, True], [-1], [2**32]])
+def test_detokenize_takes_only_token_ids(tokens: Any) -> None:
+    with pytest.raises(BadRequest):
+        parse_detokenize({"tokens": tokens})
+    assert parse_detokenize({"tokens": [0, 7, 2**32 - 1]})[1].token_ids == [0, 7, 2**32 - 1]
+
+
+def test_the_answer_has_vllms_fields() -> None:
+    out = pb.TokenizeResponse(token_ids=[1, 2], token_strs=["<s>", "a"], max_model_len=64)
+    assert tokenize_answer(out, True) == {"count": 2, "max_model_len": 64, "tokens": [1, 2], "token_strs": ["<s>", "a"]}
+    assert tokenize_answer(out, False)["token_strs"] is None
