@@ -299,23 +299,23 @@ class Gateway:
         """vLLM's ``/tokenize``: a prompt's or a conversation's token ids, as Baton would prompt with them."""
         caller = self.auth.caller(request.headers)
         model, call = parse_tokenize(await _json_body(request, self.max_body_bytes))
-        await self.served.resolve(model, caller.metadata)
-        try:
-            out = await self.stub.Tokenize(call, timeout=_INFO_TIMEOUT_S, metadata=caller.metadata)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from None
+        out = await self._tokenizer_call(self.stub.Tokenize, call, model, caller)
         return JSONResponse(tokenize_answer(out, call.return_token_strs))
 
     async def detokenize(self, request: Request) -> Response:
         """vLLM's ``/detokenize``: the text of token ids."""
         caller = self.auth.caller(request.headers)
         model, call = parse_detokenize(await _json_body(request, self.max_body_bytes))
+        out = await self._tokenizer_call(self.stub.Detokenize, call, model, caller)
+        return JSONResponse({"prompt": out.text})
+
+    async def _tokenizer_call(self, rpc: Any, call: Any, model: str, caller: Caller) -> Any:
+        """``rpc(call)`` for ``caller``, once ``model`` names the served model (empty: it does)."""
         await self.served.resolve(model, caller.metadata)
         try:
-            out = await self.stub.Detokenize(call, timeout=_INFO_TIMEOUT_S, metadata=caller.metadata)
+            return await rpc(call, timeout=_INFO_TIMEOUT_S, metadata=caller.metadata)
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
-        return JSONResponse({"prompt": out.text})
 
     async def models(self, request: Request) -> Response:
         # Behind auth as in OpenAI's API, where listing models needs a key too.
