@@ -14,15 +14,23 @@ from typing import Any
 
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest
-from gateway.openai_types import chat_input
+from gateway.openai_types import chat_input, refuse_unsupported
 
-_TOKENIZE_FIELDS = frozenset(
-    {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "return_token_strs"}
-)
+# vLLM's fields that would change the tokens, with the values that mean "not asked for": anything
+# else is refused rather than ignored. Other fields are ignored, as vLLM ignores extra ones.
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "continue_final_message": (None, False),
+    "chat_template": (None, ""),
+    "chat_template_kwargs": (None, {}),
+    "tools": (None, []),
+    "mm_processor_kwargs": (None, {}),
+}
 
 
 def _model(body: Mapping[str, Any]) -> str:
-    model = body.get("model") or ""
+    model = body.get("model")
+    if model is None:
+        return ""
     if not isinstance(model, str):
         raise BadRequest("model must be a string", param="model")
     return model
@@ -39,9 +47,7 @@ def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
 
 def parse_tokenize(body: Mapping[str, Any]) -> tuple[str, pb.TokenizeRequest]:
     """The model asked for (empty: the served one) and the call."""
-    unknown = sorted(set(body) - _TOKENIZE_FIELDS)
-    if unknown:  # chat_template_kwargs, tools, continue_final_message...: not served, so not ignored
-        raise BadRequest(f"unsupported field {unknown[0]}", param=unknown[0])
+    refuse_unsupported(body, _UNSUPPORTED)
     request = pb.TokenizeRequest(return_token_strs=_flag(body, "return_token_strs", False))
     prompt, messages = body.get("prompt"), body.get("messages")
     if (prompt is None) == (messages is None):

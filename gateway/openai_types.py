@@ -148,8 +148,9 @@ def _stops(body: Mapping[str, Any]) -> list[str]:
     raise BadRequest("stop must be a string or a list of strings", param="stop")
 
 
-def _check_supported(body: Mapping[str, Any]) -> None:
-    for name, neutral in _UNSUPPORTED.items():
+def refuse_unsupported(body: Mapping[str, Any], unsupported: Mapping[str, tuple[Any, ...]] = _UNSUPPORTED) -> None:
+    """A 400 for a field of ``unsupported`` that ``body`` sets to anything but its neutral values."""
+    for name, neutral in unsupported.items():
         if name in body and not any(body[name] == v and type(body[name]) is type(v) for v in neutral):
             raise BadRequest(f"{name}={body[name]!r} is not supported by this server", param=name)
 
@@ -224,7 +225,7 @@ def _sampling(body: Mapping[str, Any], default_max_tokens: int, min_max_tokens: 
 def _parsed(
     body: Mapping[str, Any], request: pb.GenerateRequest, default_max_tokens: int, min_max_tokens: int = 1
 ) -> Parsed:
-    _check_supported(body)
+    refuse_unsupported(body)
     model = body.get("model", "")
     if not isinstance(model, str):
         raise BadRequest("model must be a string", param="model")

@@ -299,7 +299,7 @@ async def test_tokenize_and_detokenize_as_vllm_answers_them(served: Served) -> N
         back = (await http.post("/detokenize", json={"model": ALIAS, "tokens": bare["tokens"]})).json()
         wrong_model = await http.post("/tokenize", json={"model": "other", "prompt": text})
         both = await http.post("/tokenize", json={"prompt": text, "messages": messages})
-        unknown = await http.post("/tokenize", json={"prompt": text, "tools": []})
+        unknown = await http.post("/tokenize", json={"messages": messages, "chat_template_kwargs": {"x": 1}})
         past = await http.post("/detokenize", json={"tokens": [8192]})
         not_ids = await http.post("/detokenize", json={"tokens": "abc"})
     assert plain == {

@@ -18,6 +18,11 @@ def test_a_prompt_adds_special_tokens_unless_told_not_to() -> None:
     assert bare.HasField("add_special_tokens") and not bare.add_special_tokens and bare.return_token_strs
 
 
+def test_neutral_values_and_other_fields_pass() -> None:
+    body = {"prompt": "hi", "tools": [], "continue_final_message": False, "user": "u", "priority": 0}
+    assert parse_tokenize(body)[1].text == "hi"
+
+
 def test_messages_become_a_chat_with_its_generation_prompt() -> None:
     messages = [{"role": "user", "content": "hi"}]
     model, call = parse_tokenize({"messages": messages})
@@ -35,8 +40,10 @@ def test_messages_become_a_chat_with_its_generation_prompt() -> None:
         ({"prompt": "a", "add_special_tokens": "yes"}, "true or false"),
         ({"messages": [{"role": "user", "content": "b"}], "add_special_tokens": True}, "template places"),
         ({"messages": []}, "non-empty list"),
-        ({"prompt": "a", "continue_final_message": True}, "unsupported field continue_final_message"),
+        ({"prompt": "a", "continue_final_message": True}, "continue_final_message=True is not supported"),
+        ({"messages": [{"role": "user", "content": "b"}], "tools": [{"type": "function"}]}, "tools="),
         ({"prompt": "a", "model": 3}, "model must be a string"),
+        ({"prompt": "a", "model": 0}, "model must be a string"),
     ],
 )
 def test_tokenize_refusals(body: dict[str, Any], says: str) -> None:
