@@ -2,7 +2,8 @@
 ``Detokenize`` calls.
 
 ``/tokenize`` takes a ``prompt`` (``add_special_tokens``, default true) or chat ``messages``
-(``add_generation_prompt``, default true; the template places the special tokens), with
+(with the chat routes' ``add_generation_prompt``, ``continue_final_message`` and
+``chat_template_kwargs``; the template places the special tokens), with
 ``return_token_strs`` for each token's piece, and answers ``count``, ``max_model_len``, ``tokens``
 and ``token_strs``. ``/detokenize`` takes ``tokens`` and answers the ``prompt`` they spell.
 """
@@ -14,14 +15,12 @@ from typing import Any
 
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest
-from gateway.openai_types import chat_input, refuse_unsupported
+from gateway.openai_types import chat_input, chat_options, refuse_unsupported
 
 # vLLM's fields that would change the tokens, with the values that mean "not asked for": anything
 # else is refused rather than ignored. Other fields are ignored, as vLLM ignores extra ones.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "continue_final_message": (None, False),
     "chat_template": (None, ""),
-    "chat_template_kwargs": (None, {}),
     "tools": (None, []),
     "mm_processor_kwargs": (None, {}),
 }
@@ -56,7 +55,7 @@ def parse_tokenize(body: Mapping[str, Any]) -> tuple[str, pb.TokenizeRequest]:
         if body.get("add_special_tokens"):
             raise BadRequest("add_special_tokens applies to a prompt: a chat's template places its own")
         request.chat.CopyFrom(chat_input(messages))
-        request.chat.add_generation_prompt = _flag(body, "add_generation_prompt", True)
+        chat_options(body, request.chat)
     else:
         if not isinstance(prompt, str):
             raise BadRequest("prompt must be a string", param="prompt")

@@ -40,6 +40,7 @@ counts the tokens the template produced. A model without a template answers 400.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -320,8 +321,24 @@ def chat_input(messages: Any) -> pb.Chat:
     return chat
 
 
+def chat_options(body: Mapping[str, Any], chat: pb.Chat) -> None:
+    """vLLM's options for rendering a conversation: ``add_generation_prompt`` (default true),
+    ``continue_final_message`` and ``chat_template_kwargs`` (an object of template variables)."""
+    generation = body.get("add_generation_prompt")
+    if generation is not None:
+        chat.add_generation_prompt = _bool(body, "add_generation_prompt")
+    chat.continue_final_message = _bool(body, "continue_final_message")
+    variables = body.get("chat_template_kwargs")
+    if variables is not None:
+        if not isinstance(variables, dict):
+            raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
+        if variables:
+            chat.chat_template_kwargs = json.dumps(variables, ensure_ascii=False)
+
+
 def parse_chat(body: Mapping[str, Any]) -> Parsed:
     request = pb.GenerateRequest(chat=chat_input(body.get("messages")))
+    chat_options(body, request.chat)
     parsed = _parsed(body, request, 0)  # 0: Baton's default, capped by the room left in the context
     if _bool(body, "echo"):  # completions only (vLLM's chat echo repeats a message: not served here)
         raise BadRequest("echo is not supported for chat completions", param="echo")

@@ -7,7 +7,10 @@ the model was trained on, and usage counts the tokens the template produced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from jinja2 import TemplateError
@@ -36,6 +39,11 @@ class Chat:
     # End the prompt with the template's start of an assistant reply (what a chat client wants);
     # off, the prompt ends with the last message as the template renders it.
     add_generation_prompt: bool = True
+    # End the prompt inside the last message, for the model to continue it.
+    continue_final_message: bool = False
+    # Extra variables for the template, and the JSON text they came as (it counts in ``chars``).
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    template_kwargs_json: str = ""
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -43,11 +51,17 @@ class Chat:
         for i, message in enumerate(self.messages):
             if message.role not in ROLES:
                 raise InvalidRequest(f"chat message {i} has role {message.role!r}; use one of {', '.join(ROLES)}")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise InvalidRequest(
+                "continue_final_message continues the last message, add_generation_prompt starts a new one: "
+                "set add_generation_prompt to false"
+            )
 
     @property
     def chars(self) -> int:
-        """What counts against ``max_prompt_chars``: every role and content, and the template."""
-        return len(self.template) + sum(len(m.role) + len(m.content) for m in self.messages)
+        """What counts against ``max_prompt_chars``: every role and content, the template and its variables."""
+        messages = sum(len(m.role) + len(m.content) for m in self.messages)
+        return len(self.template) + len(self.template_kwargs_json) + messages
 
     @classmethod
     def from_pb(cls, msg: pb.Chat) -> Chat:
@@ -55,7 +69,29 @@ class Chat:
             messages=tuple(ChatMessage(m.role, m.content) for m in msg.messages),
             template=msg.chat_template,
             add_generation_prompt=msg.add_generation_prompt if msg.HasField("add_generation_prompt") else True,
+            continue_final_message=msg.continue_final_message,
+            template_kwargs=_template_kwargs(msg.chat_template_kwargs),
+            template_kwargs_json=msg.chat_template_kwargs,
         )
+
+
+def _template_kwargs(text: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        kwargs = json.loads(text)
+    except (ValueError, RecursionError):
+        raise InvalidRequest("chat_template_kwargs must be a JSON object") from None
+    if not isinstance(kwargs, dict):
+        raise InvalidRequest("chat_template_kwargs must be a JSON object")
+    return kwargs
+
+
+def _reserved_names(tokenizer: Any) -> frozenset[str]:
+    """The names ``apply_chat_template`` takes itself, and ``messages``, which it hands the template:
+    a template variable may not reuse one."""
+    parameters = inspect.signature(tokenizer.apply_chat_template).parameters.values()
+    return frozenset(p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD) | {"messages"}
 
 
 def chat_prompt_ids(tokenizer: Any, chat: Chat, allow_request_template: bool) -> list[int]:
@@ -74,15 +110,22 @@ def chat_prompt_ids(tokenizer: Any, chat: Chat, allow_request_template: bool) ->
                 "(request_level.allow_request_chat_template is off): send the prompt as text or token ids"
             )
         template = chat.template
+    taken = sorted(_reserved_names(tokenizer).intersection(chat.template_kwargs))
+    if taken:
+        raise InvalidRequest(f"chat_template_kwargs may not set {taken[0]!r}: the chat request decides it")
     messages = [{"role": m.role, "content": m.content} for m in chat.messages]
     try:
         ids = tokenizer.apply_chat_template(
             messages,
             chat_template=template,
             add_generation_prompt=chat.add_generation_prompt,
+            continue_final_message=chat.continue_final_message,
             tokenize=True,
             return_dict=False,
+            **chat.template_kwargs,
         )
     except TemplateError as exc:  # a syntax error in a request's template, or the template's raise_exception
         raise InvalidRequest(f"the chat template refused the conversation: {exc}") from None
+    except (ValueError, TypeError) as exc:  # continue_final_message on a message the template alters, say
+        raise InvalidRequest(f"the chat could not be rendered: {exc}") from None
     return [int(t) for t in ids]

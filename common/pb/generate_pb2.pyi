@@ -117,14 +117,18 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class Chat(_message.Message):
-    __slots__ = ("messages", "chat_template", "add_generation_prompt")
+    __slots__ = ("messages", "chat_template", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     chat_template: str
     add_generation_prompt: bool
-    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., chat_template: _Optional[str] = ..., add_generation_prompt: _Optional[bool] = ...) -> None: ...
+    continue_final_message: bool
+    chat_template_kwargs: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., chat_template: _Optional[str] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., chat_template_kwargs: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt", "chat", "prompt_token_ids", "params", "priority", "tenant", "deadline_ms", "ttft_target_ms", "cache_salt")

@@ -130,6 +130,27 @@ async def test_chat_whole_uses_the_models_chat_template(served: Served, client: 
     assert chat.choices[0].message.content == same.choices[0].text
 
 
+async def test_chat_continues_a_begun_reply(served: Served, client: openai.AsyncOpenAI) -> None:
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Well, the"},
+    ]
+    options = {"add_generation_prompt": False, "continue_final_message": True, "chat_template_kwargs": {"x": 1}}
+    chat = await client.chat.completions.create(
+        model=ALIAS, messages=messages, max_tokens=8, temperature=0, extra_body={**NO_EOS, **options}
+    )
+    tokenizer = AutoTokenizer.from_pretrained(served.model_dir)
+    conversation = cast(list[dict[str, str]], messages)
+    ids = cast(list[int], tokenizer.apply_chat_template(conversation, continue_final_message=True, return_dict=False))
+    same = await client.completions.create(model=ALIAS, prompt=ids, max_tokens=8, temperature=0, extra_body=NO_EOS)
+    assert chat.usage is not None and chat.usage.prompt_tokens == len(ids)
+    assert chat.choices[0].message.content == same.choices[0].text
+    with pytest.raises(openai.BadRequestError, match="add_generation_prompt"):  # both: Baton refuses
+        await client.chat.completions.create(
+            model=ALIAS, messages=messages, max_tokens=2, extra_body={"continue_final_message": True}
+        )
+
+
 async def test_chat_stream_with_usage(served: Served, client: openai.AsyncOpenAI) -> None:
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": [{"type": "text", "text": "Tell me"}]}]
     whole = await client.chat.completions.create(
@@ -299,7 +320,7 @@ async def test_tokenize_and_detokenize_as_vllm_answers_them(served: Served) -> N
         back = (await http.post("/detokenize", json={"model": ALIAS, "tokens": bare["tokens"]})).json()
         wrong_model = await http.post("/tokenize", json={"model": "other", "prompt": text})
         both = await http.post("/tokenize", json={"prompt": text, "messages": messages})
-        unknown = await http.post("/tokenize", json={"messages": messages, "chat_template_kwargs": {"x": 1}})
+        unknown = await http.post("/tokenize", json={"messages": messages, "tools": [{"type": "function"}]})
         past = await http.post("/detokenize", json={"tokens": [8192]})
         not_ids = await http.post("/detokenize", json={"tokens": "abc"})
     assert plain == {

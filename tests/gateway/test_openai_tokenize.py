@@ -26,9 +26,13 @@ def test_neutral_values_and_other_fields_pass() -> None:
 def test_messages_become_a_chat_with_its_generation_prompt() -> None:
     messages = [{"role": "user", "content": "hi"}]
     model, call = parse_tokenize({"messages": messages})
-    assert model == "" and call.WhichOneof("input") == "chat" and call.chat.add_generation_prompt
+    assert model == "" and call.WhichOneof("input") == "chat"
+    assert not call.chat.HasField("add_generation_prompt")  # Baton's default: true
     assert [(m.role, m.content) for m in call.chat.messages] == [("user", "hi")]
-    assert not parse_tokenize({"messages": messages, "add_generation_prompt": False})[1].chat.add_generation_prompt
+    options = {"add_generation_prompt": False, "continue_final_message": True, "chat_template_kwargs": {"a": 1}}
+    continued = parse_tokenize({"messages": messages, **options})[1].chat
+    assert not continued.add_generation_prompt and continued.HasField("add_generation_prompt")
+    assert continued.continue_final_message and continued.chat_template_kwargs == '{"a": 1}'
 
 
 @pytest.mark.parametrize(
@@ -40,7 +44,7 @@ def test_messages_become_a_chat_with_its_generation_prompt() -> None:
         ({"prompt": "a", "add_special_tokens": "yes"}, "true or false"),
         ({"messages": [{"role": "user", "content": "b"}], "add_special_tokens": True}, "template places"),
         ({"messages": []}, "non-empty list"),
-        ({"prompt": "a", "continue_final_message": True}, "continue_final_message=True is not supported"),
+        ({"prompt": "a", "chat_template": "{{ x }}"}, "chat_template='{{ x }}' is not supported"),
         ({"messages": [{"role": "user", "content": "b"}], "tools": [{"type": "function"}]}, "tools="),
         ({"prompt": "a", "model": 3}, "model must be a string"),
         ({"prompt": "a", "model": 0}, "model must be a string"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import grpc
@@ -227,6 +228,15 @@ def test_chat_messages_go_to_baton_as_they_are() -> None:
         ("assistant", ""),
     ]
     assert not chat.HasField("add_generation_prompt") and not chat.chat_template  # Baton's defaults
+    assert not chat.continue_final_message and not chat.chat_template_kwargs
+    options = {"add_generation_prompt": False, "continue_final_message": True, "chat_template_kwargs": {"é": [1]}}
+    continued = parse_chat({"messages": messages, **options}).request.chat
+    assert continued.HasField("add_generation_prompt") and not continued.add_generation_prompt
+    assert continued.continue_final_message and json.loads(continued.chat_template_kwargs) == {"é": [1]}
+    assert not parse_chat({"messages": messages, "chat_template_kwargs": {}}).request.chat.chat_template_kwargs
+    for name, value in (("chat_template_kwargs", [1]), ("continue_final_message", "yes"), ("add_generation_prompt", 1)):
+        with pytest.raises(BadRequest, match=name):
+            parse_chat({"messages": messages, name: value})
     # Which roles count is the scheduler's call (with the model's template), not the gateway's.
     assert chat_input([{"role": "wizard", "content": "x"}]).messages[0].role == "wizard"
     for bad in (

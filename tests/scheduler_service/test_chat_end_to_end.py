@@ -3,6 +3,7 @@ and greedy output equals ``model.generate`` on those ids alone; a bad conversati
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -83,12 +84,40 @@ async def test_tokenize_options_and_detokenize_round_trip(stack: Stack, tiny_mod
     assert (await stack.stub.Detokenize(pb.DetokenizeRequest())).text == ""
 
 
+async def test_a_chat_can_end_inside_its_last_message(stack: Stack, tiny_model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    begun = [*CONVERSATION, {"role": "assistant", "content": "It runs to"}]
+    chat = chat_pb(begun, add_generation_prompt=False, continue_final_message=True)
+    expected = list(tokenizer.apply_chat_template(begun, continue_final_message=True, return_dict=False))
+    assert list((await stack.stub.Tokenize(pb.TokenizeRequest(chat=chat))).token_ids) == expected
+    closed = list(tokenizer.apply_chat_template(begun, return_dict=False))
+    assert closed[: len(expected)] == expected and len(closed) > len(expected)  # the turn's end left off
+    whole = await stack.stub.Complete(greedy_chat(chat, 6))
+    assert whole.usage.prompt_tokens == len(expected)
+    # Variables the model's template does not use change nothing.
+    quiet = chat_pb(CONVERSATION, chat_template_kwargs='{"enable_thinking": false}')
+    plain = list(tokenizer.apply_chat_template(CONVERSATION, add_generation_prompt=True, return_dict=False))
+    assert list((await stack.stub.Tokenize(pb.TokenizeRequest(chat=quiet))).token_ids) == plain
+
+
 BAD_CHATS = {
     "no messages": pb.GenerateRequest(chat=pb.Chat()),
     "unknown role": pb.GenerateRequest(chat=chat_pb([{"role": "narrator", "content": "x"}])),
     "empty role": pb.GenerateRequest(chat=chat_pb([{"role": "", "content": "x"}])),
     "over the character limit": pb.GenerateRequest(chat=chat_pb([{"role": "user", "content": "x" * 1_000_000}])),
     "chat and token ids": pb.GenerateRequest(chat=chat_pb(CONVERSATION), prompt_token_ids=[1, 5]),
+    "continuing and starting a reply": pb.GenerateRequest(chat=chat_pb(CONVERSATION, continue_final_message=True)),
+    "template variables not JSON": pb.GenerateRequest(chat=chat_pb(CONVERSATION, chat_template_kwargs="{")),
+    "template variables not an object": pb.GenerateRequest(chat=chat_pb(CONVERSATION, chat_template_kwargs="[1]")),
+    "template variable the call sets": pb.GenerateRequest(
+        chat=chat_pb(CONVERSATION, chat_template_kwargs='{"add_generation_prompt": false}')
+    ),
+    "template variable for the messages": pb.GenerateRequest(
+        chat=chat_pb(CONVERSATION, chat_template_kwargs='{"messages": []}')
+    ),
+    "template variables over the character limit": pb.GenerateRequest(
+        chat=chat_pb(CONVERSATION, chat_template_kwargs=json.dumps({"x": "y" * 1_000_000}))
+    ),
     "templated prompt longer than the model": pb.GenerateRequest(
         chat=chat_pb([{"role": "user", "content": "river " * 5000}])
     ),
@@ -96,7 +125,18 @@ BAD_CHATS = {
         chat=chat_pb(CONVERSATION), params=pb.SamplingParams(max_tokens=4090)
     ),
 }
-MALFORMED = ("no messages", "unknown role", "empty role", "over the character limit")
+MALFORMED = (
+    "no messages",
+    "unknown role",
+    "empty role",
+    "over the character limit",
+    "continuing and starting a reply",
+    "template variables not JSON",
+    "template variables not an object",
+    "template variable the call sets",
+    "template variable for the messages",
+    "template variables over the character limit",
+)
 
 
 @pytest.mark.parametrize("name", list(BAD_CHATS))

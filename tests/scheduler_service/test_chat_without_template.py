@@ -3,6 +3,7 @@ FAILED_PRECONDITION, unless the server takes templates from requests and the req
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import cast
 
@@ -49,6 +50,14 @@ async def test_a_model_without_a_template_is_failed_precondition(redis_url: str,
         assert chunks[-1].usage.prompt_tokens == len(ids)
         reference = reference_greedy(load_reference_model(untemplated_model_dir), ids, 12)
         assert_matches_reference(joined_tokens(chunks), reference, "request template")
+        # Variables reach the template.
+        shouting = "{% for m in messages %}{{ m['content'] | upper if shout else m['content'] }}\n{% endfor %}"
+        for shout in (True, False):
+            chat = chat_pb(CONVERSATION, chat_template=shouting, chat_template_kwargs=json.dumps({"shout": shout}))
+            expected = tokenizer.apply_chat_template(
+                CONVERSATION, chat_template=shouting, shout=shout, return_dict=False
+            )
+            assert list((await stack.stub.Tokenize(pb.TokenizeRequest(chat=chat))).token_ids) == list(expected)
         with pytest.raises(grpc.aio.AioRpcError) as broken:
             await stack.stub.Complete(greedy_chat(chat_pb(CONVERSATION, chat_template="{% if %}"), 4))
         assert broken.value.code() == grpc.StatusCode.INVALID_ARGUMENT
