@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -39,7 +39,7 @@ from gateway.openai_types import (
     apply_model_defaults,
     parse_chat,
     parse_completion,
-    samples_usage,
+    prompts_usage,
 )
 from gateway.served_model import ServedModels
 
@@ -101,11 +101,50 @@ def _is_unicode(body: dict[str, Any]) -> bool:
     return True
 
 
-async def _cancel_on_disconnect(request: Request, call: grpc.aio.Call) -> None:
+async def _cancel_on_disconnect(request: Request, calls: Sequence[grpc.aio.Call]) -> None:
     # The body has been read, so the next ASGI message is the disconnect (or the end of the response).
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    call.cancel()
+    for call in calls:
+        call.cancel()
+
+
+async def _messages(
+    calls: Sequence[grpc.aio.UnaryStreamCall], firsts: Sequence[Any]
+) -> AsyncGenerator[tuple[int, Any], None]:
+    """Each call's messages as (the call's index, the message), the ``firsts`` already read; a
+    call's end is ``grpc.aio.EOF``. One call is read in place; several are read side by side, each
+    message passed on as it arrives, and a call's error is raised here."""
+    if len(calls) == 1:
+        message = firsts[0]
+        while True:
+            yield 0, message
+            if message is grpc.aio.EOF:
+                return
+            message = await calls[0].read()
+    arrived: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(i: int, call: grpc.aio.UnaryStreamCall) -> None:
+        try:
+            while (message := await call.read()) is not grpc.aio.EOF:
+                arrived.put_nowait((i, message))
+        except grpc.aio.AioRpcError as exc:
+            arrived.put_nowait((i, exc))
+            return
+        arrived.put_nowait((i, grpc.aio.EOF))
+
+    for i, first in enumerate(firsts):
+        arrived.put_nowait((i, first))
+    pumps = [asyncio.create_task(pump(i, call)) for i, call in enumerate(calls) if firsts[i] is not grpc.aio.EOF]
+    try:
+        while True:
+            i, message = await arrived.get()
+            if isinstance(message, grpc.aio.AioRpcError):
+                raise message
+            yield i, message
+    finally:
+        for task in pumps:
+            task.cancel()
 
 
 def _client_gone(watcher: asyncio.Task[None]) -> bool:
@@ -174,20 +213,27 @@ class Gateway:
         model = await self.served.resolve(parsed.model, caller.metadata)
         if (served := self.served.latest) is not None:
             apply_model_defaults(parsed.request.params, body, served.sampling_defaults)
+        requests = parsed.requests()  # one per prompt: a completion may list several
         reply = Reply.for_request(chat, parsed, model)
         headers = {REQUEST_ID_HEADER: reply.request_id}
         log.debug("request %s: %s, stream=%s", reply.request_id, request.url.path, parsed.stream)
         if parsed.stream:
-            return await self._stream(request, caller, parsed, reply, headers)
-        return await self._whole(request, caller, reply, parsed, headers)
+            return await self._stream(request, caller, parsed, requests, reply, headers)
+        return await self._whole(request, caller, reply, parsed, requests, headers)
 
     async def _whole(
-        self, request: Request, caller: Caller, reply: Reply, parsed: Parsed, headers: dict[str, str]
+        self,
+        request: Request,
+        caller: Caller,
+        reply: Reply,
+        parsed: Parsed,
+        requests: list[pb.GenerateRequest],
+        headers: dict[str, str],
     ) -> Response:
-        call = self.stub.Complete(parsed.request, metadata=caller.metadata)
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
+        calls = [self.stub.Complete(r, metadata=caller.metadata) for r in requests]
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, calls))
         try:
-            out = await call
+            outs = list(await asyncio.gather(*calls))
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
         except asyncio.CancelledError:
@@ -197,63 +243,81 @@ class Gateway:
             raise
         finally:
             watcher.cancel()
-        failed = [sample for sample in (out.samples or [out]) if sample.finish_reason == pb.FINISH_REASON_ERROR]
+            for call in calls:  # a no-op for those that ended; the others' requests are cancelled
+                call.cancel()
+        failed = [s for out in outs for s in (out.samples or [out]) if s.finish_reason == pb.FINISH_REASON_ERROR]
         if failed:
             raise GatewayError(500, await self._failure(caller, failed[0].request_id), code="generation_failed")
         return JSONResponse(
-            reply.whole(out, lambda sample: _choice_logprobs(reply, parsed).shape(sample)), headers=headers
+            reply.whole(outs, lambda i, sample: _choice_logprobs(reply, parsed, requests[i]).shape(sample)),
+            headers=headers,
         )
 
     async def _stream(
-        self, request: Request, caller: Caller, parsed: Parsed, reply: Reply, headers: dict[str, str]
+        self,
+        request: Request,
+        caller: Caller,
+        parsed: Parsed,
+        requests: list[pb.GenerateRequest],
+        reply: Reply,
+        headers: dict[str, str],
     ) -> Response:
-        call = self.stub.Generate(parsed.request, metadata=caller.metadata)
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, call))
+        calls = [self.stub.Generate(r, metadata=caller.metadata) for r in requests]
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, calls))
         try:
-            # Waiting for the first message before answering lets a refused request (bad input, full queue)
-            # get its HTTP status instead of a 200 with an error event.
-            first = await call.read()
+            # Waiting for the first messages before answering lets a refused request (bad input, full
+            # queue) get its HTTP status instead of a 200 with an error event.
+            firsts = list(await asyncio.gather(*(call.read() for call in calls)))
         except grpc.aio.AioRpcError as exc:
             watcher.cancel()
+            for call in calls:
+                call.cancel()
             raise from_rpc_error(exc) from None
         except asyncio.CancelledError:
             gone = _client_gone(watcher)
             watcher.cancel()
+            for call in calls:
+                call.cancel()
             if gone:
                 log.info("request %s: client disconnected while queued; cancelled", reply.request_id)
                 return Response(status_code=_CLIENT_CLOSED)
             raise
-        events = self._events(call, first, watcher, caller, parsed, reply)
+        events = self._events(calls, firsts, watcher, caller, parsed, requests, reply)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
     async def _events(
         self,
-        call: grpc.aio.UnaryStreamCall,
-        first: Any,
+        calls: list[grpc.aio.UnaryStreamCall],
+        firsts: list[Any],
         watcher: asyncio.Task[None],
         caller: Caller,
         parsed: Parsed,
+        requests: list[pb.GenerateRequest],
         reply: Reply,
     ) -> AsyncIterator[bytes]:
         n = max(1, parsed.request.params.n)
-        usages: dict[int, pb.Usage] = {}  # each finished sample's; the stream ends when all have one
-        choices: dict[int, ChoiceLogprobs] = {}  # each sample's echo and logprobs, message by message
+        # Each finished choice's usage, by prompt and sample; the stream ends when every choice has one.
+        usages: dict[tuple[int, int], pb.Usage] = {}
+        choices: dict[int, ChoiceLogprobs] = {}  # each choice's echo and logprobs, message by message
+        messages = _messages(calls, firsts)
         try:
             if reply.chat:
                 for index in range(n):
                     yield _sse(reply.chunk("", role=True, index=index))
-            message = first
-            while True:
+            async for prompt, message in messages:
                 if message is grpc.aio.EOF:
+                    if all((prompt, k) in usages for k in range(n)):
+                        continue  # this prompt's stream ended after its last choice: others go on
                     yield _sse(GatewayError(502, "Baton's stream ended without a finish reason").body())
                     break
-                reason, index = message.finish_reason, message.sample_index
+                reason, sample = message.finish_reason, message.sample_index
                 if reason == pb.FINISH_REASON_ERROR:
-                    failed = sample_id(reply.request_id, index)
+                    failed = sample_id(requests[prompt].request_id, sample)
                     failure = GatewayError(500, await self._failure(caller, failed), code="generation_failed")
                     yield _sse(failure.body())
                     break
-                choice = choices.setdefault(index, _choice_logprobs(reply, parsed))
+                index = prompt * n + sample  # OpenAI's numbering of a batch's choices
+                choice = choices.setdefault(index, _choice_logprobs(reply, parsed, requests[prompt]))
                 text, logprobs = choice.shape(message)
                 if reply.chat:
                     if text or message.logprobs:  # tokens whose text is held back still bring logprobs
@@ -263,12 +327,12 @@ class Gateway:
                 elif text or reason or message.logprobs:
                     yield _sse(reply.chunk(text, reason, index=index, logprobs=logprobs))
                 if reason:
-                    usages[index] = message.usage
-                if len(usages) == n:
+                    usages[prompt, sample] = message.usage
+                if len(usages) == n * len(calls):
                     if parsed.include_usage:
-                        yield _sse(reply.usage_chunk(samples_usage([usages[k] for k in sorted(usages)])))
+                        per_prompt = [[usages[p, k] for k in range(n)] for p in range(len(calls))]
+                        yield _sse(reply.usage_chunk(prompts_usage(per_prompt)))
                     break
-                message = await call.read()
         except grpc.aio.AioRpcError as exc:
             yield _sse(from_rpc_error(exc).body())
         except asyncio.CancelledError:
@@ -277,8 +341,10 @@ class Gateway:
             log.info("request %s: client disconnected mid-stream; cancelled", reply.request_id)
             return
         finally:
+            await messages.aclose()
             watcher.cancel()
-            call.cancel()  # a no-op when the call ended; otherwise Baton cancels the request
+            for call in calls:  # a no-op for a call that ended; otherwise Baton cancels the request
+                call.cancel()
         yield _DONE
 
     async def _failure(self, caller: Caller, request_id: str) -> str:
@@ -341,8 +407,8 @@ class Gateway:
         return JSONResponse({"status": status, "target": self.target}, status_code=200 if serving else 503)
 
 
-def _choice_logprobs(reply: Reply, parsed: Parsed) -> ChoiceLogprobs:
-    return ChoiceLogprobs(reply.chat, parsed.echo, parsed.logprobs, parsed.request.prompt)
+def _choice_logprobs(reply: Reply, parsed: Parsed, request: pb.GenerateRequest) -> ChoiceLogprobs:
+    return ChoiceLogprobs(reply.chat, parsed.echo, parsed.logprobs, request.prompt)
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:

@@ -50,7 +50,7 @@ from typing import Any
 
 import xxhash
 
-from common.keys import is_safe_name
+from common.keys import MAX_NAME_CHARS, is_safe_name
 from common.logprobs import MAX_LOGPROBS
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest
@@ -61,6 +61,8 @@ TENANT_HEADER = "x-baton-tenant"
 REQUEST_ID_HEADER = "x-baton-request-id"
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to Baton's own
+# The most prompts one completion request may list: each is a Baton request of its own.
+MAX_PROMPTS = 1024
 
 FINISH_REASON: dict[int, str] = {
     pb.FINISH_REASON_STOP: "stop",
@@ -88,6 +90,33 @@ class Parsed:
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage, and no choices
     echo: bool = False  # completions: the prompt goes before the text (and its logprobs first)
     logprobs: bool = False  # the answer carries a ``logprobs`` object
+    # Completions with a list of prompts: every prompt (text, or token ids), the first of them also
+    # in ``request``; empty: ``request``'s prompt alone.
+    prompts: tuple[str | tuple[int, ...], ...] = ()
+
+    def requests(self) -> list[pb.GenerateRequest]:
+        """One Baton request per prompt: ``request`` as headers, auth and defaults left it, with
+        each prompt in turn; prompt i > 0 is named ``ID.i``, where ``ID`` names prompt 0."""
+        if len(self.prompts) < 2:
+            return [self.request]
+        base = self.request.request_id
+        if len(base) + 1 + len(str(len(self.prompts) - 1)) > MAX_NAME_CHARS:
+            raise BadRequest(f"the request id is too long to name {len(self.prompts)} prompts' requests")
+        out = [self.request]
+        for i, prompt in enumerate(self.prompts[1:], start=1):
+            request = pb.GenerateRequest()
+            request.CopyFrom(self.request)
+            request.ClearField("prompt")
+            request.ClearField("prompt_token_ids")
+            if isinstance(prompt, str):
+                request.prompt = prompt
+            else:
+                request.prompt_token_ids[:] = prompt
+                if self.echo and not request.params.HasField("prompt_logprobs"):
+                    request.params.prompt_logprobs = 0  # its tokens' texts, to echo (``parse_completion``)
+            request.request_id = f"{base}.{i}"
+            out.append(request)
+        return out
 
 
 def _number(body: Mapping[str, Any], name: str) -> float | None:
@@ -268,18 +297,35 @@ def _include_usage(body: Mapping[str, Any], stream: bool) -> bool:
     return _bool(options, "include_usage")
 
 
+def _prompts(value: Any) -> list[str | tuple[int, ...]]:
+    """A completion's ``prompt``: a string, token ids, or a list of either (a batch of prompts)."""
+    if isinstance(value, str):
+        return [value]
+    if (ids := _token_ids(value, "prompt")) is not None:
+        return [tuple(ids)]
+    if isinstance(value, list) and value and len(value) <= MAX_PROMPTS:
+        prompts: list[str | tuple[int, ...]] = []
+        for item in value:
+            if isinstance(item, str):
+                prompts.append(item)
+            elif (ids := _token_ids(item, "prompt")) is not None:
+                prompts.append(tuple(ids))
+            else:
+                break
+        else:
+            return prompts
+    raise BadRequest(
+        f"prompt must be a string, a list of token ids, or a list of up to {MAX_PROMPTS} of either", param="prompt"
+    )
+
+
 def parse_completion(body: Mapping[str, Any]) -> Parsed:
-    prompt = body.get("prompt")
+    prompts = _prompts(body.get("prompt"))
     request = pb.GenerateRequest()
-    # A batch of one prompt is accepted in either list form; real batches would need several choices.
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        request.prompt = prompt
-    elif (ids := _token_ids(prompt, "prompt")) is not None:
-        request.prompt_token_ids.extend(ids)
+    if isinstance(prompts[0], str):
+        request.prompt = prompts[0]
     else:
-        raise BadRequest("prompt must be a string or a list of token ids (one prompt per request)", param="prompt")
+        request.prompt_token_ids.extend(prompts[0])
     echo = _bool(body, "echo")
     parsed = _parsed(body, request, COMPLETION_DEFAULT_MAX_TOKENS, 0 if echo else 1)
     params = parsed.request.params
@@ -290,7 +336,7 @@ def parse_completion(body: Mapping[str, Any]) -> Parsed:
         # The prompt's logprobs; or, for a prompt of ids, its tokens' texts to echo; or a prompt to
         # score (max_tokens 0), which needs them: Baton computes the prompt whatever it is asked.
         params.prompt_logprobs = logprobs or 0
-    return replace(parsed, echo=echo, logprobs=logprobs is not None)
+    return replace(parsed, echo=echo, logprobs=logprobs is not None, prompts=tuple(prompts) if len(prompts) > 1 else ())
 
 
 def _content(message: Mapping[str, Any]) -> str:
@@ -396,8 +442,20 @@ def samples_usage(usages: Sequence[pb.Usage]) -> pb.Usage:
     )
 
 
-# One choice's text and logprobs object from its whole output (``openai_logprobs.ChoiceLogprobs.shape``).
-Shape = Callable[[pb.CompleteResponse], tuple[str, dict[str, Any] | None]]
+def prompts_usage(per_prompt: Sequence[Sequence[pb.Usage]]) -> pb.Usage:
+    """The usage of a request with several prompts, each with its samples' usages: the prompts'
+    usages (``samples_usage``) added up."""
+    usages = [samples_usage(samples) for samples in per_prompt]
+    return pb.Usage(
+        prompt_tokens=sum(u.prompt_tokens for u in usages),
+        completion_tokens=sum(u.completion_tokens for u in usages),
+        cached_tokens=sum(u.cached_tokens for u in usages),
+    )
+
+
+# One choice's text and logprobs object from its prompt's index and its whole output
+# (``openai_logprobs.ChoiceLogprobs.shape``).
+Shape = Callable[[int, pb.CompleteResponse], tuple[str, dict[str, Any] | None]]
 
 
 @dataclass(frozen=True)
@@ -423,18 +481,30 @@ class Reply:
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def whole(self, out: pb.CompleteResponse, shape: Shape | None = None) -> dict[str, Any]:
-        """The whole response: a choice per sample (``out.samples``; ``out`` itself when it has none),
-        each choice's text and logprobs object as ``shape`` gives them (default: its text, none)."""
-        samples = list(out.samples) or [out]
-        choices = [self._whole_choice(sample, *(shape(sample) if shape else (sample.text, None))) for sample in samples]
+    def whole(
+        self, outs: pb.CompleteResponse | Sequence[pb.CompleteResponse], shape: Shape | None = None
+    ) -> dict[str, Any]:
+        """The whole response to one prompt's output or several prompts' (in order): a choice per
+        sample (``out.samples``; ``out`` itself when it has none), prompt i's sample k at index
+        i * n + k as OpenAI numbers them, each choice's text and logprobs object as ``shape`` gives
+        them (default: its text, none)."""
+        per_prompt = [list(out.samples) or [out] for out in ([outs] if isinstance(outs, pb.CompleteResponse) else outs)]
+        choices = [
+            self._whole_choice(
+                i * len(samples) + sample.sample_index, sample, *(shape(i, sample) if shape else (sample.text, None))
+            )
+            for i, samples in enumerate(per_prompt)
+            for sample in samples
+        ]
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
-        body["usage"] = usage_dict(samples_usage([sample.usage for sample in samples]))
+        body["usage"] = usage_dict(prompts_usage([[sample.usage for sample in samples] for samples in per_prompt]))
         return body
 
-    def _whole_choice(self, sample: pb.CompleteResponse, text: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    def _whole_choice(
+        self, index: int, sample: pb.CompleteResponse, text: str, logprobs: dict[str, Any] | None
+    ) -> dict[str, Any]:
         choice: dict[str, Any] = {
-            "index": sample.sample_index,
+            "index": index,
             "logprobs": logprobs,
             "finish_reason": FINISH_REASON.get(sample.finish_reason),
         }

@@ -56,22 +56,27 @@ async def _wait_state(stack: Stack, request_id: str, state: int, timeout: float 
             await asyncio.sleep(0.05)
 
 
+@pytest.mark.parametrize("prompts", [1, 2], ids=["one-prompt", "two-prompts"])
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-async def test_leaving_while_queued_cancels(one_slot: tuple[Stack, str], stream: bool) -> None:
+async def test_leaving_while_queued_cancels(one_slot: tuple[Stack, str], stream: bool, prompts: int) -> None:
     stack, base_url = one_slot
-    request_id = f"queued-{'stream' if stream else 'whole'}"
+    request_id = f"queued-{'stream' if stream else 'whole'}-{prompts}"
+    # A list of prompts is a Baton request per prompt: prompt i > 0 is request ID.i.
+    request_ids = [request_id] + [f"{request_id}.{i}" for i in range(1, prompts)]
     async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0) as client:
         call = asyncio.create_task(
             client.completions.create(
                 model=stack.config.executor.model,
-                prompt="Hi",
+                prompt="Hi" if prompts == 1 else ["Hi"] * prompts,
                 max_tokens=4,
                 stream=stream,
                 extra_headers={"x-baton-request-id": request_id},
             )
         )
-        await _wait_state(stack, request_id, pb.REQUEST_STATE_QUEUED)
+        for rid in request_ids:
+            await _wait_state(stack, rid, pb.REQUEST_STATE_QUEUED)
         call.cancel()  # httpx closes the connection: the gateway sees the disconnect before any token
         with pytest.raises(asyncio.CancelledError):
             await call
-    await _wait_state(stack, request_id, pb.REQUEST_STATE_CANCELLED)
+    for rid in request_ids:
+        await _wait_state(stack, rid, pb.REQUEST_STATE_CANCELLED)

@@ -91,6 +91,40 @@ async def test_completion_from_token_ids_matches_text(served: Served, client: op
     assert by_ids.usage is not None and by_ids.usage.prompt_tokens == len(ids)
 
 
+async def test_a_list_of_prompts_answers_each_as_alone(served: Served, client: openai.AsyncOpenAI) -> None:
+    ids = list((await served.stack.stub.Tokenize(pb.TokenizeRequest(text="The mill"))).token_ids)
+    prompts: list[Any] = ["Once upon", ids, "Hello there"]
+    options: dict[str, Any] = {"max_tokens": 5, "temperature": 0, "n": 2, "logprobs": 1, "echo": True}
+    alone = [await client.completions.create(model=ALIAS, prompt=p, extra_body=NO_EOS, **options) for p in prompts]
+    batch = await client.completions.create(model=ALIAS, prompt=prompts, extra_body=NO_EOS, **options)
+    assert [c.index for c in batch.choices] == list(range(6))  # prompt i's sample k at i * n + k
+    for i, one in enumerate(alone):
+        for k in range(2):
+            got, want = batch.choices[2 * i + k], one.choices[k]
+            assert (got.text, got.finish_reason) == (want.text, want.finish_reason)
+            assert got.logprobs is not None and want.logprobs is not None
+            assert got.logprobs.tokens == want.logprobs.tokens
+    assert batch.usage is not None and all(one.usage is not None for one in alone)
+    assert batch.usage.prompt_tokens == sum(one.usage.prompt_tokens for one in alone if one.usage)
+    assert batch.usage.completion_tokens == 3 * 2 * 5
+    # Streamed: each choice's chunks join to its whole text, and the usage comes last.
+    stream = await client.completions.create(
+        model=ALIAS,
+        prompt=prompts,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=NO_EOS,
+        **{k: v for k, v in options.items() if k != "logprobs"},
+    )
+    chunks = [chunk async for chunk in stream]
+    texts: dict[int, str] = {}
+    for chunk in chunks[:-1]:
+        texts[chunk.choices[0].index] = texts.get(chunk.choices[0].index, "") + chunk.choices[0].text
+    assert texts == {c.index: c.text for c in batch.choices}
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 30
+    assert len({c.id for c in chunks}) == 1
+
+
 async def test_stop_string_ends_the_text(client: openai.AsyncOpenAI) -> None:
     free = await client.completions.create(model="tiny", prompt="abc", max_tokens=30, temperature=0, extra_body=NO_EOS)
     text = free.choices[0].text

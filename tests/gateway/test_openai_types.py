@@ -185,7 +185,11 @@ def test_chat_defaults_to_batons_max_tokens() -> None:
         ({"prompt": "a", "logit_bias": [5, 1]}, "logit_bias"),
         ({"prompt": "a", "include_stop_str_in_output": 1}, "include_stop_str_in_output"),
         ({"prompt": "a", "response_format": {"type": "structural_tag"}}, "response_format"),
-        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": ["a", 5]}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [[]]}, "prompt"),
+        ({"prompt": ["a"] * 1025}, "prompt"),
+        ({"prompt": [[1], [2, -1]]}, "prompt"),
         ({"prompt": [1, -1]}, "prompt"),
         ({"prompt": None}, "prompt"),
         ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
@@ -211,6 +215,26 @@ def test_completion_rejects(body: dict[str, Any], param: str) -> None:
     with pytest.raises(BadRequest) as err:
         parse_completion(body)
     assert err.value.param == param and err.value.status == 400
+
+
+def test_a_list_of_prompts_is_a_request_per_prompt() -> None:
+    parsed = parse_completion({"prompt": ["one", [5, 6], "three"], "n": 2, "max_tokens": 3})
+    parsed.request.request_id, parsed.request.tenant = "abc", "t"  # as headers and auth set them
+    requests = parsed.requests()
+    assert [r.request_id for r in requests] == ["abc", "abc.1", "abc.2"]
+    assert [(r.prompt, list(r.prompt_token_ids)) for r in requests] == [("one", []), ("", [5, 6]), ("three", [])]
+    assert all(r.params.n == 2 and r.params.max_tokens == 3 and r.tenant == "t" for r in requests)
+    assert requests[0] is parsed.request
+    echoed = parse_completion({"prompt": ["one", [5, 6]], "echo": True})
+    echoed.request.request_id = "e"
+    assert [r.params.HasField("prompt_logprobs") for r in echoed.requests()] == [False, True]  # ids' texts, to echo
+    for single in ("one", ["one"], [5, 6], [[5, 6]]):  # one prompt, in any of its forms
+        one = parse_completion({"prompt": single})
+        assert one.prompts == () and one.requests() == [one.request]
+    long = parse_completion({"prompt": ["a"] * 11})
+    long.request.request_id = "x" * 126
+    with pytest.raises(BadRequest, match="too long"):
+        long.requests()
 
 
 def test_chat_messages_go_to_baton_as_they_are() -> None:
