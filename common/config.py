@@ -58,7 +58,7 @@ class RequestLevelConfig:
     max_stop_strings: int = 16
     max_stop_string_chars: int = 256
     max_prompt_chars: int = 1_000_000  # text prompts, conversations and Tokenize, checked before tokenising
-    # Whether a conversation may bring its own Jinja chat template (used when the model has none).
+    # Whether a conversation may bring its own Jinja chat template (used in place of the model's).
     # Off by default: even sandboxed, a template can build gigabytes or loop for minutes in the
     # scheduler, so only clients the operator trusts should send one.
     allow_request_chat_template: bool = False

@@ -2,8 +2,8 @@
 ``Detokenize`` calls.
 
 ``/tokenize`` takes a ``prompt`` (``add_special_tokens``, default true) or chat ``messages``
-(with the chat routes' ``add_generation_prompt``, ``continue_final_message`` and
-``chat_template_kwargs``; the template places the special tokens), with
+(with the chat routes' ``add_generation_prompt``, ``continue_final_message``, ``chat_template``
+and ``chat_template_kwargs``; the template places the special tokens), with
 ``return_token_strs`` for each token's piece, and answers ``count``, ``max_model_len``, ``tokens``
 and ``token_strs``. ``/detokenize`` takes ``tokens`` and answers the ``prompt`` they spell.
 """
@@ -20,7 +20,6 @@ from gateway.openai_types import chat_input, chat_options, refuse_unsupported
 # vLLM's fields that would change the tokens, with the values that mean "not asked for": anything
 # else is refused rather than ignored. Other fields are ignored, as vLLM ignores extra ones.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "chat_template": (None, ""),
     "tools": (None, []),
     "mm_processor_kwargs": (None, {}),
 }

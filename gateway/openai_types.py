@@ -369,7 +369,13 @@ def chat_input(messages: Any) -> pb.Chat:
 
 def chat_options(body: Mapping[str, Any], chat: pb.Chat) -> None:
     """vLLM's options for rendering a conversation: ``add_generation_prompt`` (default true),
-    ``continue_final_message`` and ``chat_template_kwargs`` (an object of template variables)."""
+    ``continue_final_message``, ``chat_template`` (Baton takes it where the operator trusts clients
+    with templates) and ``chat_template_kwargs`` (an object of template variables)."""
+    template = body.get("chat_template")
+    if template is not None:
+        if not isinstance(template, str):
+            raise BadRequest("chat_template must be a string", param="chat_template")
+        chat.chat_template = template
     generation = body.get("add_generation_prompt")
     if generation is not None:
         chat.add_generation_prompt = _bool(body, "add_generation_prompt")

@@ -34,7 +34,8 @@ class Chat:
     """A conversation to continue; raises InvalidRequest when malformed."""
 
     messages: tuple[ChatMessage, ...]
-    # The request's own Jinja template, for a model that has none; empty: none.
+    # The request's own Jinja template, in place of the model's (where the server takes templates
+    # from requests); empty: the model's.
     template: str = ""
     # End the prompt with the template's start of an assistant reply (what a chat client wants);
     # off, the prompt ends with the last message as the template renders it.
@@ -95,21 +96,25 @@ def _reserved_names(tokenizer: Any) -> frozenset[str]:
 
 
 def chat_prompt_ids(tokenizer: Any, chat: Chat, allow_request_template: bool) -> list[int]:
-    """The prompt's token ids: ``chat`` rendered with the model's template, or, for a model with
-    none, the request's own when ``allow_request_template``; else FailedPrecondition."""
+    """The prompt's token ids: ``chat`` rendered with the request's own template where it brings
+    one and ``allow_request_template`` (as vLLM's ``--trust-request-chat-template``: in place of
+    the model's), else with the model's; FailedPrecondition for a template the server does not take
+    from requests, or for a model with none and no template of the request's."""
     template: str | None = None
-    if getattr(tokenizer, "chat_template", None) is None:
-        if not chat.template:
-            raise FailedPrecondition(
-                "the served model has no chat template: send the prompt as text or token ids"
-                + (", or a chat_template with the conversation" if allow_request_template else "")
-            )
+    own = getattr(tokenizer, "chat_template", None) is not None
+    if chat.template:
         if not allow_request_template:
             raise FailedPrecondition(
-                "the served model has no chat template, and this server takes none from requests "
-                "(request_level.allow_request_chat_template is off): send the prompt as text or token ids"
+                "this server takes no chat template from requests (request_level.allow_request_chat_template "
+                "is off): "
+                + ("leave chat_template out to use the model's" if own else "send the prompt as text or token ids")
             )
         template = chat.template
+    elif not own:
+        raise FailedPrecondition(
+            "the served model has no chat template: send the prompt as text or token ids"
+            + (", or a chat_template with the conversation" if allow_request_template else "")
+        )
     taken = sorted(_reserved_names(tokenizer).intersection(chat.template_kwargs))
     if taken:
         raise InvalidRequest(f"chat_template_kwargs may not set {taken[0]!r}: the chat request decides it")

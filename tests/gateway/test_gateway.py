@@ -179,6 +179,10 @@ async def test_chat_continues_a_begun_reply(served: Served, client: openai.Async
     same = await client.completions.create(model=ALIAS, prompt=ids, max_tokens=8, temperature=0, extra_body=NO_EOS)
     assert chat.usage is not None and chat.usage.prompt_tokens == len(ids)
     assert chat.choices[0].message.content == same.choices[0].text
+    with pytest.raises(openai.BadRequestError, match="allow_request_chat_template"):  # not trusted here
+        await client.chat.completions.create(
+            model=ALIAS, messages=messages, max_tokens=2, extra_body={"chat_template": "{{ messages }}"}
+        )
     with pytest.raises(openai.BadRequestError, match="add_generation_prompt"):  # both: Baton refuses
         await client.chat.completions.create(
             model=ALIAS, messages=messages, max_tokens=2, extra_body={"continue_final_message": True}

@@ -33,6 +33,8 @@ def test_messages_become_a_chat_with_its_generation_prompt() -> None:
     continued = parse_tokenize({"messages": messages, **options})[1].chat
     assert not continued.add_generation_prompt and continued.HasField("add_generation_prompt")
     assert continued.continue_final_message and continued.chat_template_kwargs == '{"a": 1}'
+    templated = parse_tokenize({"messages": messages, "chat_template": "{{ messages }}"})[1].chat
+    assert templated.chat_template == "{{ messages }}"  # Baton decides whether it takes it
 
 
 @pytest.mark.parametrize(
@@ -44,7 +46,8 @@ def test_messages_become_a_chat_with_its_generation_prompt() -> None:
         ({"prompt": "a", "add_special_tokens": "yes"}, "true or false"),
         ({"messages": [{"role": "user", "content": "b"}], "add_special_tokens": True}, "template places"),
         ({"messages": []}, "non-empty list"),
-        ({"prompt": "a", "chat_template": "{{ x }}"}, "chat_template='{{ x }}' is not supported"),
+        ({"prompt": "a", "mm_processor_kwargs": {"x": 1}}, "mm_processor_kwargs="),
+        ({"messages": [{"role": "user", "content": "b"}], "chat_template": 5}, "chat_template must be a string"),
         ({"messages": [{"role": "user", "content": "b"}], "tools": [{"type": "function"}]}, "tools="),
         ({"prompt": "a", "model": 3}, "model must be a string"),
         ({"prompt": "a", "model": 0}, "model must be a string"),

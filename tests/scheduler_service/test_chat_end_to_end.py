@@ -11,7 +11,10 @@ import grpc
 import pytest
 from transformers import AutoTokenizer
 
+from common.config_loading import with_overrides
 from common.pb import generate_pb2 as pb
+from common.pb import generate_pb2_grpc
+from scheduler_service.server import start_scheduler
 from tests.conftest import RedisServer
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.stack import Stack, joined_tokens, stack_config, start_stack
@@ -98,6 +101,30 @@ async def test_a_chat_can_end_inside_its_last_message(stack: Stack, tiny_model_d
     quiet = chat_pb(CONVERSATION, chat_template_kwargs='{"enable_thinking": false}')
     plain = list(tokenizer.apply_chat_template(CONVERSATION, add_generation_prompt=True, return_dict=False))
     assert list((await stack.stub.Tokenize(pb.TokenizeRequest(chat=quiet))).token_ids) == plain
+
+
+async def test_a_request_template_replaces_the_models_only_where_the_server_takes_them(
+    stack: Stack, tiny_model_dir: Path
+) -> None:
+    plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    chat = chat_pb(CONVERSATION, chat_template=plain)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:  # this server takes none: refused, never ignored
+        await stack.stub.Tokenize(pb.TokenizeRequest(chat=chat))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "leave chat_template out" in (refused.value.details() or "")
+    trusting = await start_scheduler(
+        with_overrides(stack.config, scheduler={"request_level": {"allow_request_chat_template": True}})
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{trusting.port}") as channel:
+            out = await generate_pb2_grpc.GenerationStub(channel).Tokenize(pb.TokenizeRequest(chat=chat))
+    finally:
+        await trusting.stop(grace=0.5)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    expected = tokenizer.apply_chat_template(
+        CONVERSATION, chat_template=plain, add_generation_prompt=True, return_dict=False
+    )
+    assert list(out.token_ids) == list(expected)
 
 
 BAD_CHATS = {
