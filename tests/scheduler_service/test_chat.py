@@ -66,8 +66,11 @@ def test_the_models_template_gives_what_apply_chat_template_gives(tokenizer: Any
     no_prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=False, return_dict=False)
     assert chat_prompt_ids(tokenizer, chat(add_generation_prompt=False), False) == no_prompt
     assert len(no_prompt) < len(expected)
-    # A request's template is for models without one: the model's own wins.
-    assert chat_prompt_ids(tokenizer, chat(template=PLAIN), allow_request_template=True) == expected
+    # A request's template replaces the model's where the server takes them, and is refused elsewhere.
+    plain = tokenizer.apply_chat_template(MESSAGES, chat_template=PLAIN, add_generation_prompt=True, return_dict=False)
+    assert chat_prompt_ids(tokenizer, chat(template=PLAIN), allow_request_template=True) == plain != expected
+    with pytest.raises(FailedPrecondition, match="leave chat_template out to use the model's"):
+        chat_prompt_ids(tokenizer, chat(template=PLAIN), allow_request_template=False)
 
 
 def test_a_model_without_a_template(untemplated: Any, tokenizer: Any) -> None:
