@@ -15,6 +15,10 @@ sharing its KV (with ``seed``, choice i samples with seed + i). ``choices[i].ind
 sample's; a stream interleaves the choices' chunks as their tokens come, each choice ends with its
 own finish reason, and the usage counts the prompt once and every choice's tokens.
 
+Several prompts (a completion's ``prompt`` as a list of strings or of token-id lists): a Baton
+request per prompt (``Parsed.requests``, prompt i > 0 named ``ID.i``), prompt i's sample k at
+``choices[i * n + k]``, the usage the prompts' added up.
+
 Structured output (``response_format``, and vLLM's ``structured_outputs`` and ``guided_*``
 fields): see ``openai_structured``.
 
@@ -32,7 +36,9 @@ see ``gateway.auth``) and
 Chat: the messages go to Baton as they are (a ``baton.v1.Chat``; text content parts are joined by
 newlines, as vLLM joins them),
 and the scheduler renders them with the model's own chat template, so ``usage.prompt_tokens``
-counts the tokens the template produced. A model without a template answers 400.
+counts the tokens the template produced. A model without a template answers 400. vLLM's
+``add_generation_prompt``, ``continue_final_message``, ``chat_template`` and
+``chat_template_kwargs`` go with them (``chat_options``).
 
 ``model`` names the served model (its path or hub id, as ``/v1/models`` lists it); another name is
 404 ``model_not_found``. Left out, it means the served model, as in vLLM.
