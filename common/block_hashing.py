@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ROOT = 0  # the parent of a sequence's first block
 _DIGEST_BYTES = 8
@@ -45,6 +45,12 @@ class BlockNaming:
     """How a fleet names blocks: keyed BLAKE2b, the key derived from its fleet secret (none: unkeyed)."""
 
     key: bytes = b""
+    # The keyed hash before any data, copied for each name: the key's own compression is done once
+    # (about a quarter of a block name's cost).
+    _start: hashlib._Hash = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_start", hashlib.blake2b(digest_size=_DIGEST_BYTES, key=self.key))
 
     @classmethod
     def for_fleet(cls, fleet_secret: str) -> BlockNaming:
@@ -53,7 +59,9 @@ class BlockNaming:
         return cls(hashlib.blake2b(_KEY_DOMAIN + fleet_secret.encode(), digest_size=32).digest())
 
     def _digest(self, data: bytes) -> int:
-        return int.from_bytes(hashlib.blake2b(data, digest_size=_DIGEST_BYTES, key=self.key).digest(), "little")
+        hasher = self._start.copy()
+        hasher.update(data)
+        return int.from_bytes(hasher.digest(), "little")
 
     def block_hash(self, parent: int, token_ids: Sequence[int], extra: bytes = b"") -> int:
         """The name of a full block holding ``token_ids`` after the block named ``parent``."""

@@ -115,9 +115,10 @@ def chat_prompt_ids(tokenizer: Any, chat: Chat, allow_request_template: bool) ->
             "the served model has no chat template: send the prompt as text or token ids"
             + (", or a chat_template with the conversation" if allow_request_template else "")
         )
-    taken = sorted(_reserved_names(tokenizer).intersection(chat.template_kwargs))
-    if taken:
-        raise InvalidRequest(f"chat_template_kwargs may not set {taken[0]!r}: the chat request decides it")
+    if chat.template_kwargs:  # a signature read per request only for those that bring variables
+        taken = sorted(_reserved_names(tokenizer).intersection(chat.template_kwargs))
+        if taken:
+            raise InvalidRequest(f"chat_template_kwargs may not set {taken[0]!r}: the chat request decides it")
     messages = [{"role": m.role, "content": m.content} for m in chat.messages]
     try:
         ids = tokenizer.apply_chat_template(

@@ -46,6 +46,12 @@ _BLOCK_MS = 2000
 _LONG_PROMPT_CHARS = 20_000
 
 
+async def _off_the_loop_if(heavy: bool, work: Callable[[], T]) -> T:
+    """``work()``, on a worker thread when ``heavy``: a huge prompt's tokenising keeps the event loop
+    responsive there, and a small one costs less than a thread hop here."""
+    return await asyncio.to_thread(work) if heavy else work()
+
+
 @dataclass(frozen=True)
 class RequestStatus:
     request_id: str
@@ -92,10 +98,8 @@ class Frontend:
         if len(text) > limit:  # the same limit as a prompt's, before any tokenising
             raise InvalidRequest(f"text has {len(text)} characters; at most {limit}")
         tokenizer, _ = await self.tokenizers.get()
-        encode = functools.partial(tokenizer.encode, add_special_tokens=add_special_tokens)  # type: ignore[attr-defined]
-        if len(text) > _LONG_PROMPT_CHARS:  # keep the event loop responsive for huge prompts
-            return list(await asyncio.to_thread(encode, text))
-        return list(encode(text))
+        encode = functools.partial(tokenizer.encode, text, add_special_tokens=add_special_tokens)  # type: ignore[attr-defined]
+        return list(await _off_the_loop_if(len(text) > _LONG_PROMPT_CHARS, encode))
 
     async def token_pieces(self, token_ids: list[int]) -> list[str]:
         """Each token's piece as the vocabulary spells it (``convert_ids_to_tokens``)."""
@@ -112,9 +116,7 @@ class Frontend:
         if token_ids and max(token_ids) >= vocab:
             raise InvalidRequest(f"token id {max(token_ids)} is past the vocabulary ({vocab} tokens)")
         decode = functools.partial(tokenizer.decode, token_ids)  # type: ignore[attr-defined]
-        if len(token_ids) > _LONG_PROMPT_CHARS:
-            return str(await asyncio.to_thread(decode))
-        return str(decode())
+        return str(await _off_the_loop_if(len(token_ids) > _LONG_PROMPT_CHARS, decode))
 
     async def tokenize_chat(self, chat: Chat) -> list[int]:
         """The conversation's prompt ids under the model's chat template, within the prompt's limits."""
@@ -124,9 +126,7 @@ class Frontend:
             raise InvalidRequest(f"chat has {chat.chars} characters (roles, contents, template); at most {limit}")
         tokenizer, _ = await self.tokenizers.get()
         render = functools.partial(chat_prompt_ids, tokenizer, chat, request_level.allow_request_chat_template)
-        if chat.chars > _LONG_PROMPT_CHARS:
-            return await asyncio.to_thread(render)
-        return render()
+        return await _off_the_loop_if(chat.chars > _LONG_PROMPT_CHARS, render)
 
     async def token_texts(self) -> TokenTexts:
         """The tokenizer's texts of single tokens, for log probabilities."""
