@@ -64,6 +64,13 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # The form the output must take (a grammar masks the logits at every step); None: free text.
     structured_output: StructuredOutput | None = None
+    # Whether special tokens' text is left out of the output text (their ids are returned either way).
+    skip_special_tokens: bool = True
+    # Only these token ids may be sampled (sorted, distinct); empty: any.
+    allowed_token_ids: tuple[int, ...] = ()
+    # Token sequences the output must not complete (the request's bad_words, tokenised by the
+    # scheduler): the last token of each is masked where the output ends with the rest.
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     # Derived once: the sampler asks every row of every step whether its logits need adjusting.
     adjusts_logits: bool = field(init=False, repr=False, compare=False)
 
@@ -73,6 +80,8 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         bias = tuple(sorted((int(t), float(b)) for t, b in self.logit_bias))
         object.__setattr__(self, "logit_bias", bias)
+        object.__setattr__(self, "allowed_token_ids", tuple(sorted({int(t) for t in self.allowed_token_ids})))
+        object.__setattr__(self, "bad_words_token_ids", tuple(tuple(map(int, w)) for w in self.bad_words_token_ids))
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise InvalidRequest(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.temperature < GREEDY_BELOW_TEMPERATURE:
@@ -114,11 +123,16 @@ class SamplingParams:
             count = getattr(self, name)
             if count is not None and not 0 <= count <= MAX_LOGPROBS:
                 raise InvalidRequest(f"{name} must lie in [0, {MAX_LOGPROBS}], got {count}")
+        if any(t < 0 for t in self.allowed_token_ids):
+            raise InvalidRequest("allowed_token_ids must be token ids >= 0")
+        if any(not word or min(word) < 0 for word in self.bad_words_token_ids):
+            raise InvalidRequest("bad words must be non-empty sequences of token ids >= 0")
         if self.structured_output is not None and self.min_tokens > 0:
             # The grammar may allow nothing but the end once its form is complete, which min_tokens forbids.
             raise InvalidRequest("min_tokens must be 0 with structured_output: the form decides where the output ends")
-        # Whether anything changes this request's logits before the choice (penalties, bias, min_tokens).
-        adjusts = self.has_penalties or bool(self.logit_bias) or self.min_tokens > 0
+        # Whether anything changes this request's logits before the choice (penalties, bias,
+        # min_tokens, banned tokens).
+        adjusts = self.has_penalties or bool(self.logit_bias) or self.min_tokens > 0 or self.bans_tokens
         object.__setattr__(self, "adjusts_logits", adjusts)
 
     @property
@@ -128,6 +142,12 @@ class SamplingParams:
     @property
     def needs_filter(self) -> bool:
         return self.top_k > 0 or self.top_p < 1.0
+
+    @property
+    def bans_tokens(self) -> bool:
+        """Whether the request itself excludes tokens (allowed_token_ids, bad words): with a grammar
+        or min_tokens beside them, a step may be left with nothing to sample."""
+        return bool(self.allowed_token_ids) or bool(self.bad_words_token_ids)
 
     @property
     def has_penalties(self) -> bool:
@@ -167,6 +187,9 @@ class SamplingParams:
             min_p=self.min_p,
             logit_bias=dict(self.logit_bias),
             include_stop_str_in_output=self.include_stop_str_in_output,
+            keep_special_tokens=not self.skip_special_tokens,
+            allowed_token_ids=list(self.allowed_token_ids),
+            bad_words=[pb.TokenIds(token_ids=word) for word in self.bad_words_token_ids],
         )
         if self.seed is not None:
             msg.seed = self.seed
@@ -199,4 +222,7 @@ class SamplingParams:
             logprobs=msg.logprobs if msg.HasField("logprobs") else None,
             prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
             structured_output=StructuredOutput.from_pb(msg.structured_output),
+            skip_special_tokens=not msg.keep_special_tokens,
+            allowed_token_ids=tuple(msg.allowed_token_ids),
+            bad_words_token_ids=tuple(tuple(word.token_ids) for word in msg.bad_words),
         )

@@ -44,6 +44,11 @@ from executor_service.step_scheduler import ScheduledChunk, StepPlan, StepSchedu
 
 log = logging.getLogger(__name__)
 
+NOTHING_TO_SAMPLE = (
+    "no token may be sampled: allowed_token_ids and bad_words, with the structured output's grammar or "
+    "min_tokens, exclude every token"
+)
+
 
 @dataclass(frozen=True)
 class EngineLimits:
@@ -207,6 +212,7 @@ class Engine:
             output_token_ids=list(spec.output_ids),
             min_tokens=params.min_tokens,
             include_stop_str_in_output=params.include_stop_str_in_output,
+            skip_special_tokens=params.skip_special_tokens,
         )
         seq = Sequence(
             request_id=spec.request_id,
@@ -398,17 +404,22 @@ class Engine:
     def _emit(self, seqs: list[Sequence], sampled: Sampled) -> list[TokenOut]:
         """Each completed sequence's new token (the step's one copy of them to the host happens
         here). A request that only scores its prompt (max_tokens 0) ends instead, its sampled
-        token unused."""
+        token unused, and so does one left with nothing to sample, with an error."""
         tokens, logprobs = sampled.tokens, sampled.logprobs
-        if not self._special or not any(s.params.max_tokens == 0 for s in seqs):
+        if not self._special or not (sampled.dead or any(s.params.max_tokens == 0 for s in seqs)):
             return self._postprocess(seqs, tokens, logprobs)
         out: list[TokenOut] = []
-        keep = [i for i, s in enumerate(seqs) if s.params.max_tokens > 0]
-        for seq in seqs:
+        keep: list[int] = []
+        dead = set(sampled.dead)
+        for i, seq in enumerate(seqs):
             if seq.params.max_tokens == 0:
                 scored = prompt_logprobs.take(seq)
                 out.append(TokenOut(seq.request_id, (), "", 0, prompt_logprobs=scored, num_cached=seq.num_cached))
                 self._finish(seq, FinishReason.LENGTH, "")
+            elif i in dead:
+                self._finish(seq, FinishReason.ERROR, seq.detokenizer.flush(), NOTHING_TO_SAMPLE)
+            else:
+                keep.append(i)
         kept = [seqs[i] for i in keep]
         return out + self._postprocess(kept, [tokens[i] for i in keep], [logprobs[i] for i in keep])
 

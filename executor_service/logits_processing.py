@@ -1,10 +1,11 @@
-"""What a request changes in its logits before its token is chosen: min_tokens, logit_bias and the
-repetition, frequency and presence penalties.
+"""What a request changes in its logits before its token is chosen: allowed_token_ids, bad words,
+min_tokens, logit_bias and the repetition, frequency and presence penalties.
 
-Applied in place, in vLLM's order (stop tokens masked for min_tokens, then the bias, then the
-penalties), to the rows of the requests that ask, each kind as a few tensor operations over all
-of its rows at once; rows that ask for nothing are never touched. Temperature, min-p, top-k and
-top-p come after, in the sampler.
+Applied in place, in vLLM's order (the tokens outside allowed_token_ids and those that would
+complete a bad word masked, stop tokens masked for min_tokens, then the bias, then the penalties),
+to the rows of the requests that ask, each kind as a few tensor operations over all of its rows at
+once; rows that ask for nothing are never touched. Temperature, min-p, top-k and top-p come after,
+in the sampler.
 
 The penalties depend on the tokens a request holds so far. Rather than counting every token again
 at each step, ``PenaltyTable`` keeps one row per penalised request on the device: how many times
@@ -133,11 +134,14 @@ class LogitsProcessing:
     def __init__(self, eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.eos_token_ids = tuple(sorted(eos_token_ids))
         self.table: PenaltyTable | None = None  # made on first use, at the logits' width and device
+        # Per request with allowed_token_ids: the tokens it may not sample, as a row mask, made once.
+        self._disallowed: dict[str, torch.Tensor] = {}
 
     def release(self, request_id: str) -> None:
         """The request left the batch (finished, preempted, aborted, re-admitted): free its row."""
         if self.table is not None:
             self.table.release(request_id)
+        self._disallowed.pop(request_id, None)
 
     @torch.inference_mode()  # the model's logits are inference tensors, and so is the table
     def apply(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> Penalised | None:
@@ -147,10 +151,17 @@ class LogitsProcessing:
         masked: tuple[list[int], list[int]] = ([], [])
         biased: tuple[list[int], list[int], list[float]] = ([], [], [])
         penalised: list[int] = []
+        allowing: list[int] = []
         for i, row in enumerate(rows):
             params = row.params
             if not params.adjusts_logits:
                 continue
+            if params.allowed_token_ids:
+                allowing.append(i)
+            for token in _completing_bad_words(row.output_ids, params.bad_words_token_ids):
+                if token < vocab:
+                    masked[0].append(i)
+                    masked[1].append(token)
             if len(row.output_ids) < params.min_tokens:
                 # vLLM's MinTokensLogitsProcessor: no stop token until the whole output is long enough.
                 stops = params.stop_token_ids if params.ignore_eos else params.stop_token_ids + self.eos_token_ids
@@ -166,6 +177,10 @@ class LogitsProcessing:
             if params.has_penalties:
                 penalised.append(i)
         device = logits.device
+        if allowing:
+            index = torch.tensor(allowing, dtype=torch.long, device=device)
+            disallowed = torch.stack([self._disallowed_of(rows[i], vocab, device) for i in allowing])
+            logits.index_copy_(0, index, logits.index_select(0, index).masked_fill_(disallowed, -math.inf))
         if masked[0]:
             index = torch.tensor(masked, dtype=torch.long, device=device)
             logits[index[0], index[1]] = -math.inf
@@ -181,7 +196,40 @@ class LogitsProcessing:
         table.apply(logits, index[0], index[1], [rows[i].params for i in penalised])
         return Penalised(table, index[0], index[1])
 
+    def _disallowed_of(self, row: SamplingRow, vocab: int, device: torch.device) -> torch.Tensor:
+        mask = self._disallowed.get(row.request_id)
+        if mask is None or mask.shape[0] != vocab or mask.device != device:
+            mask = torch.ones(vocab, dtype=torch.bool, device=device)
+            allowed = [t for t in row.params.allowed_token_ids if t < vocab]
+            mask[torch.tensor(allowed, dtype=torch.long, device=device)] = False
+            self._disallowed[row.request_id] = mask
+        return mask
+
+    @torch.inference_mode()
+    def dead_rows(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
+        """The rows of requests that ban tokens themselves (allowed_token_ids, bad words) left with
+        no token to sample: what they exclude and what a grammar or min_tokens excludes cover the
+        whole vocabulary. Only such rows can be: a grammar alone, and min_tokens alone, always
+        leave a token."""
+        banning = [i for i, row in enumerate(rows) if row.params.bans_tokens]
+        if not banning:
+            return []
+        index = torch.tensor(banning, dtype=torch.long, device=logits.device)
+        alive = (logits.index_select(0, index) > -math.inf).any(dim=1).tolist()
+        return [i for i, ok in zip(banning, alive, strict=True) if not ok]
+
     def _table(self, vocab: int, device: torch.device) -> PenaltyTable:
         if self.table is None or self.table.vocab_size != vocab or self.table.device != device:
             self.table = PenaltyTable(vocab, device)
         return self.table
+
+
+def _completing_bad_words(output: Sequence[int], bad_words: Sequence[Sequence[int]]) -> list[int]:
+    """The tokens that would complete one of ``bad_words`` after ``output``: each word's last
+    token, where the output already ends with the rest of the word (a one-token word always)."""
+    out = []
+    for word in bad_words:
+        head = len(word) - 1
+        if head == 0 or (len(output) >= head and list(output[len(output) - head :]) == list(word[:head])):
+            out.append(word[-1])
+    return out

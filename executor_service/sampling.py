@@ -55,6 +55,9 @@ class Sampled:
 
     on_device: torch.Tensor  # [rows] int64, where the logits were: the next decode step reads them there
     logprobs: list[Logprobs | None]
+    # Rows left with no token to sample (``LogitsProcessing.dead_rows``): their tokens mean nothing,
+    # and their requests end with an error.
+    dead: tuple[int, ...] = ()
     # On CUDA, the tokens' copy to pinned host memory, queued behind the step's work, and the event that
     # marks it done (``copy_to_host``): reading them then waits for this step alone, not for later ones.
     _host_copy: tuple[torch.Tensor, torch.cuda.Event] | None = field(default=None, init=False, repr=False)
@@ -116,6 +119,9 @@ class Sampler:
             asking_idx = torch.tensor(asking, dtype=torch.long, device=logits.device)
             raw = logits.index_select(0, asking_idx)
         penalised = self.processing.apply(logits, rows) if any(p.adjusts_logits for p in params) else None
+        dead = self.processing.dead_rows(logits, rows) if any(p.bans_tokens for p in params) else []
+        if dead:  # something to draw from, so the batch's draw cannot fail; the token is never used
+            logits[torch.tensor(dead, dtype=torch.long, device=logits.device)] = 0.0
         tokens = self.choose(logits, params, generators)
         if penalised is not None:
             penalised.record(tokens)
@@ -125,7 +131,7 @@ class Sampler:
             gathered = token_logprobs.gather(raw, tokens.index_select(0, asking_idx), max(counts))
             for row, (i, count) in enumerate(zip(asking, counts, strict=True)):
                 logprobs[i] = gathered.take(row, row + 1, count)
-        return Sampled(tokens, logprobs)
+        return Sampled(tokens, logprobs, tuple(dead))
 
     def choose(
         self,

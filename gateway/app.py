@@ -408,7 +408,9 @@ class Gateway:
 
 
 def _choice_logprobs(reply: Reply, parsed: Parsed, request: pb.GenerateRequest) -> ChoiceLogprobs:
-    return ChoiceLogprobs(reply.chat, parsed.echo, parsed.logprobs, request.prompt)
+    # A truncated prompt is echoed as Baton decodes what it kept, not as the request gave it.
+    prompt = "" if request.params.HasField("truncate_prompt_tokens") else request.prompt
+    return ChoiceLogprobs(reply.chat, parsed.echo, parsed.logprobs, prompt)
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:

@@ -23,9 +23,11 @@ Structured output (``response_format``, and vLLM's ``structured_outputs`` and ``
 fields): see ``openai_structured``.
 
 Extensions beyond OpenAI's schema (send them with the client's ``extra_body``): ``top_k``,
-``ignore_eos``, ``stop_token_ids``, and vLLM's ``repetition_penalty``, ``min_tokens``, ``min_p``
-and ``include_stop_str_in_output``, which map to Baton's ``SamplingParams`` fields of the same
-names, and vLLM's ``cache_salt``, the request's (``GenerateRequest.cache_salt``).
+``ignore_eos``, ``stop_token_ids``, and vLLM's ``repetition_penalty``, ``min_tokens``, ``min_p``,
+``include_stop_str_in_output``, ``skip_special_tokens``, ``allowed_token_ids``, ``bad_words`` and
+``truncate_prompt_tokens``, which map to Baton's ``SamplingParams`` fields of the same names, and
+vLLM's ``cache_salt``, the request's (``GenerateRequest.cache_salt``). A truncated prompt is
+echoed as Baton decodes the tokens it kept.
 
 Headers: ``x-baton-priority`` (0-10), ``x-baton-tenant`` (wins over the body's ``user``, itself
 mapped to a tenant by ``tenant_of_user``; with client auth on, the API key sets the tenant instead,
@@ -224,9 +226,30 @@ def _penalties(body: Mapping[str, Any], params: pb.SamplingParams) -> None:
     params.include_stop_str_in_output = _bool(body, "include_stop_str_in_output")
 
 
+def _vocabulary_controls(body: Mapping[str, Any], params: pb.SamplingParams) -> None:
+    """vLLM's controls over which tokens may come and how they read; Baton checks the values."""
+    if body.get("skip_special_tokens") is not None:
+        params.skip_special_tokens = _bool(body, "skip_special_tokens")
+    allowed = body.get("allowed_token_ids")
+    if allowed is not None:
+        ids = _token_ids(allowed, "allowed_token_ids")
+        if ids is None:
+            raise BadRequest("allowed_token_ids must be a non-empty list of token ids", param="allowed_token_ids")
+        params.allowed_token_ids.extend(ids)
+    bad_words = body.get("bad_words")
+    if bad_words is not None:
+        if not isinstance(bad_words, list) or not all(isinstance(w, str) for w in bad_words):
+            raise BadRequest("bad_words must be a list of strings", param="bad_words")
+        params.bad_words.extend(bad_words)
+    truncate = _int(body, "truncate_prompt_tokens", -1, 2**31 - 1)
+    if truncate is not None:
+        params.truncate_prompt_tokens = truncate
+
+
 def _sampling(body: Mapping[str, Any], default_max_tokens: int, min_max_tokens: int = 1) -> pb.SamplingParams:
     params = pb.SamplingParams(stop=_stops(body), ignore_eos=_bool(body, "ignore_eos"))
     _penalties(body, params)
+    _vocabulary_controls(body, params)
     # The chat API's newer name wins over the deprecated one, as in OpenAI's API and vLLM.
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
@@ -338,9 +361,11 @@ def parse_completion(body: Mapping[str, Any]) -> Parsed:
     logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
     if logprobs is not None:
         params.logprobs = logprobs
-    if echo and (logprobs is not None or not request.prompt or params.max_tokens == 0):
-        # The prompt's logprobs; or, for a prompt of ids, its tokens' texts to echo; or a prompt to
-        # score (max_tokens 0), which needs them: Baton computes the prompt whatever it is asked.
+    truncated = params.HasField("truncate_prompt_tokens")
+    if echo and (logprobs is not None or not request.prompt or params.max_tokens == 0 or truncated):
+        # The prompt's logprobs; or, for a prompt of ids or a truncated one, its tokens' texts to
+        # echo; or a prompt to score (max_tokens 0), which needs them: Baton computes the prompt
+        # whatever it is asked.
         params.prompt_logprobs = logprobs or 0
     return replace(parsed, echo=echo, logprobs=logprobs is not None, prompts=tuple(prompts) if len(prompts) > 1 else ())
 

@@ -22,6 +22,7 @@ from common.keys import sample_id, split_sample_id
 from common.lifecycle import FinishReason, RequestState
 from common.pb import generate_pb2 as pb
 from common.redis_client import with_redis_retry
+from common.sampling_params import SamplingParams
 from common.security import current_principal, fleet_secret
 from common.tracing import current_traceparent, tag_current_span
 from scheduler_service.chat import Chat, chat_prompt_ids
@@ -153,6 +154,7 @@ class Frontend:
         request_level = self.config.scheduler.request_level
         # A request's samples share one executor's batch (see ``samples``).
         max_samples = min(request_level.max_samples, self.config.scheduler.batch_level.max_batch_size)
+        tokenizer, _ = await self.tokenizers.get()
         req = validate(
             msg,
             lambda _text: prompt_ids,
@@ -160,6 +162,7 @@ class Frontend:
             request_level,
             render_chat=lambda _chat: prompt_ids,
             max_samples=max_samples,
+            encode_word=lambda word: list(tokenizer.encode(word, add_special_tokens=False)),  # type: ignore[attr-defined]
         )
         if req.params.structured_output is not None:  # a bad schema is refused here, not by an executor
             await self.grammar_check.check(req.params.structured_output)
@@ -283,9 +286,18 @@ class Frontend:
         if len(tokens) != end - start:
             return None
         tokenizer, _ = await self.tokenizers.get()
-        text = tokenizer.decode(list(tokens), skip_special_tokens=True)  # type: ignore[attr-defined]
+        skip = await self._skips_special_tokens(request_id)
+        text = tokenizer.decode(list(tokens), skip_special_tokens=skip)  # type: ignore[attr-defined]
         log.info("request %s: repaired a gap of %d tokens from its record", request_id, len(tokens))
         return TokenEvent(start, tokens, text)
+
+    async def _skips_special_tokens(self, request_id: str) -> bool:
+        """The request's skip_special_tokens (True where its record is gone)."""
+        record = await self._retrying(lambda: self.store.requests.get(request_id), f"reading {request_id}")
+        try:
+            return SamplingParams.from_json(record["params"]).skip_special_tokens if record else True
+        except (KeyError, TypeError, ValueError):  # a malformed record: its gap reads as most requests' would
+            return True
 
     async def _read_events(self, request_id: str, last_id: str) -> list[tuple[str, TokenEvent]]:
         return await self.store.streams.follow(request_id, last_id, _BLOCK_MS)

@@ -32,9 +32,34 @@ def _check_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
         raise InvalidRequest(f"{what} has token ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
 
 
-def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config: RequestLevelConfig) -> SamplingParams:
+def bad_words_token_ids(
+    words: Sequence[str], encode_word: Callable[[str], list[int]], vocab_size: int
+) -> tuple[tuple[int, ...], ...]:
+    """The token sequences that spell ``words``, as vLLM bans them: each word as it is, and with one
+    leading space (how a tokenizer that marks word starts spells it mid-text) where that is a
+    different first token in as many tokens. ``encode_word`` tokenises without special tokens."""
+    out: list[tuple[int, ...]] = []
+    for word in words:
+        plain = tuple(encode_word(word.lstrip()))
+        spaced = tuple(encode_word(" " + word.lstrip()))
+        if not plain or not spaced:
+            raise InvalidRequest(f"bad word {word!r} has no tokens")
+        out.append(plain)
+        if spaced[0] != plain[0] and len(spaced) == len(plain):
+            out.append(spaced)
+    _check_ids([t for word in out for t in word], vocab_size, "bad_words")
+    return tuple(dict.fromkeys(out))
+
+
+def _params(
+    msg: pb.SamplingParams,
+    prompt_len: int,
+    limits: ModelLimits,
+    config: RequestLevelConfig,
+    encode_word: Callable[[str], list[int]] | None,
+) -> SamplingParams:
     """The request's parameters: the checks that need the model or the config here, the value checks
-    in ``SamplingParams`` itself."""
+    in ``SamplingParams`` itself. ``encode_word`` tokenises a bad word (None: bad words are refused)."""
     room = limits.max_model_len - prompt_len
     if msg.top_k > limits.vocab_size:
         raise InvalidRequest(f"top_k must be at most the vocabulary size {limits.vocab_size}, got {msg.top_k}")
@@ -61,6 +86,16 @@ def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config
     if len(msg.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
         raise InvalidRequest(f"logit_bias may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {len(msg.logit_bias)}")
     _check_ids(sorted(msg.logit_bias), limits.vocab_size, "logit_bias")
+    if len(msg.allowed_token_ids) > limits.vocab_size:
+        raise InvalidRequest(f"allowed_token_ids may name at most the vocabulary's {limits.vocab_size} tokens")
+    _check_ids(msg.allowed_token_ids, limits.vocab_size, "allowed_token_ids")
+    if len(msg.bad_words) > config.max_bad_words:
+        raise InvalidRequest(f"at most {config.max_bad_words} bad words are allowed, got {len(msg.bad_words)}")
+    if any(not word.strip() or len(word) > config.max_stop_string_chars for word in msg.bad_words):
+        raise InvalidRequest(f"bad words must have 1 to {config.max_stop_string_chars} characters, not only spaces")
+    if msg.bad_words and encode_word is None:
+        raise InvalidRequest("this call takes no bad_words")
+    bad_words = bad_words_token_ids(msg.bad_words, encode_word, limits.vocab_size) if encode_word else ()
     structured = StructuredOutput.from_pb(msg.structured_output) if msg.HasField("structured_output") else None
     if structured is not None and structured.size > MAX_STRUCTURED_OUTPUT_CHARS:
         limit = MAX_STRUCTURED_OUTPUT_CHARS
@@ -85,7 +120,20 @@ def _params(msg: pb.SamplingParams, prompt_len: int, limits: ModelLimits, config
         logprobs=int(msg.logprobs) if msg.HasField("logprobs") else None,
         prompt_logprobs=int(msg.prompt_logprobs) if msg.HasField("prompt_logprobs") else None,
         structured_output=structured,
+        skip_special_tokens=msg.skip_special_tokens if msg.HasField("skip_special_tokens") else True,
+        allowed_token_ids=tuple(msg.allowed_token_ids),
+        bad_words_token_ids=bad_words,
     )
+
+
+def _kept_prompt_tokens(truncate: int, limits: ModelLimits) -> int:
+    """How many of the prompt's last tokens ``truncate_prompt_tokens`` keeps (-1: as many as the model
+    takes with room for one output token, as vLLM's -1 means its max_model_len)."""
+    if truncate == -1:
+        return limits.max_model_len - 1
+    if truncate < 1:
+        raise InvalidRequest(f"truncate_prompt_tokens must be -1 or >= 1, got {truncate}")
+    return truncate
 
 
 def validate(
@@ -96,10 +144,12 @@ def validate(
     now_ms: int | None = None,
     render_chat: Callable[[pb.Chat], list[int]] | None = None,
     max_samples: int | None = None,
+    encode_word: Callable[[str], list[int]] | None = None,
 ) -> NewRequest:
     """``tokenize`` gives a text prompt's ids, ``render_chat`` a conversation's (None: conversations
     are refused); each is called only once the prompt's own checks have passed. ``max_samples``
-    bounds ``n`` (default: ``config.max_samples``)."""
+    bounds ``n`` (default: ``config.max_samples``). ``encode_word`` tokenises a bad word without
+    special tokens (None: bad words are refused)."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     request_id = msg.request_id or uuid.uuid4().hex
     # Ids and tenants become parts of Redis keys: their alphabet keeps them from aliasing one.
@@ -129,9 +179,11 @@ def validate(
         _check_ids(prompt_ids, limits.vocab_size, "prompt_token_ids")
     if not prompt_ids:
         raise InvalidRequest("prompt is empty: set prompt, prompt_token_ids or chat")
+    if msg.params.HasField("truncate_prompt_tokens"):
+        prompt_ids = prompt_ids[-_kept_prompt_tokens(msg.params.truncate_prompt_tokens, limits) :]
     if len(prompt_ids) >= limits.max_model_len:
         raise InvalidRequest(f"prompt has {len(prompt_ids)} tokens; max_model_len is {limits.max_model_len}")
-    params = _params(msg.params, len(prompt_ids), limits, config)
+    params = _params(msg.params, len(prompt_ids), limits, config, encode_word)
     n = check_samples(msg.params.n, params.seed, config.max_samples if max_samples is None else max_samples)
     tenant = msg.tenant or "default"
     # A tenant's name cannot hold NUL, so no request's own salt can take another tenant's place.

@@ -42,6 +42,9 @@ from common.sampling_params import SamplingParams
         {"logprobs": -1},
         {"prompt_logprobs": 21},
         {"max_tokens": 0, "logprobs": 2},  # 0 only scores a prompt
+        {"allowed_token_ids": (-1,)},
+        {"bad_words_token_ids": ((),)},
+        {"bad_words_token_ids": ((3, -2),)},
     ],
 )
 def test_invalid_params_raise(kwargs: dict[str, object]) -> None:
@@ -74,6 +77,9 @@ FULL = SamplingParams(
     include_stop_str_in_output=True,
     logprobs=0,
     prompt_logprobs=20,
+    skip_special_tokens=False,
+    allowed_token_ids=(3, 9, 4, 5),
+    bad_words_token_ids=((7,), (8, 1, 2)),
 )
 
 
@@ -100,6 +106,13 @@ def test_logit_bias_is_kept_by_token_id_from_any_pairs() -> None:
     hash(params)
 
 
+def test_token_bans_are_kept_hashable_and_adjust_logits() -> None:
+    params = SamplingParams(allowed_token_ids=[5, 2, 5], bad_words_token_ids=[[1, 2], [3]])  # type: ignore[arg-type]
+    assert params.allowed_token_ids == (2, 5) and params.bad_words_token_ids == ((1, 2), (3,))
+    assert params.bans_tokens and params.adjusts_logits
+    hash(params)
+
+
 def test_max_tokens_zero_scores_a_prompt() -> None:
     params = SamplingParams(max_tokens=0, prompt_logprobs=0)
     assert SamplingParams.from_pb(params.to_pb()) == params
@@ -110,6 +123,8 @@ def test_unset_new_fields_read_as_off() -> None:
     old_record = '{"max_tokens":3,"temperature":0.0,"top_p":1.0,"top_k":0,"seed":null,"stop":[],"stop_token_ids":[]}'
     params = SamplingParams.from_json(old_record)
     assert not params.adjusts_logits and params.logprobs is None and params.prompt_logprobs is None
+    assert params.skip_special_tokens and not params.bans_tokens
     wire = SamplingParams.from_pb(pb.ExecSampling(max_tokens=1, top_p=1.0))
     assert wire.repetition_penalty == 1.0 and not wire.adjusts_logits and wire.logprobs is None
+    assert wire.skip_special_tokens
     assert not SamplingParams().to_pb().HasField("logprobs")

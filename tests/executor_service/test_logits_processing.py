@@ -1,5 +1,6 @@
-"""min_tokens, logit_bias and the penalties: against small reference implementations, against
-Hugging Face's ``generate``, batched with other requests, and across a resume."""
+"""allowed_token_ids, bad words, min_tokens, logit_bias and the penalties: against small reference
+implementations, against Hugging Face's ``generate``, batched with other requests, and across a
+resume."""
 
 from __future__ import annotations
 
@@ -36,9 +37,17 @@ class Row:
 def reference_adjust(
     logits: torch.Tensor, prompt: Sequence[int], output: Sequence[int], params: SamplingParams, eos: Sequence[int] = ()
 ) -> torch.Tensor:
-    """One row's logits as vLLM's processors leave them, one token at a time: min_tokens, bias,
-    then repetition (Hugging Face's), frequency and presence penalties."""
+    """One row's logits as vLLM's processors leave them, one token at a time: allowed tokens, bad
+    words, min_tokens, bias, then repetition (Hugging Face's), frequency and presence penalties."""
     x = logits.clone()
+    if params.allowed_token_ids:
+        for token in range(len(x)):
+            if token not in params.allowed_token_ids:
+                x[token] = -math.inf
+    for word in params.bad_words_token_ids:
+        *head, last = word
+        if not head or list(output[-len(head) :]) == head:
+            x[last] = -math.inf
     if len(output) < params.min_tokens:
         for token in (*params.stop_token_ids, *(() if params.ignore_eos else eos)):
             x[token] = -math.inf
@@ -66,6 +75,9 @@ MIXES = [
     SamplingParams(logit_bias=((3, -100.0), (7, 12.5))),
     SamplingParams(max_tokens=20, min_tokens=9, stop_token_ids=(4, 5)),
     SamplingParams(max_tokens=20, min_tokens=9, stop_token_ids=(4,), ignore_eos=True),
+    SamplingParams(allowed_token_ids=(1, 2, 3, 9, 40)),
+    SamplingParams(allowed_token_ids=(2, 7), logit_bias=((7, 3.0),), min_tokens=3, stop_token_ids=(2,)),
+    SamplingParams(bad_words_token_ids=((5,), (8, 9), (1, 2, 3))),
     SamplingParams(),
 ]
 
@@ -79,6 +91,39 @@ def test_batched_adjustments_equal_the_reference_row_by_row() -> None:
     )
     LogitsProcessing(frozenset({2})).apply(logits, rows)
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-6)
+
+
+def test_bad_words_mask_only_the_token_that_would_complete_one() -> None:
+    params = SamplingParams(bad_words_token_ids=((5,), (8, 9), (1, 2, 3), (4, 4)))
+    for output, banned in [
+        ([], {5}),
+        ([8], {5, 9}),
+        ([1, 2], {5, 3}),
+        ([2, 1], {5}),
+        ([7, 4], {5, 4}),
+        ([1, 2, 8], {5, 9}),
+    ]:
+        logits = torch.zeros(1, VOCAB)
+        LogitsProcessing().apply(logits, [Row("r", params, [1, 2], output)])
+        assert set(torch.nonzero(logits[0] == -math.inf).flatten().tolist()) == banned, output
+
+
+def test_rows_their_own_bans_leave_empty_are_found_and_no_others() -> None:
+    processing = LogitsProcessing(frozenset({2}))
+    rows = [
+        Row("only-eos", SamplingParams(max_tokens=8, min_tokens=3, allowed_token_ids=(2,))),
+        Row("eos-later", SamplingParams(max_tokens=8, min_tokens=3, allowed_token_ids=(2,)), [], [1, 1, 1]),
+        Row("plain", SamplingParams()),
+        Row("bad-word", SamplingParams(bad_words_token_ids=((6,),))),
+    ]
+    logits = torch.randn(len(rows), VOCAB)
+    logits[3] = -math.inf  # as a grammar allowing token 6 alone would leave it
+    logits[3, 6] = 0.0
+    logits[2] = -math.inf  # no bans of its own: not this check's to judge
+    processing.apply(logits, rows)
+    assert processing.dead_rows(logits, rows) == [0, 3]
+    processing.release("only-eos")
+    assert "only-eos" not in processing._disallowed and "eos-later" in processing._disallowed
 
 
 def test_counts_kept_step_by_step_equal_counts_rebuilt_from_the_tokens() -> None:
@@ -254,3 +299,61 @@ def test_logit_bias_forces_and_bans_tokens(engine: Engine) -> None:
     outputs = run_to_end(engine, {0: [spec("forced", prompt, forced), spec("banned", prompt, banned)]})
     assert outputs["forced"] == [77] * 6
     assert not set(outputs["banned"]) & set(free)
+
+
+def test_allowed_tokens_and_bad_words_match_a_reference_loop(engine: Engine, model: GenerationMixin) -> None:
+    batch = prompts(4, seed=26)
+    free = run_to_end(engine, {0: [spec("free", batch[0], SamplingParams(max_tokens=16, ignore_eos=True))]})["free"]
+    mixes = [
+        SamplingParams(max_tokens=16, ignore_eos=True, allowed_token_ids=tuple(range(100, 400, 3))),
+        # A word the free run spells, and one of its single tokens: both must go.
+        SamplingParams(max_tokens=16, ignore_eos=True, bad_words_token_ids=(tuple(free[2:5]), (free[0],))),
+        SamplingParams(max_tokens=16, ignore_eos=True, allowed_token_ids=tuple(free), frequency_penalty=0.5),
+        SamplingParams(max_tokens=16, ignore_eos=True),
+    ]
+    specs = [spec(f"v{i}", batch[0 if i < 2 else i], p) for i, p in enumerate(mixes)]
+    outputs = run_to_end(engine, staggered(specs))
+    for s in specs:
+        ref = reference_loop(model, list(s.prompt_ids), 16, s.params)
+        assert_matches_reference(outputs[s.request_id], ref, s.request_id)
+    assert set(outputs["v0"]) <= set(range(100, 400, 3))
+    assert free[0] not in outputs["v1"] and outputs["v1"] != free
+    assert not engine.sampler.processing._disallowed  # every finished request's mask is gone
+
+
+def test_a_request_its_bans_leave_nothing_ends_alone_with_an_error(engine: Engine) -> None:
+    prompt = prompts(1, seed=27)[0]
+    free = run_to_end(engine, {0: [spec("free", prompt, SamplingParams(max_tokens=8, ignore_eos=True))]})["free"]
+    stop = free[0]
+    stuck = SamplingParams(max_tokens=8, min_tokens=2, stop_token_ids=(stop,), allowed_token_ids=(stop,))
+    engine.apply(
+        PlanUpdate(
+            seq=1,
+            admit=(spec("stuck", prompt, stuck), spec("free2", prompt, SamplingParams(max_tokens=8, ignore_eos=True))),
+        )
+    )
+    tokens: dict[str, list[int]] = {}
+    finished = {}
+    while engine.has_work:
+        out = engine.step()
+        for delta in out.tokens:
+            tokens.setdefault(delta.request_id, []).extend(delta.token_ids)
+        finished.update({f.request_id: f for f in out.finished})
+    assert finished["stuck"].reason is FinishReason.ERROR and "no token may be sampled" in finished["stuck"].error
+    assert tokens.get("stuck", []) == []
+    assert tokens["free2"] == free and finished["free2"].reason is FinishReason.LENGTH
+    assert engine.allocator.num_used == 0
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_special_tokens_text_is_kept_only_when_asked(engine: Engine, skip: bool) -> None:
+    prompt = prompts(1, seed=28)[0]
+    eos = min(engine.limits.eos_token_ids)
+    params = SamplingParams(max_tokens=3, ignore_eos=True, allowed_token_ids=(eos,), skip_special_tokens=skip)
+    engine.apply(PlanUpdate(seq=1, admit=(spec("s", prompt, params),)))
+    text = ""
+    while engine.has_work:
+        out = engine.step()
+        text += "".join(d.text for d in out.tokens) + "".join(f.text for f in out.finished)
+    special = engine.tokenizer.convert_ids_to_tokens(eos)  # type: ignore[attr-defined]
+    assert text == ("" if skip else special * 3)

@@ -364,3 +364,26 @@ def test_a_constraint_that_does_not_compile_ends_with_an_error(engine: Engine) -
     results = generate(engine, [bad, ok])
     assert results["bad"].reason is FinishReason.ERROR and "parenthesis is not closed" in results["bad"].error
     assert re.fullmatch("[0-9]{3}", results["ok"].text)
+
+
+def test_bans_narrow_a_grammar_and_a_grammar_they_empty_ends_alone(engine: Engine) -> None:
+    """allowed_token_ids and bad words apply inside the grammar's mask; where together they leave
+    no token, that request ends with an error and its batch-mates go on."""
+    choice = StructuredOutput(StructuredKind.CHOICE, choices=("0", "1"))
+    digits = StructuredOutput(StructuredKind.REGEX, "[0-9]{3}")
+    tokenizer = engine.tokenizer
+    zero, one = (tokenizer.encode(c, add_special_tokens=False) for c in "01")  # type: ignore[attr-defined]
+    prompt = prompts(1, seed=6)[0]
+    banned = SamplingParams(max_tokens=8, ignore_eos=True, structured_output=choice, bad_words_token_ids=(tuple(zero),))
+    emptied = SamplingParams(max_tokens=8, ignore_eos=True, structured_output=digits, allowed_token_ids=(1,))
+    results = generate(
+        engine,
+        [
+            AdmitSpec("banned", tuple(prompt), (), banned, 0.0),
+            AdmitSpec("emptied", tuple(prompt), (), emptied, 0.0),
+            constrained("ok", prompt, digits),
+        ],
+    )
+    assert len(one) == 1 and results["banned"].text == "1" and results["banned"].reason is FinishReason.STOP
+    assert results["emptied"].reason is FinishReason.ERROR and "no token may be sampled" in results["emptied"].error
+    assert re.fullmatch("[0-9]{3}", results["ok"].text)

@@ -644,6 +644,34 @@ async def test_penalties_and_vllm_extensions_reach_baton(served: Served, client:
         assert kept.choices[0].text == text[: text.index(stop) + 2]
 
 
+async def test_vocabulary_controls_and_truncation_reach_baton(served: Served, client: openai.AsyncOpenAI) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(served.model_dir)
+    eos = tokenizer.eos_token_id
+    forced = {"allowed_token_ids": [eos], "skip_special_tokens": False, **NO_EOS}
+    out = await client.completions.create(model=ALIAS, prompt="abc", max_tokens=2, temperature=0, extra_body=forced)
+    assert out.choices[0].text == tokenizer.eos_token * 2
+
+    plain = await client.completions.create(
+        model=ALIAS, prompt="abc abc", max_tokens=8, temperature=0, extra_body=NO_EOS
+    )
+    word = plain.choices[0].text.split()[0] if plain.choices[0].text.split() else ""
+    if word:
+        banned = await client.completions.create(
+            model=ALIAS, prompt="abc abc", max_tokens=8, temperature=0, extra_body={"bad_words": [word], **NO_EOS}
+        )
+        params = pb.SamplingParams(max_tokens=8, ignore_eos=True, bad_words=[word])
+        baton = await served.stack.stub.Complete(pb.GenerateRequest(prompt="abc abc", params=params))
+        assert banned.choices[0].text == baton.text  # what the words ban is the scheduler's test
+
+    prompt = "the quick brown fox jumps over the lazy dog"
+    ids = tokenizer.encode(prompt)
+    echoed = await client.completions.create(
+        model=ALIAS, prompt=prompt, max_tokens=0, echo=True, extra_body={"truncate_prompt_tokens": 4}
+    )
+    assert echoed.choices[0].text == tokenizer.decode(ids[-4:]) and echoed.usage is not None
+    assert echoed.usage.prompt_tokens == 4
+
+
 async def test_bad_sampling_fields_are_400(client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="logprobs"):
         await client.completions.create(model=ALIAS, prompt="Hi", logprobs=21)
@@ -655,6 +683,10 @@ async def test_bad_sampling_fields_are_400(client: openai.AsyncOpenAI) -> None:
         await client.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "Hi"}], top_logprobs=2)
     with pytest.raises(openai.BadRequestError, match="max_tokens"):  # 0 only with echo
         await client.completions.create(model=ALIAS, prompt="Hi", max_tokens=0)
+    with pytest.raises(openai.BadRequestError, match="allowed_token_ids"):  # outside the vocabulary
+        await client.completions.create(model=ALIAS, prompt="Hi", extra_body={"allowed_token_ids": [99999999]})
+    with pytest.raises(openai.BadRequestError, match="truncate_prompt_tokens"):
+        await client.completions.create(model=ALIAS, prompt="Hi", extra_body={"truncate_prompt_tokens": 0})
 
 
 async def test_n_choices_each_carry_their_own_logprobs(client: openai.AsyncOpenAI) -> None:

@@ -48,6 +48,10 @@ def test_completion_fields_map_to_sampling_params() -> None:
         "min_tokens": 3,
         "min_p": 0.125,
         "include_stop_str_in_output": True,
+        "skip_special_tokens": False,
+        "allowed_token_ids": [4, 9],
+        "bad_words": ["no", " never"],
+        "truncate_prompt_tokens": -1,
     }
     parsed = parse_completion(body)
     request = parsed.request
@@ -62,6 +66,9 @@ def test_completion_fields_map_to_sampling_params() -> None:
     assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.0, -0.5, 1.25)
     assert (params.min_tokens, params.min_p, params.include_stop_str_in_output) == (3, 0.125, True)
     assert dict(params.logit_bias) == {7: -100.0, 12: 2.5}
+    assert params.HasField("skip_special_tokens") and not params.skip_special_tokens
+    assert list(params.allowed_token_ids) == [4, 9] and list(params.bad_words) == ["no", " never"]
+    assert params.truncate_prompt_tokens == -1
     assert not params.HasField("logprobs") and not params.HasField("prompt_logprobs") and not parsed.logprobs
     assert request.params.n == 1
 
@@ -69,6 +76,8 @@ def test_completion_fields_map_to_sampling_params() -> None:
 def test_unset_controls_stay_unset() -> None:
     params = parse_completion({"prompt": "a"}).request.params
     assert not params.HasField("repetition_penalty") and not params.logit_bias and params.min_tokens == 0
+    assert not params.HasField("skip_special_tokens") and not params.HasField("truncate_prompt_tokens")
+    assert not params.allowed_token_ids and not params.bad_words
 
 
 @pytest.mark.parametrize(
@@ -80,6 +89,7 @@ def test_unset_controls_stay_unset() -> None:
         ({"prompt": "a", "echo": True}, None, None),  # the prompt's text is the request's own
         ({"prompt": [1, 2], "echo": True}, None, 0),  # its tokens' texts are needed to echo it
         ({"prompt": "a", "echo": True, "max_tokens": 0}, None, 0),  # scoring the prompt
+        ({"prompt": "a", "echo": True, "truncate_prompt_tokens": 1}, None, 0),  # echoes what was kept
     ],
 )
 def test_completion_logprobs_and_echo(body: dict[str, Any], logprobs: int | None, prompt_logprobs: int | None) -> None:
@@ -209,6 +219,14 @@ def test_chat_defaults_to_batons_max_tokens() -> None:
         ({"prompt": "a", "user": 5}, "user"),
         ({"prompt": "a", "cache_salt": ""}, "cache_salt"),
         ({"prompt": "a", "cache_salt": 7}, "cache_salt"),
+        ({"prompt": "a", "skip_special_tokens": "no"}, "skip_special_tokens"),
+        ({"prompt": "a", "allowed_token_ids": []}, "allowed_token_ids"),
+        ({"prompt": "a", "allowed_token_ids": [1, -1]}, "allowed_token_ids"),
+        ({"prompt": "a", "allowed_token_ids": "5"}, "allowed_token_ids"),
+        ({"prompt": "a", "bad_words": "word"}, "bad_words"),
+        ({"prompt": "a", "bad_words": [3]}, "bad_words"),
+        ({"prompt": "a", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+        ({"prompt": "a", "truncate_prompt_tokens": 1.5}, "truncate_prompt_tokens"),
     ],
 )
 def test_completion_rejects(body: dict[str, Any], param: str) -> None:

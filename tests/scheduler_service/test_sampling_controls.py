@@ -14,6 +14,7 @@ from transformers import AutoTokenizer, GenerationMixin
 
 from common.pb import generate_pb2 as pb
 from common.sampling_params import SamplingParams
+from scheduler_service.validation import bad_words_token_ids
 from tests.conftest import RedisServer
 from tests.executor_service.reference import assert_matches_reference, load_reference_model
 from tests.executor_service.test_logits_processing import hf_greedy, reference_loop
@@ -147,9 +148,58 @@ async def test_stop_string_kept_with_include_stop_str_in_output(stack: Stack) ->
     assert cut.finish_reason == kept.finish_reason == pb.FINISH_REASON_STOP
 
 
+async def test_allowed_tokens_and_bad_words_match_the_reference_loop(
+    stack: Stack, model: GenerationMixin, tiny_model_dir: Path
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = random_prompts(1, seed=46)[0]
+    free = joined_tokens(await stack.generate(request(prompt, max_tokens=16)))
+    allowed = sorted(set(range(200, 600, 7)) | {free[3]})
+    got = joined_tokens(await stack.generate(request(prompt, max_tokens=16, allowed_token_ids=allowed)))
+    params = SamplingParams(max_tokens=16, ignore_eos=True, allowed_token_ids=tuple(allowed))
+    assert_matches_reference(got, reference_loop(model, prompt, 16, params), "allowed_token_ids")
+    assert set(got) <= set(allowed)
+
+    words = [str(tokenizer.decode(free[2:4])).strip(), str(tokenizer.decode([free[0]])).strip()]
+    banned = bad_words_token_ids(words, lambda word: tokenizer.encode(word, add_special_tokens=False), len(tokenizer))
+    got = joined_tokens(await stack.generate(request(prompt, max_tokens=16, bad_words=words)))
+    params = SamplingParams(max_tokens=16, ignore_eos=True, bad_words_token_ids=banned)
+    assert_matches_reference(got, reference_loop(model, prompt, 16, params), "bad_words")
+    for word in banned:
+        assert all(got[i : i + len(word)] != list(word) for i in range(len(got))), word
+    assert got != free
+
+
+async def test_special_tokens_text_and_prompt_truncation(stack: Stack, tiny_model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = random_prompts(1, seed=47)[0]
+    eos = tokenizer.eos_token_id
+    forced = {"max_tokens": 2, "allowed_token_ids": [eos]}
+    skipped = await stack.stub.Complete(request(prompt, **forced))
+    kept = await stack.stub.Complete(request(prompt, skip_special_tokens=False, **forced))
+    assert list(skipped.token_ids) == list(kept.token_ids) == [eos, eos]
+    assert skipped.text == "" and kept.text == tokenizer.eos_token * 2
+
+    whole = await stack.stub.Complete(request(prompt[-5:], max_tokens=8))
+    cut = await stack.stub.Complete(request(prompt, max_tokens=8, truncate_prompt_tokens=5))
+    assert cut.usage.prompt_tokens == 5 and list(cut.token_ids) == list(whole.token_ids)
+
+
+async def test_a_request_its_bans_leave_nothing_ends_with_an_error(stack: Stack) -> None:
+    prompt = random_prompts(1, seed=48)[0]
+    stuck = request(prompt, max_tokens=8, min_tokens=3, stop_token_ids=[9], allowed_token_ids=[9])
+    answer = await stack.stub.Complete(stuck)
+    assert answer.finish_reason == pb.FINISH_REASON_ERROR and not answer.token_ids
+    status = await stack.stub.GetRequest(pb.GetRequestRequest(request_id=answer.request_id))
+    assert status.state == pb.REQUEST_STATE_FAILED and "no token may be sampled" in status.error
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [
+        ({"allowed_token_ids": [10**6]}, "allowed_token_ids has token ids outside"),
+        ({"bad_words": [" "]}, "not only spaces"),
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens must be -1 or >= 1"),
         ({"logit_bias": {10**6: 1.0}}, "logit_bias has token ids outside"),
         ({"presence_penalty": 3.0}, "presence_penalty"),
         ({"logprobs": 21}, "logprobs must lie in"),

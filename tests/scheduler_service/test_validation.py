@@ -27,6 +27,14 @@ def fake_tokenize(text: str) -> list[int]:
     return [ord(c) % LIMITS.vocab_size for c in text]
 
 
+def fake_encode_word(word: str) -> list[int]:
+    """As ``fake_tokenize``, but a leading space joins the first character's token (id + 500), as
+    tokenizers that mark word starts spell a word mid-text."""
+    if word.startswith(" ") and len(word) > 1:
+        return [500 + ord(word[1]) % 400, *fake_tokenize(word[2:])]
+    return fake_tokenize(word)
+
+
 def make(params: dict[str, Any] | None = None, **fields: Any) -> pb.GenerateRequest:
     msg = pb.GenerateRequest(**({"prompt": "hello"} | fields))
     for key, value in (params or {}).items():
@@ -40,7 +48,7 @@ def make(params: dict[str, Any] | None = None, **fields: Any) -> pb.GenerateRequ
 
 
 def run(msg: pb.GenerateRequest, config: RequestLevelConfig = CONFIG, limits: ModelLimits = LIMITS) -> NewRequest:
-    return validate(msg, fake_tokenize, limits, config, now_ms=NOW)
+    return validate(msg, fake_tokenize, limits, config, now_ms=NOW, encode_word=fake_encode_word)
 
 
 BAD: dict[str, tuple[pb.GenerateRequest, str]] = {
@@ -97,6 +105,14 @@ BAD: dict[str, tuple[pb.GenerateRequest, str]] = {
     "tenant with a pipe": (make(tenant="a|b"), "tenant"),
     "tenant with a brace": (make(tenant="}x"), "tenant"),
     "cache salt too long": (make(cache_salt="s" * 257), "cache_salt has 257 characters; at most 256"),
+    "allowed token out of vocab": (make(params={"allowed_token_ids": [3, 1000]}), "allowed_token_ids has token ids"),
+    "more allowed tokens than the vocab": (make(params={"allowed_token_ids": [1] * 1001}), "at most the vocabulary"),
+    "too many bad words": (make(params={"bad_words": ["w"] * 129}), "at most 128 bad words"),
+    "empty bad word": (make(params={"bad_words": ["ok", ""]}), "bad words must have 1 to 256 characters"),
+    "bad word of spaces": (make(params={"bad_words": ["  "]}), "not only spaces"),
+    "too long bad word": (make(params={"bad_words": ["x" * 257]}), "bad words must have 1 to 256"),
+    "truncate to 0 tokens": (make(params={"truncate_prompt_tokens": 0}), "truncate_prompt_tokens must be -1 or >= 1"),
+    "truncate below -1": (make(params={"truncate_prompt_tokens": -2}), "truncate_prompt_tokens must be -1 or >= 1"),
 }
 
 
@@ -327,6 +343,40 @@ def test_unset_controls_are_off() -> None:
     p = run(make()).params
     assert p.repetition_penalty == 1.0 and not p.adjusts_logits and p.min_p == 0.0
     assert p.logprobs is None and p.prompt_logprobs is None
+    assert p.skip_special_tokens and not p.allowed_token_ids and not p.bad_words_token_ids
+
+
+def test_vocabulary_controls_are_carried_over() -> None:
+    params = {"skip_special_tokens": False, "allowed_token_ids": [7, 3, 7], "bad_words": ["ab", " cd", "x y"]}
+    p = run(make(params=params)).params
+    assert type(p).from_json(p.to_json()) == p, "it travels in the request record's params JSON"
+    assert not p.skip_special_tokens and p.allowed_token_ids == (3, 7)
+    # Each word as it is and with a leading space, where that is a new first token in as many tokens.
+    a, b, c, d, x, y, space = (ord(ch) for ch in "abcdxy ")
+    assert p.bad_words_token_ids == ((a, b), (500 + a, b), (c, d), (500 + c, d), (x, space, y), (500 + x, space, y))
+
+
+def test_bad_words_need_a_word_encoder() -> None:
+    msg = make(params={"bad_words": ["ab"]})
+    with pytest.raises(InvalidRequest, match="takes no bad_words"):
+        validate(msg, fake_tokenize, LIMITS, CONFIG, now_ms=NOW)
+
+
+def test_bad_words_past_the_vocabulary_are_refused() -> None:
+    with pytest.raises(InvalidRequest, match="bad_words has token ids outside"):
+        run(make(params={"bad_words": ["\u03a9"]}), limits=ModelLimits(model="m", max_model_len=128, vocab_size=900))
+
+
+@pytest.mark.parametrize(("length", "truncate", "kept"), [(200, 5, 5), (200, 1, 1), (200, -1, 127), (50, 100, 50)])
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(length: int, truncate: int, kept: int) -> None:
+    prompt = "".join(chr(97 + i % 26) for i in range(length))
+    req = run(make(prompt=prompt, params={"truncate_prompt_tokens": truncate, "max_tokens": 1}))
+    assert req.prompt_ids == tuple(fake_tokenize(prompt))[-kept:]
+
+
+def test_a_truncated_prompt_leaves_room_for_the_output() -> None:
+    req = run(make(prompt="x" * 300, params={"truncate_prompt_tokens": 100, "max_tokens": 28}))
+    assert len(req.prompt_ids) == 100 and req.params.max_tokens == 28
 
 
 def test_max_tokens_zero_scores_the_prompt() -> None:
