@@ -410,7 +410,7 @@ class Gateway:
 def _choice_logprobs(reply: Reply, parsed: Parsed, request: pb.GenerateRequest) -> ChoiceLogprobs:
     # A truncated prompt is echoed as Baton decodes what it kept, not as the request gave it.
     prompt = "" if request.params.HasField("truncate_prompt_tokens") else request.prompt
-    return ChoiceLogprobs(reply.chat, parsed.echo, parsed.logprobs, prompt)
+    return ChoiceLogprobs(reply.chat, parsed.echo, parsed.logprobs, prompt, parsed.tokens_as_ids)
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:

@@ -12,6 +12,10 @@ probabilities ("up to logprobs + 1 elements", as OpenAI says), and ``text_offset
 character offset in the choice's text, counted as vLLM does from the tokens' texts.
 
 Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": None}``.
+
+With vLLM's ``return_tokens_as_token_ids``, a token is named ``token_id:N`` instead of by its text
+(so tokens whose texts collide, or hold part of a character, stay apart), in ``tokens``, the
+alternatives' keys and chat's ``token`` and ``bytes``; offsets then count those names, as vLLM's do.
 """
 
 from __future__ import annotations
@@ -28,39 +32,46 @@ def _value(entry: pb.TokenLogprob) -> float | None:
     return max(entry.logprob, LOGPROB_FLOOR) if entry.HasField("logprob") else None
 
 
+def _name(entry: pb.TokenLogprob, as_token_ids: bool) -> str:
+    return f"token_id:{entry.token_id}" if as_token_ids else entry.text
+
+
 class CompletionLogprobs:
     """Builds the legacy ``logprobs`` objects of one choice, chunk by chunk (offsets run on)."""
 
-    def __init__(self) -> None:
+    def __init__(self, as_token_ids: bool = False) -> None:
         self.offset = 0  # characters of the choice's text the tokens so far account for
+        self.as_token_ids = as_token_ids
 
     def of(self, positions: Iterable[pb.PositionLogprobs]) -> dict[str, Any]:
         out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for position in positions:
             token = position.token
+            name = _name(token, self.as_token_ids)
             value = _value(token)
-            out["tokens"].append(token.text)
+            out["tokens"].append(name)
             out["token_logprobs"].append(value)
             if value is None:
                 out["top_logprobs"].append(None)
             else:
-                top = {alt.text: max(alt.logprob, LOGPROB_FLOOR) for alt in position.top}
-                top.setdefault(token.text, value)
+                top = {_name(alt, self.as_token_ids): max(alt.logprob, LOGPROB_FLOOR) for alt in position.top}
+                top.setdefault(name, value)
                 out["top_logprobs"].append(top)
             out["text_offset"].append(self.offset)
-            self.offset += len(token.text)
+            self.offset += len(name)
         return out
 
 
-def _chat_entry(entry: pb.TokenLogprob) -> dict[str, Any]:
-    return {"token": entry.text, "logprob": _value(entry), "bytes": list(entry.text.encode("utf-8"))}
+def _chat_entry(entry: pb.TokenLogprob, as_token_ids: bool) -> dict[str, Any]:
+    name = _name(entry, as_token_ids)
+    return {"token": name, "logprob": _value(entry), "bytes": list(name.encode("utf-8"))}
 
 
-def chat_logprobs(positions: Iterable[pb.PositionLogprobs]) -> dict[str, Any]:
+def chat_logprobs(positions: Iterable[pb.PositionLogprobs], as_token_ids: bool = False) -> dict[str, Any]:
     content = []
     for position in positions:
-        entry = _chat_entry(position.token)
-        entry["top_logprobs"] = [_chat_entry(alt) for alt in position.top]
+        entry = _chat_entry(position.token, as_token_ids)
+        entry["top_logprobs"] = [_chat_entry(alt, as_token_ids) for alt in position.top]
         content.append(entry)
     return {"content": content, "refusal": None}
 
@@ -74,12 +85,13 @@ class ChoiceLogprobs:
     the request gave; a prompt given as token ids is echoed as Baton decodes its tokens together
     (``prompt_text``), as vLLM does."""
 
-    def __init__(self, chat: bool, echo: bool, logprobs: bool, prompt: str) -> None:
+    def __init__(self, chat: bool, echo: bool, logprobs: bool, prompt: str, as_token_ids: bool = False) -> None:
         self.chat = chat
         self.echo = echo
         self.wanted = logprobs
         self.prompt = prompt
-        self._completion = CompletionLogprobs()
+        self.as_token_ids = as_token_ids
+        self._completion = CompletionLogprobs(as_token_ids)
         self._first = True
 
     def shape(self, message: Any) -> tuple[str, dict[str, Any] | None]:
@@ -92,4 +104,4 @@ class ChoiceLogprobs:
         self._first = False
         if not self.wanted:
             return text, None
-        return text, chat_logprobs(positions) if self.chat else self._completion.of(positions)
+        return text, chat_logprobs(positions, self.as_token_ids) if self.chat else self._completion.of(positions)

@@ -51,8 +51,6 @@ def parse_tokenize(body: Mapping[str, Any]) -> tuple[str, pb.TokenizeRequest]:
     if (prompt is None) == (messages is None):
         raise BadRequest("give either prompt or messages", param="prompt")
     if messages is not None:
-        if body.get("add_special_tokens"):
-            raise BadRequest("add_special_tokens applies to a prompt: a chat's template places its own")
         request.chat.CopyFrom(chat_input(messages))
         chat_options(body, request.chat)
     else:

@@ -1,7 +1,10 @@
 """OpenAI request bodies in, ``baton.v1`` messages out; Baton's answers back in OpenAI's shapes.
 
-Only what Baton can honour is accepted: tools are a 400 rather than a silently different answer.
-Unknown fields are ignored, as OpenAI clients send ones that do not matter here.
+Only what Baton can honour is accepted: tools, and vLLM's extensions that Baton does not serve
+(``_UNSUPPORTED``), are a 400 rather than a silently different answer. Unknown fields are ignored,
+as OpenAI clients send ones that do not matter here. vLLM's ``add_special_tokens`` goes to a text
+prompt (default true) or a chat (default false), and ``return_tokens_as_token_ids`` names logprobs'
+tokens ``token_id:N`` (``openai_logprobs``).
 
 Sampling: ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (token id -> bias) map to
 Baton's ``SamplingParams`` fields of the same names. Log probabilities (see ``openai_logprobs``):
@@ -79,12 +82,21 @@ FINISH_REASON: dict[int, str] = {
     pb.FINISH_REASON_CANCELLED: "stop",
 }
 
-# Field -> values that mean "not asked for"; anything else is refused with a 400.
+# Field -> values that mean "not asked for"; anything else is refused with a 400. vLLM's own
+# extensions are here where serving them would need what Baton does not do: beam search (and its
+# length penalty), server-side logits processors, vLLM's scheduling priority (Baton's is the
+# x-baton-priority header, on its own scale), and prompt log probabilities in vLLM's response
+# field (completions' echo with logprobs returns them in OpenAI's shape).
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "suffix": (None, ""),
     "tools": (None, []),
     "functions": (None, []),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1, 1.0),
+    "logits_processors": (None, []),
+    "priority": (None, 0),
+    "prompt_logprobs": (None,),
 }
 
 
@@ -98,6 +110,7 @@ class Parsed:
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage, and no choices
     echo: bool = False  # completions: the prompt goes before the text (and its logprobs first)
     logprobs: bool = False  # the answer carries a ``logprobs`` object
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     # Completions with a list of prompts: every prompt (text, or token ids), the first of them also
     # in ``request``; empty: ``request``'s prompt alone.
     prompts: tuple[str | tuple[int, ...], ...] = ()
@@ -303,7 +316,8 @@ def _parsed(
         request.params.structured_output.CopyFrom(structured)
     request.params.n = _int(body, "n", 1) or 1  # its upper bound is Baton's (request_level.max_samples)
     request.tenant = tenant_of_user(user or "")
-    return Parsed(request, model, stream, _include_usage(body, stream))
+    tokens_as_ids = _bool(body, "return_tokens_as_token_ids")
+    return Parsed(request, model, stream, _include_usage(body, stream), tokens_as_ids=tokens_as_ids)
 
 
 def tenant_of_user(user: str) -> str:
@@ -355,6 +369,8 @@ def parse_completion(body: Mapping[str, Any]) -> Parsed:
         request.prompt = prompts[0]
     else:
         request.prompt_token_ids.extend(prompts[0])
+    if isinstance(prompts[0], str) and body.get("add_special_tokens") is not None:
+        request.add_special_tokens = _bool(body, "add_special_tokens")  # token ids are taken as they are
     echo = _bool(body, "echo")
     parsed = _parsed(body, request, COMPLETION_DEFAULT_MAX_TOKENS, 0 if echo else 1)
     params = parsed.request.params
@@ -401,7 +417,8 @@ def chat_input(messages: Any) -> pb.Chat:
 def chat_options(body: Mapping[str, Any], chat: pb.Chat) -> None:
     """vLLM's options for rendering a conversation: ``add_generation_prompt`` (default true),
     ``continue_final_message``, ``chat_template`` (Baton takes it where the operator trusts clients
-    with templates) and ``chat_template_kwargs`` (an object of template variables)."""
+    with templates), ``chat_template_kwargs`` (an object of template variables) and
+    ``add_special_tokens`` (default false: the template's tokens alone)."""
     template = body.get("chat_template")
     if template is not None:
         if not isinstance(template, str):
@@ -411,6 +428,7 @@ def chat_options(body: Mapping[str, Any], chat: pb.Chat) -> None:
     if generation is not None:
         chat.add_generation_prompt = _bool(body, "add_generation_prompt")
     chat.continue_final_message = _bool(body, "continue_final_message")
+    chat.add_special_tokens = _bool(body, "add_special_tokens")  # vLLM's default for a chat: false
     variables = body.get("chat_template_kwargs")
     if variables is not None:
         if not isinstance(variables, dict):

@@ -45,6 +45,8 @@ class Chat:
     # Extra variables for the template, and the JSON text they came as (it counts in ``chars``).
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     template_kwargs_json: str = ""
+    # The tokenizer's special tokens on top of the template's (vLLM's chat add_special_tokens).
+    add_special_tokens: bool = False
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -73,6 +75,7 @@ class Chat:
             continue_final_message=msg.continue_final_message,
             template_kwargs=_template_kwargs(msg.chat_template_kwargs),
             template_kwargs_json=msg.chat_template_kwargs,
+            add_special_tokens=msg.add_special_tokens,
         )
 
 
@@ -121,15 +124,18 @@ def chat_prompt_ids(tokenizer: Any, chat: Chat, allow_request_template: bool) ->
             raise InvalidRequest(f"chat_template_kwargs may not set {taken[0]!r}: the chat request decides it")
     messages = [{"role": m.role, "content": m.content} for m in chat.messages]
     try:
-        ids = tokenizer.apply_chat_template(
+        # Tokenised, the template's text takes no special tokens of the tokenizer's: with them it
+        # is rendered as text and tokenised as a prompt.
+        rendered = tokenizer.apply_chat_template(
             messages,
             chat_template=template,
             add_generation_prompt=chat.add_generation_prompt,
             continue_final_message=chat.continue_final_message,
-            tokenize=True,
+            tokenize=not chat.add_special_tokens,
             return_dict=False,
             **chat.template_kwargs,
         )
+        ids = tokenizer.encode(rendered, add_special_tokens=True) if chat.add_special_tokens else rendered
     except TemplateError as exc:  # a syntax error in a request's template, or the template's raise_exception
         raise InvalidRequest(f"the chat template refused the conversation: {exc}") from None
     except (ValueError, TypeError) as exc:  # continue_final_message on a message the template alters, say

@@ -150,7 +150,8 @@ class Frontend:
         if msg.WhichOneof("input") == "chat":
             prompt_ids = await self.tokenize_chat(Chat.from_pb(msg.chat))
         else:
-            prompt_ids = await self.tokenize(msg.prompt) if msg.prompt else []
+            special = msg.add_special_tokens if msg.HasField("add_special_tokens") else True
+            prompt_ids = await self.tokenize(msg.prompt, add_special_tokens=special) if msg.prompt else []
         request_level = self.config.scheduler.request_level
         # A request's samples share one executor's batch (see ``samples``).
         max_samples = min(request_level.max_samples, self.config.scheduler.batch_level.max_batch_size)

@@ -671,6 +671,23 @@ async def test_vocabulary_controls_and_truncation_reach_baton(served: Served, cl
     assert echoed.choices[0].text == tokenizer.decode(ids[-4:]) and echoed.usage is not None
     assert echoed.usage.prompt_tokens == 4
 
+    named = await client.completions.create(
+        model=ALIAS,
+        prompt=prompt,
+        max_tokens=4,
+        temperature=0,
+        logprobs=1,
+        extra_body={"return_tokens_as_token_ids": True, **NO_EOS},
+    )
+    params = pb.SamplingParams(max_tokens=4, ignore_eos=True)
+    baton = await served.stack.stub.Complete(pb.GenerateRequest(prompt=prompt, params=params))
+    assert named.choices[0].logprobs is not None
+    assert named.choices[0].logprobs.tokens == [f"token_id:{t}" for t in baton.token_ids]
+    bare = await client.completions.create(
+        model=ALIAS, prompt=prompt, max_tokens=1, extra_body={"add_special_tokens": False}
+    )
+    assert bare.usage is not None and bare.usage.prompt_tokens == len(ids) - 1  # no BOS
+
 
 async def test_bad_sampling_fields_are_400(client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="logprobs"):

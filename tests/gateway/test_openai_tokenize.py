@@ -35,6 +35,8 @@ def test_messages_become_a_chat_with_its_generation_prompt() -> None:
     assert continued.continue_final_message and continued.chat_template_kwargs == '{"a": 1}'
     templated = parse_tokenize({"messages": messages, "chat_template": "{{ messages }}"})[1].chat
     assert templated.chat_template == "{{ messages }}"  # Baton decides whether it takes it
+    assert not call.chat.add_special_tokens  # vLLM's default for a chat
+    assert parse_tokenize({"messages": messages, "add_special_tokens": True})[1].chat.add_special_tokens
 
 
 @pytest.mark.parametrize(
@@ -44,7 +46,6 @@ def test_messages_become_a_chat_with_its_generation_prompt() -> None:
         ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "either prompt or messages"),
         ({"prompt": 5}, "prompt must be a string"),
         ({"prompt": "a", "add_special_tokens": "yes"}, "true or false"),
-        ({"messages": [{"role": "user", "content": "b"}], "add_special_tokens": True}, "template places"),
         ({"messages": []}, "non-empty list"),
         ({"prompt": "a", "mm_processor_kwargs": {"x": 1}}, "mm_processor_kwargs="),
         ({"messages": [{"role": "user", "content": "b"}], "chat_template": 5}, "chat_template must be a string"),

@@ -73,6 +73,17 @@ def test_completion_fields_map_to_sampling_params() -> None:
     assert request.params.n == 1
 
 
+def test_add_special_tokens_reaches_a_text_prompt_or_a_chat() -> None:
+    assert not parse_completion({"prompt": "a"}).request.HasField("add_special_tokens")
+    bare = parse_completion({"prompt": "a", "add_special_tokens": False}).request
+    assert bare.HasField("add_special_tokens") and not bare.add_special_tokens
+    ids = parse_completion({"prompt": [1, 2], "add_special_tokens": False}).request
+    assert not ids.HasField("add_special_tokens")  # token ids are taken as they are
+    messages = [{"role": "user", "content": "hi"}]
+    assert not parse_chat({"messages": messages}).request.chat.add_special_tokens
+    assert parse_chat({"messages": messages, "add_special_tokens": True}).request.chat.add_special_tokens
+
+
 def test_unset_controls_stay_unset() -> None:
     params = parse_completion({"prompt": "a"}).request.params
     assert not params.HasField("repetition_penalty") and not params.logit_bias and params.min_tokens == 0
@@ -140,6 +151,22 @@ def test_logprob_shapes() -> None:
     assert chat["content"][1]["logprob"] == -9999.0 and chat["content"][1]["bytes"] == [226, 152, 131]
     # Not asked: chosen token only (logprobs=0) still shows in top_logprobs, as OpenAI's "up to logprobs + 1".
     assert CompletionLogprobs().of([_position(5, "Hello", -1.5)])["top_logprobs"] == [{"Hello": -1.5}]
+
+
+def test_tokens_named_by_their_ids_as_vllm_names_them() -> None:
+    hello = _position(5, "Hello", -1.5, (6, " Hi", -0.5), (5, "Hello", -1.5))
+    snowman = _position(12, "\ufffd", -2.0)
+    assert CompletionLogprobs(as_token_ids=True).of([hello, snowman]) == {
+        "tokens": ["token_id:5", "token_id:12"],
+        "token_logprobs": [-1.5, -2.0],
+        "top_logprobs": [{"token_id:6": -0.5, "token_id:5": -1.5}, {"token_id:12": -2.0}],
+        "text_offset": [0, 10],
+    }
+    entry = chat_logprobs([hello], as_token_ids=True)["content"][0]
+    assert entry["token"] == "token_id:5" and entry["bytes"] == list(b"token_id:5")
+    assert [alt["token"] for alt in entry["top_logprobs"]] == ["token_id:6", "token_id:5"]
+    assert parse_completion({"prompt": "a", "return_tokens_as_token_ids": True}).tokens_as_ids
+    assert not parse_chat({"messages": [{"role": "user", "content": "Hi"}]}).tokens_as_ids
 
 
 def test_echo_goes_before_the_first_message_only() -> None:
@@ -219,6 +246,12 @@ def test_chat_defaults_to_batons_max_tokens() -> None:
         ({"prompt": "a", "user": 5}, "user"),
         ({"prompt": "a", "cache_salt": ""}, "cache_salt"),
         ({"prompt": "a", "cache_salt": 7}, "cache_salt"),
+        ({"prompt": "a", "use_beam_search": True}, "use_beam_search"),
+        ({"prompt": "a", "length_penalty": 0.5}, "length_penalty"),
+        ({"prompt": "a", "logits_processors": ["x"]}, "logits_processors"),
+        ({"prompt": "a", "priority": 3}, "priority"),
+        ({"prompt": "a", "prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"prompt": "a", "return_tokens_as_token_ids": 1}, "return_tokens_as_token_ids"),
         ({"prompt": "a", "skip_special_tokens": "no"}, "skip_special_tokens"),
         ({"prompt": "a", "allowed_token_ids": []}, "allowed_token_ids"),
         ({"prompt": "a", "allowed_token_ids": [1, -1]}, "allowed_token_ids"),

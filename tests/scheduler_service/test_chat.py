@@ -73,6 +73,16 @@ def test_the_models_template_gives_what_apply_chat_template_gives(tokenizer: Any
         chat_prompt_ids(tokenizer, chat(template=PLAIN), allow_request_template=False)
 
 
+def test_special_tokens_on_top_of_the_template_only_when_asked(tokenizer: Any) -> None:
+    templated = chat_prompt_ids(tokenizer, chat(), allow_request_template=False)
+    doubled = chat_prompt_ids(tokenizer, chat(add_special_tokens=True), allow_request_template=False)
+    text = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    assert doubled == tokenizer.encode(text, add_special_tokens=True) != templated
+    assert doubled[:2] == [tokenizer.bos_token_id] * 2  # the tokenizer's BOS before the template's
+    msg = pb.Chat(messages=[pb.ChatMessage(role="user", content="Hi")], add_special_tokens=True)
+    assert Chat.from_pb(msg).add_special_tokens
+
+
 def test_a_model_without_a_template(untemplated: Any, tokenizer: Any) -> None:
     with pytest.raises(FailedPrecondition, match="no chat template"):
         chat_prompt_ids(untemplated, chat(), allow_request_template=True)

@@ -170,7 +170,7 @@ async def test_allowed_tokens_and_bad_words_match_the_reference_loop(
     assert got != free
 
 
-async def test_special_tokens_text_and_prompt_truncation(stack: Stack, tiny_model_dir: Path) -> None:
+async def test_special_tokens_text_and_prompt_truncation_and_tokenising(stack: Stack, tiny_model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompt = random_prompts(1, seed=47)[0]
     eos = tokenizer.eos_token_id
@@ -183,6 +183,14 @@ async def test_special_tokens_text_and_prompt_truncation(stack: Stack, tiny_mode
     whole = await stack.stub.Complete(request(prompt[-5:], max_tokens=8))
     cut = await stack.stub.Complete(request(prompt, max_tokens=8, truncate_prompt_tokens=5))
     assert cut.usage.prompt_tokens == 5 and list(cut.token_ids) == list(whole.token_ids)
+
+    text = "the river ran"
+    params = pb.SamplingParams(max_tokens=1)
+    with_bos = await stack.stub.Complete(pb.GenerateRequest(prompt=text, params=params))
+    bare = await stack.stub.Complete(pb.GenerateRequest(prompt=text, params=params, add_special_tokens=False))
+    assert with_bos.usage.prompt_tokens == len(tokenizer(text).input_ids)
+    assert bare.usage.prompt_tokens == len(tokenizer(text, add_special_tokens=False).input_ids)
+    assert bare.usage.prompt_tokens < with_bos.usage.prompt_tokens
 
 
 async def test_a_request_its_bans_leave_nothing_ends_with_an_error(stack: Stack) -> None:
