@@ -31,10 +31,19 @@ SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
 # A Zephyr-style chat template over the tokenizer's own special tokens: ``<s>``, then each message as
 # ``<|role|>`` (plain text to this tokenizer), a newline, its content and ``</s>``, so a reply ends
 # on EOS. Reusing the tokens keeps the vocabulary, and so every existing id, unchanged.
+# Tools, when a request brings them, are listed in a system turn of their own, and an assistant
+# turn's tool calls follow its text, each as <tool_call>{"name", "arguments"}</tool_call> (the
+# layout of Hermes-style templates); a conversation without tools renders as before.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}{{ '<|system|>\\nTools:\\n' }}"
+    "{% for tool in tools %}{{ tool | tojson + '\\n' }}{% endfor %}{{ eos_token + '\\n' }}{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] }}"
+    "{% for call in message.get('tool_calls', []) %}"
+    "{{ '<tool_call>' + {'name': call.function.name, 'arguments': call.function.arguments} | tojson + '</tool_call>' }}"
+    "{% endfor %}"
+    "{{ eos_token + '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )

@@ -30,7 +30,9 @@ from gateway.auth import Caller, ClientAuth
 from gateway.errors import BadRequest, GatewayError, ModelNotFound, from_rpc_error
 from gateway.openai_logprobs import ChoiceLogprobs
 from gateway.openai_tokenize import parse_detokenize, parse_tokenize, tokenize_answer
+from gateway.openai_tools import ToolCallStream
 from gateway.openai_types import (
+    FINISH_REASON,
     REQUEST_ID_HEADER,
     TENANT_HEADER,
     Parsed,
@@ -299,6 +301,7 @@ class Gateway:
         # Each finished choice's usage, by prompt and sample; the stream ends when every choice has one.
         usages: dict[tuple[int, int], pb.Usage] = {}
         choices: dict[int, ChoiceLogprobs] = {}  # each choice's echo and logprobs, message by message
+        tool_streams: dict[int, ToolCallStream] = {}  # each choice's tool calls, under a forced tool choice
         messages = _messages(calls, firsts)
         try:
             if reply.chat:
@@ -319,7 +322,15 @@ class Gateway:
                 index = prompt * n + sample  # OpenAI's numbering of a batch's choices
                 choice = choices.setdefault(index, _choice_logprobs(reply, parsed, requests[prompt]))
                 text, logprobs = choice.shape(message)
-                if reply.chat:
+                if reply.tools is not None and reply.tools.forced:
+                    tool_stream = tool_streams.setdefault(index, ToolCallStream(reply.tools))
+                    delta, finish, content = tool_stream.feed(text, FINISH_REASON.get(reason) if reason else None)
+                    if delta or content or message.logprobs:
+                        chunk = reply.chunk(content or None, index=index, logprobs=logprobs, tool_calls=delta)
+                        yield _sse(chunk)
+                    if reason:
+                        yield _sse(reply.chunk(None, reason, index=index, finish=finish))
+                elif reply.chat:
                     if text or message.logprobs:  # tokens whose text is held back still bring logprobs
                         yield _sse(reply.chunk(text, index=index, logprobs=logprobs))
                     if reason:

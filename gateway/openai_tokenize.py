@@ -15,12 +15,12 @@ from typing import Any
 
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest
+from gateway.openai_tools import template_tools
 from gateway.openai_types import chat_input, chat_options, refuse_unsupported
 
 # vLLM's fields that would change the tokens, with the values that mean "not asked for": anything
 # else is refused rather than ignored. Other fields are ignored, as vLLM ignores extra ones.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "tools": (None, []),
     "mm_processor_kwargs": (None, {}),
 }
 
@@ -53,6 +53,7 @@ def parse_tokenize(body: Mapping[str, Any]) -> tuple[str, pb.TokenizeRequest]:
     if messages is not None:
         request.chat.CopyFrom(chat_input(messages))
         chat_options(body, request.chat)
+        request.chat.tools = template_tools(body)
     else:
         if not isinstance(prompt, str):
             raise BadRequest("prompt must be a string", param="prompt")

@@ -1,10 +1,10 @@
 """OpenAI request bodies in, ``baton.v1`` messages out; Baton's answers back in OpenAI's shapes.
 
-Only what Baton can honour is accepted: tools, and vLLM's extensions that Baton does not serve
-(``_UNSUPPORTED``), are a 400 rather than a silently different answer. Unknown fields are ignored,
-as OpenAI clients send ones that do not matter here. vLLM's ``add_special_tokens`` goes to a text
-prompt (default true) or a chat (default false), and ``return_tokens_as_token_ids`` names logprobs'
-tokens ``token_id:N`` (``openai_logprobs``).
+Only what Baton can honour is accepted: vLLM's extensions that Baton does not serve
+(``_UNSUPPORTED``), and tools on completions, are a 400 rather than a silently different answer.
+Unknown fields are ignored, as OpenAI clients send ones that do not matter here. vLLM's
+``add_special_tokens`` goes to a text prompt (default true) or a chat (default false), and
+``return_tokens_as_token_ids`` names logprobs' tokens ``token_id:N`` (``openai_logprobs``).
 
 Sampling: ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (token id -> bias) map to
 Baton's ``SamplingParams`` fields of the same names. Log probabilities (see ``openai_logprobs``):
@@ -43,7 +43,8 @@ newlines, as vLLM joins them),
 and the scheduler renders them with the model's own chat template, so ``usage.prompt_tokens``
 counts the tokens the template produced. A model without a template answers 400. vLLM's
 ``add_generation_prompt``, ``continue_final_message``, ``chat_template`` and
-``chat_template_kwargs`` go with them (``chat_options``).
+``chat_template_kwargs`` go with them (``chat_options``), and so do ``tools``, earlier tool calls and
+their results; ``tool_choice`` is ``openai_tools``'s.
 
 ``model`` names the served model (its path or hub id, as ``/v1/models`` lists it); another name is
 404 ``model_not_found``. Left out, it means the served model, as in vLLM.
@@ -66,6 +67,7 @@ from common.logprobs import MAX_LOGPROBS
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest
 from gateway.openai_structured import structured_output
+from gateway.openai_tools import ToolCalling, chat_messages, parse_tools
 
 PRIORITY_HEADER = "x-baton-priority"
 TENANT_HEADER = "x-baton-tenant"
@@ -90,7 +92,6 @@ FINISH_REASON: dict[int, str] = {
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "suffix": (None, ""),
-    "tools": (None, []),
     "functions": (None, []),
     "use_beam_search": (None, False),
     "length_penalty": (None, 1, 1.0),
@@ -111,6 +112,7 @@ class Parsed:
     echo: bool = False  # completions: the prompt goes before the text (and its logprobs first)
     logprobs: bool = False  # the answer carries a ``logprobs`` object
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
+    tools: ToolCalling | None = None  # chat: what the request asked of its tools (``openai_tools``)
     # Completions with a list of prompts: every prompt (text, or token ids), the first of them also
     # in ``request``; empty: ``request``'s prompt alone.
     prompts: tuple[str | tuple[int, ...], ...] = ()
@@ -362,7 +364,12 @@ def _prompts(value: Any) -> list[str | tuple[int, ...]]:
     )
 
 
+# Tools belong to conversations: a completion has no template to list them.
+_COMPLETION_UNSUPPORTED: dict[str, tuple[Any, ...]] = {"tools": (None, []), "tool_choice": (None, "none")}
+
+
 def parse_completion(body: Mapping[str, Any]) -> Parsed:
+    refuse_unsupported(body, _COMPLETION_UNSUPPORTED)
     prompts = _prompts(body.get("prompt"))
     request = pb.GenerateRequest()
     if isinstance(prompts[0], str):
@@ -403,14 +410,10 @@ def _content(message: Mapping[str, Any]) -> str:
 
 
 def chat_input(messages: Any) -> pb.Chat:
-    """The conversation as Baton takes it. Which roles a model accepts is Baton's to judge, with its template."""
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty list", param="messages")
+    """The conversation as Baton takes it, tool calls and results included. Which roles a model
+    accepts is Baton's to judge, with its template."""
     chat = pb.Chat()
-    for message in messages:
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise BadRequest("each message must be an object with a role", param="messages")
-        chat.messages.add(role=message["role"], content=_content(message))
+    chat_messages(messages, chat, _content)
     return chat
 
 
@@ -440,7 +443,15 @@ def chat_options(body: Mapping[str, Any], chat: pb.Chat) -> None:
 def parse_chat(body: Mapping[str, Any]) -> Parsed:
     request = pb.GenerateRequest(chat=chat_input(body.get("messages")))
     chat_options(body, request.chat)
+    calling, request.chat.tools, forced = parse_tools(body)
     parsed = _parsed(body, request, 0)  # 0: Baton's default, capped by the room left in the context
+    if forced is not None:
+        if parsed.request.params.HasField("structured_output"):
+            raise BadRequest(
+                "a forced tool call already fixes the output's form: drop response_format", param="tool_choice"
+            )
+        parsed.request.params.structured_output.CopyFrom(forced)
+    parsed = replace(parsed, tools=calling)
     if _bool(body, "echo"):  # completions only (vLLM's chat echo repeats a message: not served here)
         raise BadRequest("echo is not supported for chat completions", param="echo")
     logprobs = _bool(body, "logprobs")
@@ -523,11 +534,12 @@ class Reply:
     created: int
     # With stream_options.include_usage, OpenAI gives every chunk a usage field: null but in the last.
     include_usage: bool = False
+    tools: ToolCalling | None = None  # chat: the answer's message may be tool calls
 
     @classmethod
     def for_request(cls, chat: bool, parsed: Parsed, model: str) -> Reply:
         """``model``: the name to answer with (the request's, or the served model's when it named none)."""
-        return cls(chat, parsed.request.request_id, model, int(time.time()), parsed.include_usage)
+        return cls(chat, parsed.request.request_id, model, int(time.time()), parsed.include_usage, parsed.tools)
 
     @property
     def id(self) -> str:
@@ -558,12 +570,11 @@ class Reply:
     def _whole_choice(
         self, index: int, sample: pb.CompleteResponse, text: str, logprobs: dict[str, Any] | None
     ) -> dict[str, Any]:
-        choice: dict[str, Any] = {
-            "index": index,
-            "logprobs": logprobs,
-            "finish_reason": FINISH_REASON.get(sample.finish_reason),
-        }
-        if self.chat:
+        finish = FINISH_REASON.get(sample.finish_reason)
+        choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish}
+        if self.tools is not None:
+            choice["message"], choice["finish_reason"] = self.tools.whole_message(text, finish)
+        elif self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
@@ -576,17 +587,23 @@ class Reply:
         role: bool = False,
         index: int = 0,
         logprobs: dict[str, Any] | None = None,
+        tool_calls: dict[str, Any] | None = None,
+        finish: str | None = None,
     ) -> dict[str, Any]:
-        """One stream chunk of choice ``index``; for chat, ``text=None`` is an empty delta (the finishing chunk)."""
+        """One stream chunk of choice ``index``; for chat, ``text=None`` is an empty delta (the
+        finishing chunk), and ``tool_calls`` a delta of calls (``openai_tools.ToolCallStream``).
+        ``finish`` names a finish reason in place of ``finish_reason``'s."""
         choice: dict[str, Any] = {
             "index": index,
             "logprobs": logprobs,
-            "finish_reason": FINISH_REASON.get(finish_reason),
+            "finish_reason": finish or FINISH_REASON.get(finish_reason),
         }
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
+            if tool_calls is not None:
+                delta.update(tool_calls)
             choice["delta"] = delta
         else:
             choice["text"] = text or ""

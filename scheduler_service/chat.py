@@ -24,9 +24,44 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """One tool call of an assistant message; ``arguments`` is JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def for_template(self) -> dict[str, Any]:
+        """OpenAI's shape, the arguments parsed: templates index them as a mapping (vLLM parses them too)."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": _json(self.arguments, "a tool call's arguments")},
+        }
+
+
+@dataclass(frozen=True)
 class ChatMessage:
     role: str  # one of ROLES
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
+
+    @property
+    def chars(self) -> int:
+        calls = sum(len(c.id) + len(c.name) + len(c.arguments) for c in self.tool_calls)
+        return len(self.role) + len(self.content) + len(self.tool_call_id) + len(self.name) + calls
+
+    def for_template(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [call.for_template() for call in self.tool_calls]
+        if self.tool_call_id:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name:
+            message["name"] = self.name
+        return message
 
 
 @dataclass(frozen=True)
@@ -47,6 +82,8 @@ class Chat:
     template_kwargs_json: str = ""
     # The tokenizer's special tokens on top of the template's (vLLM's chat add_special_tokens).
     add_special_tokens: bool = False
+    # The tools the model may call (OpenAI's definitions, as JSON text); empty: none.
+    tools_json: str = ""
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -59,33 +96,59 @@ class Chat:
                 "continue_final_message continues the last message, add_generation_prompt starts a new one: "
                 "set add_generation_prompt to false"
             )
+        tools = self.tools
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise InvalidRequest("chat tools must be a JSON array of tool definitions (objects)")
+        for message in self.messages:
+            for call in message.tool_calls:
+                call.for_template()  # its arguments parse, or the request is refused here
 
     @property
     def chars(self) -> int:
-        """What counts against ``max_prompt_chars``: every role and content, the template and its variables."""
-        messages = sum(len(m.role) + len(m.content) for m in self.messages)
-        return len(self.template) + len(self.template_kwargs_json) + messages
+        """What counts against ``max_prompt_chars``: every message (role, content, tool calls), the
+        template, its variables and the tools."""
+        messages = sum(m.chars for m in self.messages)
+        return len(self.template) + len(self.template_kwargs_json) + len(self.tools_json) + messages
+
+    @property
+    def tools(self) -> Any:
+        """The tools, parsed (None: none)."""
+        return _json(self.tools_json, "chat tools") if self.tools_json else None
 
     @classmethod
     def from_pb(cls, msg: pb.Chat) -> Chat:
         return cls(
-            messages=tuple(ChatMessage(m.role, m.content) for m in msg.messages),
+            messages=tuple(
+                ChatMessage(
+                    m.role,
+                    m.content,
+                    tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
+                    m.tool_call_id,
+                    m.name,
+                )
+                for m in msg.messages
+            ),
             template=msg.chat_template,
             add_generation_prompt=msg.add_generation_prompt if msg.HasField("add_generation_prompt") else True,
             continue_final_message=msg.continue_final_message,
             template_kwargs=_template_kwargs(msg.chat_template_kwargs),
             template_kwargs_json=msg.chat_template_kwargs,
             add_special_tokens=msg.add_special_tokens,
+            tools_json=msg.tools,
         )
+
+
+def _json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise InvalidRequest(f"{what} must be JSON") from None
 
 
 def _template_kwargs(text: str) -> dict[str, Any]:
     if not text:
         return {}
-    try:
-        kwargs = json.loads(text)
-    except (ValueError, RecursionError):
-        raise InvalidRequest("chat_template_kwargs must be a JSON object") from None
+    kwargs = _json(text, "chat_template_kwargs")
     if not isinstance(kwargs, dict):
         raise InvalidRequest("chat_template_kwargs must be a JSON object")
     return kwargs
@@ -122,7 +185,7 @@ def chat_prompt_ids(tokenizer: Any, chat: Chat, allow_request_template: bool) ->
         taken = sorted(_reserved_names(tokenizer).intersection(chat.template_kwargs))
         if taken:
             raise InvalidRequest(f"chat_template_kwargs may not set {taken[0]!r}: the chat request decides it")
-    messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+    messages = [m.for_template() for m in chat.messages]
     try:
         # Tokenised, the template's text takes no special tokens of the tokenizer's: with them it
         # is rendered as text and tokenised as a prompt.
@@ -131,6 +194,7 @@ def chat_prompt_ids(tokenizer: Any, chat: Chat, allow_request_template: bool) ->
             chat_template=template,
             add_generation_prompt=chat.add_generation_prompt,
             continue_final_message=chat.continue_final_message,
+            tools=chat.tools,
             tokenize=not chat.add_special_tokens,
             return_dict=False,
             **chat.template_kwargs,

@@ -721,3 +721,82 @@ async def test_n_choices_each_carry_their_own_logprobs(client: openai.AsyncOpenA
                 tokens[choice.index] += choice.logprobs.tokens
     for choice in out.choices:  # the same seeds: the same samples, whole or streamed
         assert tokens[choice.index] == choice.logprobs.tokens  # type: ignore[union-attr]
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}
+TOOLS: list[Any] = [
+    {"type": "function", "function": {"name": "weather", "description": "A city's weather", "parameters": CITY}},
+    {"type": "function", "function": {"name": "clock"}},
+]
+
+
+async def _streamed_calls(stream: Any) -> tuple[dict[int, dict[str, str]], str | None]:
+    """Each streamed call's id, name and joined arguments, by index, and the finish reason."""
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] += delta.id or ""
+                call["name"] += (delta.function.name or "") if delta.function else ""
+                call["arguments"] += (delta.function.arguments or "") if delta.function else ""
+            finish = choice.finish_reason or finish
+    return calls, finish
+
+
+async def test_tool_calls_forced_streamed_and_answered(served: Served, client: openai.AsyncOpenAI) -> None:
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "The weather in Oslo?"}]
+    named: Any = {"type": "function", "function": {"name": "weather"}}
+    ask: dict[str, Any] = {"model": ALIAS, "messages": messages, "tools": TOOLS, "max_tokens": 100, "temperature": 0}
+    whole = await client.chat.completions.create(**ask, tool_choice=named)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "stop" and choice.message.content is None and choice.message.tool_calls
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "weather"
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+
+    calls, finish = await _streamed_calls(await client.chat.completions.create(**ask, tool_choice=named, stream=True))
+    assert finish == "stop" and list(calls) == [0]
+    assert calls[0]["name"] == "weather" and calls[0]["arguments"] == call.function.arguments and calls[0]["id"]
+
+    required = await client.chat.completions.create(**ask, tool_choice="required", parallel_tool_calls=False)
+    assert required.choices[0].finish_reason == "tool_calls" and required.choices[0].message.tool_calls
+    (only,) = required.choices[0].message.tool_calls
+    assert only.function.name in ("weather", "clock") and isinstance(json.loads(only.function.arguments), dict)
+    calls, finish = await _streamed_calls(
+        await client.chat.completions.create(**ask, tool_choice="required", stream=True)
+    )
+    assert finish == "tool_calls" and calls and all(c["name"] in ("weather", "clock") for c in calls.values())
+
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):  # "auto" needs a parser Baton lacks
+        await client.chat.completions.create(**ask)
+
+    # The next turn: the call and its result go to the template with the tools.
+    follow: list[Any] = [
+        *messages,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    answer = await client.chat.completions.create(
+        model=ALIAS, messages=follow, tools=TOOLS, tool_choice="none", max_tokens=4, temperature=0, extra_body=NO_EOS
+    )
+    assert answer.choices[0].message.tool_calls is None and answer.choices[0].finish_reason == "length"
+    rendered: list[Any] = [
+        *messages,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": json.loads(call.function.arguments)},
+                }
+            ],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": call.id},
+    ]
+    tokenizer = AutoTokenizer.from_pretrained(served.model_dir)
+    ids = tokenizer.apply_chat_template(rendered, tools=TOOLS, add_generation_prompt=True, return_dict=False)
+    assert answer.usage is not None and answer.usage.prompt_tokens == len(ids)

@@ -49,7 +49,7 @@ def test_messages_become_a_chat_with_its_generation_prompt() -> None:
         ({"messages": []}, "non-empty list"),
         ({"prompt": "a", "mm_processor_kwargs": {"x": 1}}, "mm_processor_kwargs="),
         ({"messages": [{"role": "user", "content": "b"}], "chat_template": 5}, "chat_template must be a string"),
-        ({"messages": [{"role": "user", "content": "b"}], "tools": [{"type": "function"}]}, "tools="),
+        ({"messages": [{"role": "user", "content": "b"}], "tools": [{"type": "function"}]}, "each tool must be"),
         ({"prompt": "a", "model": 3}, "model must be a string"),
         ({"prompt": "a", "model": 0}, "model must be a string"),
     ],

@@ -3,6 +3,7 @@ generated model's real tokenizer and chat template."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from transformers import AutoTokenizer
 
 from common.errors import FailedPrecondition, InvalidRequest
 from common.pb import generate_pb2 as pb
-from scheduler_service.chat import Chat, ChatMessage, chat_prompt_ids
+from scheduler_service.chat import Chat, ChatMessage, ToolCall, chat_prompt_ids
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
 PLAIN = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -81,6 +82,70 @@ def test_special_tokens_on_top_of_the_template_only_when_asked(tokenizer: Any) -
     assert doubled[:2] == [tokenizer.bos_token_id] * 2  # the tokenizer's BOS before the template's
     msg = pb.Chat(messages=[pb.ChatMessage(role="user", content="Hi")], add_special_tokens=True)
     assert Chat.from_pb(msg).add_special_tokens
+
+
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+
+
+def test_tools_and_tool_calls_reach_the_template(tokenizer: Any) -> None:
+    called = ChatMessage("assistant", "", (ToolCall("c1", "weather", '{"city": "Oslo"}'),))
+    answered = ChatMessage("tool", "sunny", tool_call_id="c1", name="weather")
+    conversation = chat(tools_json=json.dumps(TOOLS))
+    conversation = Chat((*conversation.messages, called, answered), tools_json=conversation.tools_json)
+    expected_messages = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
+            ],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1", "name": "weather"},
+    ]
+    expected = tokenizer.apply_chat_template(
+        expected_messages, tools=TOOLS, add_generation_prompt=True, return_dict=False
+    )
+    ids = chat_prompt_ids(tokenizer, conversation, allow_request_template=False)
+    assert ids == expected
+    text = tokenizer.decode(ids)
+    assert (
+        '"name": "weather"' in text
+        and '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>' in text
+    )
+    assert conversation.chars == chat().chars + len(conversation.tools_json) + len("assistant") + len(
+        "c1weather"
+    ) + len('{"city": "Oslo"}') + len("toolsunnyc1weather")
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"tools_json": '{"type": "function"}'}, "JSON array of tool definitions"),
+        ({"tools_json": "[1, 2]"}, "JSON array of tool definitions"),
+        ({"tools_json": "[{"}, "chat tools must be JSON"),
+    ],
+)
+def test_malformed_tools_are_invalid(fields: dict[str, str], says: str) -> None:
+    with pytest.raises(InvalidRequest, match=says):
+        chat(MESSAGES, **fields)
+
+
+def test_tool_call_arguments_must_be_json() -> None:
+    with pytest.raises(InvalidRequest, match="arguments must be JSON"):
+        Chat((ChatMessage("assistant", "", (ToolCall("c1", "f", "{city: Oslo}"),)),))
+    msg = pb.Chat(
+        messages=[
+            pb.ChatMessage(
+                role="assistant", tool_calls=[pb.ToolCall(id="c", name="f", arguments="{}")], tool_call_id="x", name="n"
+            )
+        ],
+        tools="[]",
+    )
+    parsed = Chat.from_pb(msg)
+    assert (
+        parsed.messages[0] == ChatMessage("assistant", "", (ToolCall("c", "f", "{}"),), "x", "n") and parsed.tools == []
+    )
 
 
 def test_a_model_without_a_template(untemplated: Any, tokenizer: Any) -> None:

@@ -1,0 +1,245 @@
+"""OpenAI's tool calling on the chat route: the tools go to the model's chat template (Baton's
+``Chat.tools``), a forced call is Baton's structured output, and the output comes back in
+OpenAI's ``tool_calls`` shape.
+
+``tool_choice``:
+
+- ``"none"``: the template still lists the tools (as vLLM's default), and the answer is text.
+- ``{"type": "function", "function": {"name": N}}``: the output is forced to N's ``parameters``
+  (a JSON schema); the answer is one call of N, with ``finish_reason`` ``"stop"`` as OpenAI
+  answers a forced function.
+- ``"required"``: the output is forced to a JSON array of one or more ``{"name", "parameters"}``
+  objects, each one of the tools (at most one with ``parallel_tool_calls`` false, as vLLM builds
+  the schema); each becomes a call, and ``finish_reason`` is ``"tool_calls"``.
+- ``"auto"``, the default once tools are given: whether to call is the model's, written in a
+  syntax of its own that a server must parse. Baton has no such parser, so it answers 400, as vLLM
+  does when started without ``--enable-auto-tool-choice``.
+
+Streamed, a named call's arguments go out as they are generated (the first delta carries the
+call's id and name); the calls of ``"required"`` go out together once the array is complete,
+since a call's arguments are only known to be whole then. An array of calls cut short by
+``max_tokens`` is no call: it comes back as text, with ``finish_reason`` ``"length"``; a named
+call cut short is still that call, its ``finish_reason`` ``"length"``.
+
+Messages carry earlier calls (an assistant message's ``tool_calls``) and their results (a tool
+message's ``tool_call_id``) to the template; ``chat_messages`` reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from common.pb import generate_pb2 as pb
+from gateway.errors import BadRequest
+
+NAMED = "named"
+REQUIRED = "required"
+NONE = "none"
+
+
+@dataclass(frozen=True)
+class ToolCalling:
+    """What one chat request asked of tools: the mode, and for a named call the function's name."""
+
+    mode: str  # NAMED, REQUIRED or NONE
+    name: str = ""
+
+    @property
+    def forced(self) -> bool:
+        return self.mode != NONE
+
+    def whole_message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The assistant message and finish reason of a whole answer whose output is ``text``."""
+        calls = self._calls(text, finish_reason)
+        if calls is None:
+            return {"role": "assistant", "content": text}, finish_reason
+        message = {"role": "assistant", "content": None, "tool_calls": calls}
+        return message, "tool_calls" if self.mode == REQUIRED else finish_reason
+
+    def _calls(self, text: str, finish_reason: str | None) -> list[dict[str, Any]] | None:
+        """The calls ``text`` makes; None where it makes none (not forced, or an array of calls cut
+        short). A named call is one whatever its end: a cut one says so by its finish reason."""
+        if self.mode == NAMED:
+            return [_call(self.name, text)]
+        if self.mode == NONE or finish_reason != "stop":
+            return None
+        try:
+            items = json.loads(text)
+        except ValueError:  # the grammar held it to the schema, so only a cut could break it
+            return None
+        return [_call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
+
+
+class ToolCallStream:
+    """One streamed choice's deltas under a forced tool choice, message by message."""
+
+    def __init__(self, calling: ToolCalling) -> None:
+        self.calling = calling
+        self._text = ""
+        self._id = ""
+
+    def feed(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any] | None, str | None, str]:
+        """``(tool_calls delta or None, finish reason to send, text to send as content)`` for one
+        message of output ``text`` ending with ``finish_reason``."""
+        self._text += text
+        if self.calling.mode == NAMED:
+            if not text and (self._id or finish_reason):
+                return None, finish_reason, ""
+            function: dict[str, Any] = {"arguments": text}
+            delta: dict[str, Any] = {"index": 0, "function": function}
+            if not self._id:  # the call's first delta names it
+                self._id = _call_id()
+                delta.update(id=self._id, type="function")
+                function["name"] = self.calling.name
+            return {"tool_calls": [delta]}, finish_reason, ""
+        if self.calling.mode == REQUIRED and finish_reason is None:
+            return None, None, ""  # held until the array is whole
+        calls = self.calling._calls(self._text, finish_reason)
+        if calls is None:  # cut short: what was held goes out as text
+            return None, finish_reason, self._text
+        deltas = [{"index": i, **call} for i, call in enumerate(calls)]
+        return {"tool_calls": deltas}, "tool_calls", ""
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _call(name: str, arguments: str) -> dict[str, Any]:
+    return {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def parse_tools(body: Mapping[str, Any]) -> tuple[ToolCalling | None, str, pb.StructuredOutput | None]:
+    """The request's tool calling, its tools as ``Chat.tools`` JSON, and the structured output that
+    forces a call (None: nothing forced). No tools: ``(None, "", None)``."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools is None or tools == []:
+        if choice not in (None, "none"):
+            raise BadRequest("tool_choice needs tools", param="tool_choice")
+        return None, "", None
+    functions = _functions(tools)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise BadRequest("parallel_tool_calls must be true or false", param="parallel_tool_calls")
+    tools_json = json.dumps(tools, ensure_ascii=False)
+    if choice == "none":
+        return ToolCalling(NONE), tools_json, None
+    if choice is None or choice == "auto":
+        raise BadRequest(
+            'tool_choice "auto" (the default with tools) needs a parser of the model\'s own tool-call syntax, '
+            'which this server has none of: send tool_choice "required", "none", or a named function',
+            param="tool_choice",
+        )
+    if choice == "required":
+        return ToolCalling(REQUIRED), tools_json, _schema(_required_schema(functions, parallel))
+    name = _named(choice)
+    if name not in functions:
+        raise BadRequest(f"tool_choice names {name!r}, which is not one of the tools", param="tool_choice")
+    return ToolCalling(NAMED, name), tools_json, _schema(functions[name])
+
+
+def template_tools(body: Mapping[str, Any]) -> str:
+    """The body's tools as ``Chat.tools`` JSON (empty: none), checked, for a prompt alone (``/tokenize``)."""
+    tools = body.get("tools")
+    if tools is None or tools == []:
+        return ""
+    _functions(tools)
+    return json.dumps(tools, ensure_ascii=False)
+
+
+def _functions(tools: Any) -> dict[str, dict[str, Any]]:
+    """Each function's name to its parameters' JSON schema (an empty object's where it has none)."""
+    if not isinstance(tools, list):
+        raise BadRequest("tools must be a list", param="tools")
+    out: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
+            raise BadRequest('each tool must be {"type": "function", "function": {...}}', param="tools")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise BadRequest("each tool's function needs a name", param="tools")
+        if name in out:
+            raise BadRequest(f"two tools are named {name!r}", param="tools")
+        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, dict):
+            raise BadRequest(f"the parameters of {name!r} must be a JSON schema (an object)", param="tools")
+        out[name] = parameters
+    return out
+
+
+def _named(choice: Any) -> str:
+    function = choice.get("function") if isinstance(choice, dict) else None
+    if not (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(function, dict)):
+        raise BadRequest(
+            'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
+        )
+    name = function.get("name")
+    if not isinstance(name, str):
+        raise BadRequest("tool_choice's function needs a name", param="tool_choice")
+    return name
+
+
+def _required_schema(functions: Mapping[str, dict[str, Any]], parallel: bool) -> dict[str, Any]:
+    """An array of calls, each a ``{"name", "parameters"}`` object of one of the functions."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
+            "required": ["name", "parameters"],
+        }
+        for name, parameters in functions.items()
+    ]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def _schema(schema: dict[str, Any]) -> pb.StructuredOutput:
+    return pb.StructuredOutput(json_schema=json.dumps(schema, ensure_ascii=False))
+
+
+def chat_messages(messages: Any, chat: pb.Chat, content: Any) -> None:
+    """Each message of ``messages`` into ``chat``, its tool calls and the call it answers included;
+    ``content`` reads a message's text."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list", param="messages")
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest("each message must be an object with a role", param="messages")
+        added = chat.messages.add(role=message["role"], content=content(message))
+        for name in ("tool_call_id", "name"):
+            value = message.get(name)
+            if value is not None:
+                if not isinstance(value, str):
+                    raise BadRequest(f"a message's {name} must be a string", param="messages")
+                setattr(added, name, value)
+        calls = message.get("tool_calls")
+        if calls is None:
+            continue
+        if not isinstance(calls, list):
+            raise BadRequest("a message's tool_calls must be a list", param="messages")
+        for call in calls:
+            added.tool_calls.append(_tool_call(call))
+
+
+def _tool_call(call: Any) -> pb.ToolCall:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise BadRequest(
+            'each tool call must be {"id", "type": "function", "function": {"name", "arguments"}}', param="messages"
+        )
+    arguments = function.get("arguments", "{}")
+    if not isinstance(arguments, str):  # some clients send the object itself
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    call_id = call.get("id", "")
+    if not isinstance(call_id, str):
+        raise BadRequest("a tool call's id must be a string", param="messages")
+    return pb.ToolCall(id=call_id, name=function["name"], arguments=arguments)

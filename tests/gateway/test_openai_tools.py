@@ -1,0 +1,183 @@
+"""Tool calling's request reading and answer shaping, without a server."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from common.pb import generate_pb2 as pb
+from gateway.errors import BadRequest
+from gateway.openai_tools import NAMED, NONE, REQUIRED, ToolCalling, ToolCallStream, parse_tools, template_tools
+from gateway.openai_types import chat_input, parse_chat, parse_completion
+
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+CLOCK = {"type": "function", "function": {"name": "clock"}}
+MESSAGES = [{"role": "user", "content": "Hi"}]
+
+
+def test_a_named_function_forces_its_parameters() -> None:
+    calling, tools, forced = parse_tools(
+        {"tools": [WEATHER, CLOCK], "tool_choice": {"type": "function", "function": {"name": "weather"}}}
+    )
+    assert calling == ToolCalling(NAMED, "weather") and json.loads(tools) == [WEATHER, CLOCK]
+    assert forced is not None and json.loads(forced.json_schema) == WEATHER["function"]["parameters"]
+    _, _, clock = parse_tools({"tools": [CLOCK], "tool_choice": {"type": "function", "function": {"name": "clock"}}})
+    assert clock is not None and json.loads(clock.json_schema) == {"type": "object", "properties": {}}
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_required_forces_an_array_of_calls(parallel: bool) -> None:
+    calling, _, forced = parse_tools(
+        {"tools": [WEATHER, CLOCK], "tool_choice": "required", "parallel_tool_calls": parallel}
+    )
+    assert calling == ToolCalling(REQUIRED) and forced is not None
+    schema = json.loads(forced.json_schema)
+    assert schema["type"] == "array" and schema["minItems"] == 1 and ("maxItems" in schema) is not parallel
+    names = [item["properties"]["name"]["enum"] for item in schema["items"]["anyOf"]]
+    assert names == [["weather"], ["clock"]]
+
+
+def test_none_lists_the_tools_and_forces_nothing() -> None:
+    calling, tools, forced = parse_tools({"tools": [WEATHER], "tool_choice": "none"})
+    assert calling == ToolCalling(NONE) and tools and forced is None
+    assert parse_tools({"tools": []}) == (None, "", None)
+    assert parse_tools({}) == (None, "", None)
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"tools": [WEATHER]}, "needs a parser"),
+        ({"tools": [WEATHER], "tool_choice": "auto"}, "needs a parser"),
+        ({"tool_choice": "required"}, "tool_choice needs tools"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "clock"}}},
+            "not one of the tools",
+        ),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice must be"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {}}}, "needs a name"),
+        ({"tools": {"weather": WEATHER}, "tool_choice": "none"}, "tools must be a list"),
+        ({"tools": [{"type": "code"}], "tool_choice": "none"}, "each tool must be"),
+        ({"tools": [{"type": "function", "function": {}}], "tool_choice": "none"}, "needs a name"),
+        ({"tools": [WEATHER, WEATHER], "tool_choice": "none"}, "two tools are named"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}], "tool_choice": "none"},
+            "JSON schema",
+        ),
+        ({"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ],
+)
+def test_tool_refusals(body: dict[str, Any], says: str) -> None:
+    with pytest.raises(BadRequest, match=says):
+        parse_tools(body)
+
+
+def test_the_chat_route_carries_tools_and_the_forcing_schema() -> None:
+    named = {"type": "function", "function": {"name": "weather"}}
+    parsed = parse_chat({"messages": MESSAGES, "tools": [WEATHER], "tool_choice": named})
+    assert parsed.tools == ToolCalling(NAMED, "weather") and json.loads(parsed.request.chat.tools) == [WEATHER]
+    assert parsed.request.params.structured_output.json_schema
+    with pytest.raises(BadRequest, match="drop response_format"):
+        parse_chat(
+            {"messages": MESSAGES, "tools": [WEATHER], "tool_choice": named, "response_format": {"type": "json_object"}}
+        )
+    with pytest.raises(BadRequest, match="tools"):
+        parse_completion({"prompt": "a", "tools": [WEATHER]})
+    assert template_tools({"tools": [WEATHER]}) == json.dumps([WEATHER])
+
+
+def test_earlier_calls_and_their_results_reach_baton() -> None:
+    messages = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c2", "function": {"name": "clock", "arguments": {}}}],
+            "name": "bot",
+        },
+    ]
+    chat = chat_input(messages)
+    assert chat.messages[1].content == "" and list(chat.messages[1].tool_calls) == [
+        pb.ToolCall(id="c1", name="weather", arguments='{"city": "Oslo"}')
+    ]
+    assert chat.messages[2].tool_call_id == "c1" and chat.messages[3].name == "bot"
+    assert chat.messages[3].tool_calls[0].arguments == "{}"  # an object sent as such is written as JSON
+    bad: dict[str, Any]
+    for bad in (
+        {"tool_calls": {}},
+        {"tool_calls": [{"function": {}}]},
+        {"tool_call_id": 5},
+        {"tool_calls": [{"id": 3, "function": {"name": "f"}}]},
+    ):
+        with pytest.raises(BadRequest):
+            chat_input([{"role": "assistant", "content": "", **bad}])
+
+
+def test_whole_answers() -> None:
+    named = ToolCalling(NAMED, "weather")
+    message, finish = named.whole_message('{"city": "Oslo"}', "stop")
+    assert finish == "stop" and message["content"] is None
+    (call,) = message["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "weather", "arguments": '{"city": "Oslo"}'}
+    assert named.whole_message('{"ci', "length")[1] == "length"  # cut short, still the call it began
+
+    required = ToolCalling(REQUIRED)
+    text = '[{"name": "weather", "parameters": {"city": "Oslo"}}, {"name": "clock", "parameters": {}}]'
+    message, finish = required.whole_message(text, "stop")
+    assert finish == "tool_calls" and [c["function"] for c in message["tool_calls"]] == [
+        {"name": "weather", "arguments": '{"city": "Oslo"}'},
+        {"name": "clock", "arguments": "{}"},
+    ]
+    assert len({c["id"] for c in message["tool_calls"]}) == 2
+    assert required.whole_message('[{"name": "wea', "length") == (
+        {"role": "assistant", "content": '[{"name": "wea'},
+        "length",
+    )
+    assert ToolCalling(NONE).whole_message("hello", "stop") == ({"role": "assistant", "content": "hello"}, "stop")
+
+
+def test_a_named_call_streams_its_arguments_as_they_come() -> None:
+    stream = ToolCallStream(ToolCalling(NAMED, "weather"))
+    first, finish, content = stream.feed('{"ci', None)
+    assert finish is None and content == "" and first is not None
+    (delta,) = first["tool_calls"]
+    assert delta["index"] == 0 and delta["type"] == "function" and delta["id"].startswith("call_")
+    assert delta["function"] == {"name": "weather", "arguments": '{"ci'}
+    assert stream.feed("", None) == (None, None, "")
+    assert stream.feed('ty": "Oslo"}', "stop") == (
+        {"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Oslo"}'}}]},
+        "stop",
+        "",
+    )
+    # A first message with no text still names the call.
+    assert ToolCallStream(ToolCalling(NAMED, "clock")).feed("", None)[0] is not None
+
+
+def test_required_calls_go_out_once_the_array_is_whole() -> None:
+    stream = ToolCallStream(ToolCalling(REQUIRED))
+    assert stream.feed('[{"name": "clock", ', None) == (None, None, "")
+    delta, finish, content = stream.feed('"parameters": {}}]', "stop")
+    assert finish == "tool_calls" and content == "" and delta is not None
+    (call,) = delta["tool_calls"]
+    assert call["index"] == 0 and call["function"] == {"name": "clock", "arguments": "{}"}
+    cut = ToolCallStream(ToolCalling(REQUIRED))
+    cut.feed('[{"name": ', None)
+    assert cut.feed('"clo', "length") == (None, "length", '[{"name": "clo')
