@@ -30,7 +30,7 @@ from gateway.auth import Caller, ClientAuth
 from gateway.errors import BadRequest, GatewayError, ModelNotFound, from_rpc_error
 from gateway.openai_logprobs import ChoiceLogprobs
 from gateway.openai_tokenize import parse_detokenize, parse_tokenize, tokenize_answer
-from gateway.openai_tools import ToolCallStream
+from gateway.openai_tools import TOOL_CALL_PARSERS, ToolCallStream
 from gateway.openai_types import (
     FINISH_REASON,
     REQUEST_ID_HEADER,
@@ -169,9 +169,15 @@ class Gateway:
         auth: ClientAuth | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         model_aliases: Sequence[str] = (),
+        tool_call_parser: str = "",
     ) -> None:
         if max_body_bytes < 1:
             raise ValueError("max_body_bytes must be >= 1")
+        if tool_call_parser and tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"unknown tool-call parser {tool_call_parser!r}; choose one of {', '.join(TOOL_CALL_PARSERS)}"
+            )
+        self.tool_call_parser = tool_call_parser
         self.target = target
         self.tracing = tracing
         self.auth = auth or ClientAuth()
@@ -209,7 +215,7 @@ class Gateway:
     async def _generate(self, request: Request, chat: bool) -> Response:
         caller = self.auth.caller(request.headers)  # before the body: an unknown caller learns nothing
         body = await _json_body(request, self.max_body_bytes)
-        parsed = parse_chat(body) if chat else parse_completion(body)
+        parsed = parse_chat(body, self.tool_call_parser) if chat else parse_completion(body)
         apply_headers(parsed.request, request.headers)
         self.auth.scope(parsed.request, caller, request.headers.get(TENANT_HEADER, ""))
         model = await self.served.resolve(parsed.model, caller.metadata)
@@ -301,7 +307,7 @@ class Gateway:
         # Each finished choice's usage, by prompt and sample; the stream ends when every choice has one.
         usages: dict[tuple[int, int], pb.Usage] = {}
         choices: dict[int, ChoiceLogprobs] = {}  # each choice's echo and logprobs, message by message
-        tool_streams: dict[int, ToolCallStream] = {}  # each choice's tool calls, under a forced tool choice
+        tool_streams: dict[int, ToolCallStream] = {}  # each choice's tool calls, where it may make some
         messages = _messages(calls, firsts)
         try:
             if reply.chat:
@@ -322,7 +328,7 @@ class Gateway:
                 index = prompt * n + sample  # OpenAI's numbering of a batch's choices
                 choice = choices.setdefault(index, _choice_logprobs(reply, parsed, requests[prompt]))
                 text, logprobs = choice.shape(message)
-                if reply.tools is not None and reply.tools.forced:
+                if reply.tools is not None and reply.tools.shapes_answer:
                     tool_stream = tool_streams.setdefault(index, ToolCallStream(reply.tools))
                     delta, finish, content = tool_stream.feed(text, FINISH_REASON.get(reason) if reason else None)
                     if delta or content or message.logprobs:
@@ -445,6 +451,7 @@ def create_app(
     auth_tokens: Mapping[str, str] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     model_aliases: Sequence[str] = (),
+    tool_call_parser: str = "",
 ) -> Starlette:
     """The gateway's ASGI app, forwarding to the Baton scheduler at ``target`` (``HOST:PORT``).
 
@@ -452,9 +459,10 @@ def create_app(
     ``auth_tokens`` (bearer token -> tenant, as the scheduler's ``auth_tokens_file``), every route
     but ``/health`` needs one of those tokens (see ``gateway.auth``). A body over ``max_body_bytes``
     is answered 413. A request's ``model`` must name the served model, as the executors registered
-    it or as one of ``model_aliases``.
+    it or as one of ``model_aliases``. ``tool_call_parser`` (``hermes``) serves tool_choice "auto",
+    reading the calls in the model's syntax; empty, "auto" is refused (``openai_tools``).
     """
-    gateway = Gateway(target, tracing, ClientAuth(auth_tokens), max_body_bytes, model_aliases)
+    gateway = Gateway(target, tracing, ClientAuth(auth_tokens), max_body_bytes, model_aliases, tool_call_parser)
     routes = [
         Route("/v1/completions", gateway.completions, methods=["POST"]),
         Route("/v1/chat/completions", gateway.chat_completions, methods=["POST"]),

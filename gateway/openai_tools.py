@@ -12,14 +12,19 @@ OpenAI's ``tool_calls`` shape.
   objects, each one of the tools (at most one with ``parallel_tool_calls`` false, as vLLM builds
   the schema); each becomes a call, and ``finish_reason`` is ``"tool_calls"``.
 - ``"auto"``, the default once tools are given: whether to call is the model's, written in a
-  syntax of its own that a server must parse. Baton has no such parser, so it answers 400, as vLLM
-  does when started without ``--enable-auto-tool-choice``.
+  syntax of its own that the gateway must parse: ``baton gateway --tool-call-parser hermes``
+  (``hermes_tool_calls``; vLLM's ``--enable-auto-tool-choice --tool-call-parser hermes``). The
+  answer's content is the text before the first call, and ``finish_reason`` is ``"tool_calls"``
+  where it calls. Without a parser, ``"auto"`` is a 400, as vLLM answers without its flags. The
+  parser needs the calls' tags in the text, so special tokens' text is kept unless the request
+  says otherwise (as vLLM's ``hermes`` parser asks).
 
 Streamed, a named call's arguments go out as they are generated (the first delta carries the
-call's id and name); the calls of ``"required"`` go out together once the array is complete,
-since a call's arguments are only known to be whole then. An array of calls cut short by
-``max_tokens`` is no call: it comes back as text, with ``finish_reason`` ``"length"``; a named
-call cut short is still that call, its ``finish_reason`` ``"length"``.
+call's id and name); the calls of ``"required"`` go out together once the array is complete, and
+those of ``"auto"`` each once it closes, since a call's arguments are only known to be whole then.
+An array of calls cut short by ``max_tokens`` is no call: it comes back as text, with
+``finish_reason`` ``"length"``; a named call cut short is still that call, its ``finish_reason``
+``"length"``.
 
 Messages carry earlier calls (an assistant message's ``tool_calls``) and their results (a tool
 message's ``tool_call_id``) to the template; ``chat_messages`` reads them.
@@ -34,26 +39,37 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.pb import generate_pb2 as pb
+from gateway import hermes_tool_calls
 from gateway.errors import BadRequest
 
 NAMED = "named"
 REQUIRED = "required"
+AUTO = "auto"
 NONE = "none"
+# The tool-call syntaxes the gateway can read, for "auto" (``--tool-call-parser``).
+TOOL_CALL_PARSERS = ("hermes",)
 
 
 @dataclass(frozen=True)
 class ToolCalling:
     """What one chat request asked of tools: the mode, and for a named call the function's name."""
 
-    mode: str  # NAMED, REQUIRED or NONE
+    mode: str  # NAMED, REQUIRED, AUTO or NONE
     name: str = ""
 
     @property
-    def forced(self) -> bool:
+    def shapes_answer(self) -> bool:
+        """Whether the answer may be calls rather than text."""
         return self.mode != NONE
 
     def whole_message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """The assistant message and finish reason of a whole answer whose output is ``text``."""
+        if self.mode == AUTO:
+            content, parsed = hermes_tool_calls.parse(text)
+            if not parsed:
+                return {"role": "assistant", "content": text}, finish_reason
+            made = [_call(call.name, call.arguments) for call in parsed]
+            return {"role": "assistant", "content": content, "tool_calls": made}, "tool_calls"
         calls = self._calls(text, finish_reason)
         if calls is None:
             return {"role": "assistant", "content": text}, finish_reason
@@ -61,7 +77,7 @@ class ToolCalling:
         return message, "tool_calls" if self.mode == REQUIRED else finish_reason
 
     def _calls(self, text: str, finish_reason: str | None) -> list[dict[str, Any]] | None:
-        """The calls ``text`` makes; None where it makes none (not forced, or an array of calls cut
+        """The forced calls ``text`` makes; None where it makes none (not forced, or an array of calls cut
         short). A named call is one whatever its end: a cut one says so by its finish reason."""
         if self.mode == NAMED:
             return [_call(self.name, text)]
@@ -75,16 +91,24 @@ class ToolCalling:
 
 
 class ToolCallStream:
-    """One streamed choice's deltas under a forced tool choice, message by message."""
+    """One streamed choice's deltas where the answer may be calls (``ToolCalling.shapes_answer``),
+    message by message."""
 
     def __init__(self, calling: ToolCalling) -> None:
         self.calling = calling
         self._text = ""
         self._id = ""
+        self._hermes = hermes_tool_calls.HermesStream()
 
     def feed(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any] | None, str | None, str]:
         """``(tool_calls delta or None, finish reason to send, text to send as content)`` for one
         message of output ``text`` ending with ``finish_reason``."""
+        if self.calling.mode == AUTO:
+            sent = self._hermes.calls
+            content, parsed = self._hermes.feed(text, final=finish_reason is not None)
+            deltas = [{"index": sent + i, **_call(c.name, c.arguments)} for i, c in enumerate(parsed)]
+            finish = "tool_calls" if finish_reason is not None and self._hermes.calls else finish_reason
+            return ({"tool_calls": deltas} if deltas else None), finish, content
         self._text += text
         if self.calling.mode == NAMED:
             if not text and (self._id or finish_reason):
@@ -113,9 +137,12 @@ def _call(name: str, arguments: str) -> dict[str, Any]:
     return {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def parse_tools(body: Mapping[str, Any]) -> tuple[ToolCalling | None, str, pb.StructuredOutput | None]:
+def parse_tools(
+    body: Mapping[str, Any], parser: str = ""
+) -> tuple[ToolCalling | None, str, pb.StructuredOutput | None]:
     """The request's tool calling, its tools as ``Chat.tools`` JSON, and the structured output that
-    forces a call (None: nothing forced). No tools: ``(None, "", None)``."""
+    forces a call (None: nothing forced). No tools: ``(None, "", None)``. ``parser``: the syntax
+    "auto" is read in (empty: "auto" is refused)."""
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if tools is None or tools == []:
@@ -129,10 +156,13 @@ def parse_tools(body: Mapping[str, Any]) -> tuple[ToolCalling | None, str, pb.St
     tools_json = json.dumps(tools, ensure_ascii=False)
     if choice == "none":
         return ToolCalling(NONE), tools_json, None
+    if (choice is None or choice == "auto") and parser:
+        return ToolCalling(AUTO), tools_json, None
     if choice is None or choice == "auto":
         raise BadRequest(
             'tool_choice "auto" (the default with tools) needs a parser of the model\'s own tool-call syntax, '
-            'which this server has none of: send tool_choice "required", "none", or a named function',
+            'which this gateway was started without (--tool-call-parser): send tool_choice "required", "none", '
+            "or a named function",
             param="tool_choice",
         )
     if choice == "required":

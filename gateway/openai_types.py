@@ -67,7 +67,7 @@ from common.logprobs import MAX_LOGPROBS
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest
 from gateway.openai_structured import structured_output
-from gateway.openai_tools import ToolCalling, chat_messages, parse_tools
+from gateway.openai_tools import AUTO, ToolCalling, chat_messages, parse_tools
 
 PRIORITY_HEADER = "x-baton-priority"
 TENANT_HEADER = "x-baton-tenant"
@@ -440,11 +440,15 @@ def chat_options(body: Mapping[str, Any], chat: pb.Chat) -> None:
             chat.chat_template_kwargs = json.dumps(variables, ensure_ascii=False)
 
 
-def parse_chat(body: Mapping[str, Any]) -> Parsed:
+def parse_chat(body: Mapping[str, Any], tool_call_parser: str = "") -> Parsed:
+    """``tool_call_parser``: the tool-call syntax "auto" tool choice reads (``openai_tools``)."""
     request = pb.GenerateRequest(chat=chat_input(body.get("messages")))
     chat_options(body, request.chat)
-    calling, request.chat.tools, forced = parse_tools(body)
+    calling, request.chat.tools, forced = parse_tools(body, tool_call_parser)
     parsed = _parsed(body, request, 0)  # 0: Baton's default, capped by the room left in the context
+    params = parsed.request.params
+    if calling is not None and calling.mode == AUTO and not params.HasField("skip_special_tokens"):
+        params.skip_special_tokens = False  # the calls' tags may be special tokens: the parser reads them
     if forced is not None:
         if parsed.request.params.HasField("structured_output"):
             raise BadRequest(

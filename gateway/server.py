@@ -40,6 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="another name clients may give as `model` for the served model, e.g. a short one for a model "
         "path; repeatable. /v1/models lists it too (default: only the name the executors registered)",
     )
+    parser.add_argument(
+        "--tool-call-parser",
+        default="",
+        choices=["", "hermes"],
+        help='serve chat tool_choice "auto" (the default once a request brings tools), reading the calls the '
+        "model writes in this syntax: hermes (<tool_call>{...}</tool_call>: Hermes 2 Pro and 3, Qwen 2.5 and later); "
+        'default: none, and "auto" is a 400',
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     parser.add_argument("--tracing", action="store_true", help="emit OpenTelemetry spans and propagate trace context")
     parser.add_argument(
@@ -74,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if max_body < 1:
         log.error("--max-body-bytes must be >= 1")
         return 2
-    app = create_app(args.target, tracing, tokens, max_body, args.model_alias)
+    app = create_app(args.target, tracing, tokens, max_body, args.model_alias, args.tool_call_parser)
     freeze_startup_heap()
     # uvicorn's loop "auto" is uvloop where it is installed, the loop the services run on (common/event_loop.py).
     uvicorn.run(

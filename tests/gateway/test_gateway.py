@@ -21,6 +21,7 @@ from tests.conftest import free_port
 from tests.executor_service.reference import load_reference_model
 from tests.executor_service.test_token_logprobs import model_logprobs
 from tests.gateway.conftest import ALIAS, Served
+from tests.gateway.serving import serve_gateway
 
 # Greedy and past EOS, so outputs are deterministic and exactly max_tokens long (the tiny model may emit EOS early).
 NO_EOS = {"ignore_eos": True}
@@ -800,3 +801,35 @@ async def test_tool_calls_forced_streamed_and_answered(served: Served, client: o
     tokenizer = AutoTokenizer.from_pretrained(served.model_dir)
     ids = tokenizer.apply_chat_template(rendered, tools=TOOLS, add_generation_prompt=True, return_dict=False)
     assert answer.usage is not None and answer.usage.prompt_tokens == len(ids)
+
+
+async def test_auto_tool_choice_reads_the_calls_the_model_writes(served: Served) -> None:
+    """The generated model writes no calls of itself: a regex (structured output, allowed beside
+    "auto") makes it write one in the Hermes syntax, which the gateway's parser turns into tool_calls."""
+    messages: list[Any] = [{"role": "user", "content": "The weather in Oslo?"}]
+    written = r'On it\. <tool_call>\{"name": "weather", "arguments": \{"city": "Oslo"\}\}</tool_call>'
+    ask: dict[str, Any] = {
+        "model": ALIAS,
+        "messages": messages,
+        "tools": TOOLS,
+        "max_tokens": 100,
+        "temperature": 0,
+        "extra_body": {"structured_outputs": {"regex": written}},
+    }
+    async with (
+        serve_gateway(served.stack.target, model_aliases=(ALIAS,), tool_call_parser="hermes") as base_url,
+        openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0) as client,
+    ):
+        whole = await client.chat.completions.create(**ask)
+        choice = whole.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content == "On it. "
+        assert choice.message.tool_calls is not None
+        assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [
+            ("weather", '{"city": "Oslo"}')
+        ]
+        calls, finish = await _streamed_calls(await client.chat.completions.create(**ask, stream=True))
+        assert finish == "tool_calls" and [(c["name"], c["arguments"]) for c in calls.values()] == [
+            ("weather", '{"city": "Oslo"}')
+        ]
+        text = await client.chat.completions.create(**{**ask, "extra_body": NO_EOS, "max_tokens": 6})
+        assert text.choices[0].message.tool_calls is None and text.choices[0].finish_reason == "length"

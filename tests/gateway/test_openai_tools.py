@@ -9,7 +9,7 @@ import pytest
 
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest
-from gateway.openai_tools import NAMED, NONE, REQUIRED, ToolCalling, ToolCallStream, parse_tools, template_tools
+from gateway.openai_tools import AUTO, NAMED, NONE, REQUIRED, ToolCalling, ToolCallStream, parse_tools, template_tools
 from gateway.openai_types import chat_input, parse_chat, parse_completion
 
 WEATHER: dict[str, Any] = {
@@ -181,3 +181,32 @@ def test_required_calls_go_out_once_the_array_is_whole() -> None:
     cut = ToolCallStream(ToolCalling(REQUIRED))
     cut.feed('[{"name": ', None)
     assert cut.feed('"clo', "length") == (None, "length", '[{"name": "clo')
+
+
+def test_auto_reads_the_models_calls_with_a_parser() -> None:
+    calling, tools, forced = parse_tools({"tools": [WEATHER]}, parser="hermes")
+    assert calling == ToolCalling(AUTO) and tools and forced is None
+    assert parse_tools({"tools": [WEATHER], "tool_choice": "auto"}, parser="hermes")[0] == ToolCalling(AUTO)
+    parsed = parse_chat({"messages": MESSAGES, "tools": [WEATHER]}, tool_call_parser="hermes")
+    params = parsed.request.params
+    assert params.HasField("skip_special_tokens") and not params.skip_special_tokens  # the tags may be special
+    kept = parse_chat(
+        {"messages": MESSAGES, "tools": [WEATHER], "skip_special_tokens": True}, tool_call_parser="hermes"
+    )
+    assert kept.request.params.skip_special_tokens
+
+    auto = ToolCalling(AUTO)
+    call = '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    message, finish = auto.whole_message("Checking. " + call, "stop")
+    assert finish == "tool_calls" and message["content"] == "Checking. "
+    assert [c["function"] for c in message["tool_calls"]] == [{"name": "weather", "arguments": '{"city": "Oslo"}'}]
+    assert auto.whole_message("No call.", "length") == ({"role": "assistant", "content": "No call."}, "length")
+
+    stream = ToolCallStream(auto)
+    assert stream.feed("Checking. <tool", None) == (None, None, "Checking. ")
+    assert stream.feed('_call>{"name": "clock"}</tool_call>', None)[0] is not None
+    delta, finish, content = stream.feed(call, "stop")
+    assert finish == "tool_calls" and content == "" and delta is not None
+    assert [d["index"] for d in delta["tool_calls"]] == [1] and delta["tool_calls"][0]["function"]["name"] == "weather"
+    plain = ToolCallStream(auto)
+    assert plain.feed("Hi", None) == (None, None, "Hi") and plain.feed(" there", "stop") == (None, "stop", " there")

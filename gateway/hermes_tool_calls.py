@@ -1,0 +1,103 @@
+"""The Hermes tool-call syntax, as Hermes 2 Pro and 3, Qwen 2.5 and later Qwen models write their
+calls (and the generated models' chat template renders them): each call is
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in the output, and the text before the
+first call is the message's content. vLLM's ``hermes`` parser reads the same syntax.
+
+``parse`` reads a whole output. ``HermesStream`` reads one as it streams: text goes out as content
+until a call opens (a tail that may be the start of the opening tag is held back), and each call
+goes out once it closes, or at the end if what is left parses, since its arguments are known to
+be whole JSON only then. Something between the tags that is not such a call is text, not a call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+OPEN = "<tool_call>"
+CLOSE = "</tool_call>"
+_CALLS = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    name: str
+    arguments: str  # JSON text
+
+
+def parse(text: str) -> tuple[str | None, list[ParsedCall]]:
+    """The content before the first call (None if empty) and the calls; ``(text, [])`` where the
+    output makes no call, or something between the tags is not one."""
+    start = text.find(OPEN)
+    if start < 0:
+        return text, []
+    calls = []
+    for body in _CALLS.findall(text, start):
+        call = _call(body)
+        if call is None:
+            return text, []
+        calls.append(call)
+    return text[:start] or None, calls
+
+
+def _call(body: str) -> ParsedCall | None:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = value.get("arguments", {})
+    return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+class HermesStream:
+    """One streamed output, read piece by piece."""
+
+    def __init__(self) -> None:
+        self._pending = ""  # text not sent yet: a possible start of OPEN, or an open call's body
+        self._in_call = False
+        self.calls = 0  # calls sent so far
+
+    def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
+        """The content and the calls that ``text`` completes (``final``: the output ends with it)."""
+        self._pending += text
+        content, calls = "", []
+        while True:
+            if not self._in_call:
+                start = self._pending.find(OPEN)
+                if start < 0:
+                    keep = 0 if final else _open_prefix(self._pending)
+                    content += self._pending[: len(self._pending) - keep]
+                    self._pending = self._pending[len(self._pending) - keep :]
+                    break
+                content += self._pending[:start]
+                self._pending = self._pending[start + len(OPEN) :]
+                self._in_call = True
+                continue
+            end = self._pending.find(CLOSE)
+            if end < 0 and not final:
+                break
+            body = self._pending if end < 0 else self._pending[:end]
+            self._pending = "" if end < 0 else self._pending[end + len(CLOSE) :]
+            self._in_call = False
+            call = _call(body)
+            if call is None:
+                content += OPEN + body + ("" if end < 0 else CLOSE)
+            else:
+                calls.append(call)
+            if end < 0:
+                break
+        if self.calls or calls:  # between and after calls only text that says something is content
+            content = content if content.strip() else ""
+        self.calls += len(calls)
+        return content, calls
+
+
+def _open_prefix(text: str) -> int:
+    """How many of ``text``'s last characters could begin ``OPEN``."""
+    for size in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if OPEN.startswith(text[-size:]):
+            return size
+    return 0

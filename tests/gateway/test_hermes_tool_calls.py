@@ -1,0 +1,55 @@
+"""The Hermes tool-call syntax, read whole and as it streams in pieces of any size."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.hermes_tool_calls import HermesStream, ParsedCall, parse
+
+WEATHER = '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
+CLOCK = '<tool_call>\n{"name": "clock"}\n</tool_call>'
+CASES = [
+    ("Just text, no call.", ("Just text, no call.", [])),
+    (WEATHER, (None, [ParsedCall("weather", '{"city": "Oslo"}')])),
+    ("Let me look. " + WEATHER, ("Let me look. ", [ParsedCall("weather", '{"city": "Oslo"}')])),
+    (WEATHER + "\n" + CLOCK, (None, [ParsedCall("weather", '{"city": "Oslo"}'), ParsedCall("clock", "{}")])),
+    (
+        '<tool_call>{"name": "clock", "arguments": {"tz": "ü"}}',
+        (None, [ParsedCall("clock", '{"tz": "ü"}')]),
+    ),  # unclosed at the end
+    ("<tool_call>not json</tool_call>", ("<tool_call>not json</tool_call>", [])),
+    ('<tool_call>{"arguments": {}}</tool_call>', ('<tool_call>{"arguments": {}}</tool_call>', [])),
+    ("a < b and <tool", ("a < b and <tool", [])),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), CASES)
+def test_parse(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None:
+    assert parse(text) == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), CASES)
+def test_streamed_in_any_pieces_as_parsed_whole(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None:
+    rng = random.Random(text)
+    for _ in range(30):
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 8))))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        stream = HermesStream()
+        content, calls = "", []
+        for i, piece in enumerate(pieces):
+            more, made = stream.feed(piece, final=i == len(pieces) - 1)
+            content += more
+            calls += made
+        whole_content, whole_calls = expected
+        assert calls == whole_calls, pieces
+        assert content == (whole_content or "" if whole_calls else text), pieces
+        assert stream.calls == len(calls)
+
+
+def test_a_possible_tag_start_is_held_until_it_is_not() -> None:
+    stream = HermesStream()
+    assert stream.feed("Hello <tool", final=False) == ("Hello ", [])
+    assert stream.feed("box> there", final=False) == ("<toolbox> there", [])
+    assert stream.feed(" <", final=True) == (" <", [])
