@@ -37,6 +37,7 @@ from gateway.openai_types import (
     TENANT_HEADER,
     Parsed,
     Reply,
+    RunningUsage,
     apply_headers,
     apply_model_defaults,
     parse_chat,
@@ -308,11 +309,13 @@ class Gateway:
         usages: dict[tuple[int, int], pb.Usage] = {}
         choices: dict[int, ChoiceLogprobs] = {}  # each choice's echo and logprobs, message by message
         tool_streams: dict[int, ToolCallStream] = {}  # each choice's tool calls, where it may make some
+        running = RunningUsage([first.usage.prompt_tokens for first in firsts]) if parsed.continuous_usage else None
         messages = _messages(calls, firsts)
         try:
             if reply.chat:
-                for index in range(n):
-                    yield _sse(reply.chunk("", role=True, index=index))
+                for index in range(n):  # a chat has one prompt
+                    usage = running.of(0, index) if running else None
+                    yield _sse(reply.chunk("", role=True, index=index, usage=usage))
             async for prompt, message in messages:
                 if message is grpc.aio.EOF:
                     if all((prompt, k) in usages for k in range(n)):
@@ -328,21 +331,24 @@ class Gateway:
                 index = prompt * n + sample  # OpenAI's numbering of a batch's choices
                 choice = choices.setdefault(index, _choice_logprobs(reply, parsed, requests[prompt]))
                 text, logprobs = choice.shape(message)
+                usage = running.add(prompt, index, len(message.token_ids)) if running else None
                 if reply.tools is not None and reply.tools.shapes_answer:
                     tool_stream = tool_streams.setdefault(index, ToolCallStream(reply.tools))
                     delta, finish, content = tool_stream.feed(text, FINISH_REASON.get(reason) if reason else None)
                     if delta or content or message.logprobs:
-                        chunk = reply.chunk(content or None, index=index, logprobs=logprobs, tool_calls=delta)
+                        chunk = reply.chunk(
+                            content or None, index=index, logprobs=logprobs, tool_calls=delta, usage=usage
+                        )
                         yield _sse(chunk)
                     if reason:
-                        yield _sse(reply.chunk(None, reason, index=index, finish=finish))
+                        yield _sse(reply.chunk(None, reason, index=index, finish=finish, usage=usage))
                 elif reply.chat:
                     if text or message.logprobs:  # tokens whose text is held back still bring logprobs
-                        yield _sse(reply.chunk(text, index=index, logprobs=logprobs))
+                        yield _sse(reply.chunk(text, index=index, logprobs=logprobs, usage=usage))
                     if reason:
-                        yield _sse(reply.chunk(None, reason, index=index))
+                        yield _sse(reply.chunk(None, reason, index=index, usage=usage))
                 elif text or reason or message.logprobs:
-                    yield _sse(reply.chunk(text, reason, index=index, logprobs=logprobs))
+                    yield _sse(reply.chunk(text, reason, index=index, logprobs=logprobs, usage=usage))
                 if reason:
                     usages[prompt, sample] = message.usage
                 if len(usages) == n * len(calls):

@@ -113,6 +113,8 @@ class Parsed:
     logprobs: bool = False  # the answer carries a ``logprobs`` object
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     tools: ToolCalling | None = None  # chat: what the request asked of its tools (``openai_tools``)
+    # stream_options.continuous_usage_stats (vLLM's), with include_usage: every chunk says the usage so far.
+    continuous_usage: bool = False
     # Completions with a list of prompts: every prompt (text, or token ids), the first of them also
     # in ``request``; empty: ``request``'s prompt alone.
     prompts: tuple[str | tuple[int, ...], ...] = ()
@@ -319,7 +321,8 @@ def _parsed(
     request.params.n = _int(body, "n", 1) or 1  # its upper bound is Baton's (request_level.max_samples)
     request.tenant = tenant_of_user(user or "")
     tokens_as_ids = _bool(body, "return_tokens_as_token_ids")
-    return Parsed(request, model, stream, _include_usage(body, stream), tokens_as_ids=tokens_as_ids)
+    include_usage, continuous_usage = _stream_options(body, stream)
+    return Parsed(request, model, stream, include_usage, tokens_as_ids=tokens_as_ids, continuous_usage=continuous_usage)
 
 
 def tenant_of_user(user: str) -> str:
@@ -331,15 +334,17 @@ def tenant_of_user(user: str) -> str:
     return "user-" + xxhash.xxh3_64_hexdigest(user.encode("utf-8", "surrogatepass"))
 
 
-def _include_usage(body: Mapping[str, Any], stream: bool) -> bool:
+def _stream_options(body: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
+    """``include_usage``, and vLLM's ``continuous_usage_stats`` (which needs it, as in vLLM)."""
     options = body.get("stream_options")
     if options is None:
-        return False
+        return False, False
     if not isinstance(options, dict):
         raise BadRequest("stream_options must be an object", param="stream_options")
     if not stream and options:  # as OpenAI and vLLM answer (an empty object asks for nothing)
         raise BadRequest("stream_options is only allowed when stream is true", param="stream_options")
-    return _bool(options, "include_usage")
+    include = _bool(options, "include_usage")
+    return include, include and _bool(options, "continuous_usage_stats")
 
 
 def _prompts(value: Any) -> list[str | tuple[int, ...]]:
@@ -501,6 +506,29 @@ def usage_dict(usage: pb.Usage) -> dict[str, Any]:
     }
 
 
+class RunningUsage:
+    """vLLM's ``continuous_usage_stats``: each chunk of a choice carries its usage so far, its
+    prompt's tokens (a stream's first message of each sample says them) and its own output's."""
+
+    def __init__(self, prompt_tokens: Sequence[int]) -> None:
+        self.prompt_tokens = list(prompt_tokens)
+        self.generated: dict[int, int] = {}
+
+    def add(self, prompt: int, index: int, tokens: int) -> dict[str, Any]:
+        """Choice ``index`` (of prompt ``prompt``) generated ``tokens`` more; its usage so far."""
+        self.generated[index] = self.generated.get(index, 0) + tokens
+        return self.of(prompt, index)
+
+    def of(self, prompt: int, index: int) -> dict[str, Any]:
+        completion = self.generated.get(index, 0)
+        prompt_tokens = self.prompt_tokens[prompt]
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+        }
+
+
 def samples_usage(usages: Sequence[pb.Usage]) -> pb.Usage:
     """A request's usage from its samples': the prompt once (they share it), every sample's output.
     Its cached tokens are the fewest any sample found: the later samples read the blocks that
@@ -593,10 +621,12 @@ class Reply:
         logprobs: dict[str, Any] | None = None,
         tool_calls: dict[str, Any] | None = None,
         finish: str | None = None,
+        usage: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """One stream chunk of choice ``index``; for chat, ``text=None`` is an empty delta (the
         finishing chunk), and ``tool_calls`` a delta of calls (``openai_tools.ToolCallStream``).
-        ``finish`` names a finish reason in place of ``finish_reason``'s."""
+        ``finish`` names a finish reason in place of ``finish_reason``'s; ``usage`` is the usage so
+        far, under vLLM's ``continuous_usage_stats``."""
         choice: dict[str, Any] = {
             "index": index,
             "logprobs": logprobs,
@@ -613,7 +643,7 @@ class Reply:
             choice["text"] = text or ""
         out = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
         if self.include_usage:
-            out["usage"] = None
+            out["usage"] = usage
         return out
 
     def usage_chunk(self, usage: pb.Usage) -> dict[str, Any]:

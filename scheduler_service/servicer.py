@@ -126,11 +126,16 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     ) -> AsyncIterator[pb.GenerateResponse]:
         req = await self._frontend.submit_or_abandon(request, self._abandon)
         unfinished = req.n
+        started: set[int] = set()  # the samples whose first message has gone
         try:
             async with contextlib.aclosing(self._frontend.sample_events(req.request_id, req.n)) as events:
                 async for k, event in events:
                     unfinished -= event.finish_reason is not FinishReason.NONE
-                    yield await self._response(req.request_id, event, k)
+                    response = await self._response(req.request_id, event, k)
+                    if k not in started:  # a streaming client's usage so far needs the prompt's size
+                        started.add(k)
+                        response.usage.prompt_tokens = len(req.prompt_ids)
+                    yield response
         finally:
             if unfinished:  # the client went away or its deadline passed: free the executor's KV blocks
                 self._abandon(req.request_id)

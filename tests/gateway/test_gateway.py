@@ -243,6 +243,15 @@ async def test_include_usage_stream_shape(served: Served, path: str) -> None:
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 4
     assert last["usage"]["total_tokens"] == last["usage"]["prompt_tokens"] + 4
 
+    continuous = {"include_usage": True, "continuous_usage_stats": True}
+    async with httpx.AsyncClient(base_url=served.base_url) as http:
+        running = await _sse_events(http, path, {**body, "stream_options": continuous})
+    prompt = last["usage"]["prompt_tokens"]
+    assert all(event["usage"]["prompt_tokens"] == prompt for event in running)
+    counts = [event["usage"]["completion_tokens"] for event in running[:-1]]
+    assert counts == sorted(counts) and counts[-1] == 4 and running[-1]["usage"] == last["usage"]
+    assert all(e["usage"]["total_tokens"] == prompt + e["usage"]["completion_tokens"] for e in running[:-1])
+
 
 SAMPLED: dict[str, Any] = {"n": 3, "seed": 11, "temperature": 1.0, "max_tokens": 10}
 

@@ -12,7 +12,15 @@ from common.keys import is_safe_name
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest, from_rpc_error
 from gateway.openai_logprobs import ChoiceLogprobs, CompletionLogprobs, chat_logprobs
-from gateway.openai_types import Reply, apply_headers, chat_input, parse_chat, parse_completion, tenant_of_user
+from gateway.openai_types import (
+    Reply,
+    RunningUsage,
+    apply_headers,
+    chat_input,
+    parse_chat,
+    parse_completion,
+    tenant_of_user,
+)
 
 
 def test_completion_defaults_follow_openai() -> None:
@@ -347,6 +355,18 @@ def test_include_usage_is_read_from_stream_options() -> None:
     assert not parse_chat({**chat, "stream_options": {}}).include_usage
     assert not parse_completion({"prompt": "a", "stream": True, "stream_options": None}).include_usage
     assert parse_completion({"prompt": "a", "stream": True, "stream_options": {"include_usage": True}}).include_usage
+    both = {"include_usage": True, "continuous_usage_stats": True}
+    assert parse_completion({"prompt": "a", "stream": True, "stream_options": both}).continuous_usage
+    alone = {"continuous_usage_stats": True}  # it needs include_usage, as in vLLM
+    assert not parse_completion({"prompt": "a", "stream": True, "stream_options": alone}).continuous_usage
+
+
+def test_running_usage_counts_each_choices_output() -> None:
+    running = RunningUsage([5, 7])
+    assert running.of(0, 0) == {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5}
+    running.add(0, 0, 2)
+    assert running.add(1, 3, 1) == {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8}
+    assert running.add(0, 0, 1)["completion_tokens"] == 3
 
 
 def test_headers_override_body() -> None:

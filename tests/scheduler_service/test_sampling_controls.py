@@ -180,6 +180,10 @@ async def test_special_tokens_text_and_prompt_truncation_and_tokenising(stack: S
     assert list(skipped.token_ids) == list(kept.token_ids) == [eos, eos]
     assert skipped.text == "" and kept.text == tokenizer.eos_token * 2
 
+    chunks = await stack.generate(request(prompt, max_tokens=3, stream_interval_tokens=1))
+    assert chunks[0].usage.prompt_tokens == len(prompt)  # the first message says the prompt's size
+    assert chunks[-1].usage.prompt_tokens == len(prompt) and chunks[-1].usage.completion_tokens == 3
+
     whole = await stack.stub.Complete(request(prompt[-5:], max_tokens=8))
     cut = await stack.stub.Complete(request(prompt, max_tokens=8, truncate_prompt_tokens=5))
     assert cut.usage.prompt_tokens == 5 and list(cut.token_ids) == list(whole.token_ids)
