@@ -70,13 +70,13 @@ class ToolCalling:
                 return {"role": "assistant", "content": text}, finish_reason
             made = [_call(call.name, call.arguments) for call in parsed]
             return {"role": "assistant", "content": content, "tool_calls": made}, "tool_calls"
-        calls = self._calls(text, finish_reason)
+        calls = self.forced_calls(text, finish_reason)
         if calls is None:
             return {"role": "assistant", "content": text}, finish_reason
         message = {"role": "assistant", "content": None, "tool_calls": calls}
         return message, "tool_calls" if self.mode == REQUIRED else finish_reason
 
-    def _calls(self, text: str, finish_reason: str | None) -> list[dict[str, Any]] | None:
+    def forced_calls(self, text: str, finish_reason: str | None) -> list[dict[str, Any]] | None:
         """The forced calls ``text`` makes; None where it makes none (not forced, or an array of calls cut
         short). A named call is one whatever its end: a cut one says so by its finish reason."""
         if self.mode == NAMED:
@@ -122,7 +122,7 @@ class ToolCallStream:
             return {"tool_calls": [delta]}, finish_reason, ""
         if self.calling.mode == REQUIRED and finish_reason is None:
             return None, None, ""  # held until the array is whole
-        calls = self.calling._calls(self._text, finish_reason)
+        calls = self.calling.forced_calls(self._text, finish_reason)
         if calls is None:  # cut short: what was held goes out as text
             return None, finish_reason, self._text
         deltas = [{"index": i, **call} for i, call in enumerate(calls)]
@@ -143,17 +143,16 @@ def parse_tools(
     """The request's tool calling, its tools as ``Chat.tools`` JSON, and the structured output that
     forces a call (None: nothing forced). No tools: ``(None, "", None)``. ``parser``: the syntax
     "auto" is read in (empty: "auto" is refused)."""
-    tools = body.get("tools")
+    tools_json = template_tools(body)
     choice = body.get("tool_choice")
-    if tools is None or tools == []:
+    if not tools_json:
         if choice not in (None, "none"):
             raise BadRequest("tool_choice needs tools", param="tool_choice")
         return None, "", None
-    functions = _functions(tools)
+    functions = _functions(body["tools"])
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise BadRequest("parallel_tool_calls must be true or false", param="parallel_tool_calls")
-    tools_json = json.dumps(tools, ensure_ascii=False)
     if choice == "none":
         return ToolCalling(NONE), tools_json, None
     if (choice is None or choice == "auto") and parser:

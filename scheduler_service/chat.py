@@ -7,6 +7,7 @@ the model was trained on, and usage counts the tokens the template produced.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from collections.abc import Mapping
@@ -110,7 +111,7 @@ class Chat:
         messages = sum(m.chars for m in self.messages)
         return len(self.template) + len(self.template_kwargs_json) + len(self.tools_json) + messages
 
-    @property
+    @functools.cached_property
     def tools(self) -> Any:
         """The tools, parsed (None: none)."""
         return _json(self.tools_json, "chat tools") if self.tools_json else None

@@ -146,7 +146,7 @@ class Frontend:
             if msg.tenant and msg.tenant != principal.tenant:
                 raise PermissionDenied(f"this token may not submit for tenant {msg.tenant!r}")
             msg.tenant = principal.tenant  # with auth on, the token decides the tenant
-        limits = await self.model_limits()
+        tokenizer, limits = await self.tokenizers.get()
         if msg.WhichOneof("input") == "chat":
             prompt_ids = await self.tokenize_chat(Chat.from_pb(msg.chat))
         else:
@@ -155,7 +155,6 @@ class Frontend:
         request_level = self.config.scheduler.request_level
         # A request's samples share one executor's batch (see ``samples``).
         max_samples = min(request_level.max_samples, self.config.scheduler.batch_level.max_batch_size)
-        tokenizer, _ = await self.tokenizers.get()
         req = validate(
             msg,
             lambda _text: prompt_ids,
