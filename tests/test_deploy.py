@@ -22,6 +22,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from baton.cli import build_parser
 from common.config import SecurityConfig
 from common.security import fleet_secret
 
@@ -277,7 +278,17 @@ def test_scheduler_and_executor_settings(services: dict[str, Any]) -> None:
 
 def test_gateway_settings(services: dict[str, Any]) -> None:
     gateway = services["gateway"]
-    assert gateway["command"] == ["gateway", "--port", "8000", "--target", "scheduler:50051"]
+    assert gateway["command"] == [
+        "gateway",
+        "--port",
+        "8000",
+        "--target",
+        "scheduler:50051",
+        "--tool-call-parser",
+        "${BATON_TOOL_CALL_PARSER:-}",  # empty, the default, is a value the gateway takes: no parser
+    ]
+    args = build_parser().parse_args(["gateway", "--tool-call-parser", ""])
+    assert args.tool_call_parser == ""
     assert gateway["restart"] == "unless-stopped"
     assert "volumes" not in gateway  # it needs no model or Redis: it only speaks gRPC to the scheduler
 
