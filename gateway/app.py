@@ -44,6 +44,7 @@ from gateway.openai_types import (
     parse_completion,
     prompts_usage,
 )
+from gateway.reasoning import Reasoning, ReasoningStream
 from gateway.served_model import ServedModels
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,7 @@ class Gateway:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         model_aliases: Sequence[str] = (),
         tool_call_parser: str = "",
+        reasoning_parser: str = "",
     ) -> None:
         if max_body_bytes < 1:
             raise ValueError("max_body_bytes must be >= 1")
@@ -179,6 +181,7 @@ class Gateway:
                 f"unknown tool-call parser {tool_call_parser!r}; choose one of {', '.join(TOOL_CALL_PARSERS)}"
             )
         self.tool_call_parser = tool_call_parser
+        self.reasoning = Reasoning(reasoning_parser) if reasoning_parser else None
         self.target = target
         self.tracing = tracing
         self.auth = auth or ClientAuth()
@@ -223,7 +226,7 @@ class Gateway:
         if (served := self.served.latest) is not None:
             apply_model_defaults(parsed.request.params, body, served.sampling_defaults)
         requests = parsed.requests()  # one per prompt: a completion may list several
-        reply = Reply.for_request(chat, parsed, model)
+        reply = Reply.for_request(chat, parsed, model, self.reasoning)
         headers = {REQUEST_ID_HEADER: reply.request_id}
         log.debug("request %s: %s, stream=%s", reply.request_id, request.url.path, parsed.stream)
         if parsed.stream:
@@ -309,6 +312,7 @@ class Gateway:
         usages: dict[tuple[int, int], pb.Usage] = {}
         choices: dict[int, ChoiceLogprobs] = {}  # each choice's echo and logprobs, message by message
         tool_streams: dict[int, ToolCallStream] = {}  # each choice's tool calls, where it may make some
+        thinking: dict[int, ReasoningStream] = {}  # each choice's thinking, split from its answer
         running = RunningUsage([first.usage.prompt_tokens for first in firsts]) if parsed.continuous_usage else None
         messages = _messages(calls, firsts)
         try:
@@ -332,6 +336,11 @@ class Gateway:
                 choice = choices.setdefault(index, _choice_logprobs(reply, parsed, requests[prompt]))
                 text, logprobs = choice.shape(message)
                 usage = running.add(prompt, index, len(message.token_ids)) if running else None
+                if reply.reasoning is not None:
+                    split = thinking.setdefault(index, ReasoningStream(reply.reasoning))
+                    thought, text = split.feed(text, final=bool(reason))
+                    if thought:
+                        yield _sse(reply.chunk(None, index=index, usage=usage, reasoning=thought))
                 if reply.tools is not None and reply.tools.shapes_answer:
                     tool_stream = tool_streams.setdefault(index, ToolCallStream(reply.tools))
                     delta, finish, content = tool_stream.feed(text, FINISH_REASON.get(reason) if reason else None)
@@ -458,6 +467,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     model_aliases: Sequence[str] = (),
     tool_call_parser: str = "",
+    reasoning_parser: str = "",
 ) -> Starlette:
     """The gateway's ASGI app, forwarding to the Baton scheduler at ``target`` (``HOST:PORT``).
 
@@ -467,8 +477,12 @@ def create_app(
     is answered 413. A request's ``model`` must name the served model, as the executors registered
     it or as one of ``model_aliases``. ``tool_call_parser`` (``hermes``) serves tool_choice "auto",
     reading the calls in the model's syntax; empty, "auto" is refused (``openai_tools``).
+    ``reasoning_parser`` (``deepseek_r1``, ``qwen3``) splits chat answers' thinking from them
+    (``reasoning``).
     """
-    gateway = Gateway(target, tracing, ClientAuth(auth_tokens), max_body_bytes, model_aliases, tool_call_parser)
+    gateway = Gateway(
+        target, tracing, ClientAuth(auth_tokens), max_body_bytes, model_aliases, tool_call_parser, reasoning_parser
+    )
     routes = [
         Route("/v1/completions", gateway.completions, methods=["POST"]),
         Route("/v1/chat/completions", gateway.chat_completions, methods=["POST"]),

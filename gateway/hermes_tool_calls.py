@@ -15,6 +15,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from gateway.split_tags import tag_prefix_len
+
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 _CALLS = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.DOTALL)
@@ -68,7 +70,7 @@ class HermesStream:
             if not self._in_call:
                 start = self._pending.find(OPEN)
                 if start < 0:
-                    keep = 0 if final else _open_prefix(self._pending)
+                    keep = 0 if final else tag_prefix_len(self._pending, OPEN)
                     content += self._pending[: len(self._pending) - keep]
                     self._pending = self._pending[len(self._pending) - keep :]
                     break
@@ -93,11 +95,3 @@ class HermesStream:
             content = content if content.strip() else ""
         self.calls += len(calls)
         return content, calls
-
-
-def _open_prefix(text: str) -> int:
-    """How many of ``text``'s last characters could begin ``OPEN``."""
-    for size in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-size:]):
-            return size
-    return 0

@@ -68,6 +68,7 @@ from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest
 from gateway.openai_structured import structured_output
 from gateway.openai_tools import AUTO, ToolCalling, chat_messages, parse_tools
+from gateway.reasoning import Reasoning
 
 PRIORITY_HEADER = "x-baton-priority"
 TENANT_HEADER = "x-baton-tenant"
@@ -567,11 +568,15 @@ class Reply:
     # With stream_options.include_usage, OpenAI gives every chunk a usage field: null but in the last.
     include_usage: bool = False
     tools: ToolCalling | None = None  # chat: the answer's message may be tool calls
+    reasoning: Reasoning | None = None  # chat: the thinking is split from the answer
 
     @classmethod
-    def for_request(cls, chat: bool, parsed: Parsed, model: str) -> Reply:
-        """``model``: the name to answer with (the request's, or the served model's when it named none)."""
-        return cls(chat, parsed.request.request_id, model, int(time.time()), parsed.include_usage, parsed.tools)
+    def for_request(cls, chat: bool, parsed: Parsed, model: str, reasoning: Reasoning | None = None) -> Reply:
+        """``model``: the name to answer with (the request's, or the served model's when it named
+        none); ``reasoning``: the gateway's reasoning parser, which chat answers go through."""
+        created = int(time.time())
+        thinking = reasoning if chat else None
+        return cls(chat, parsed.request.request_id, model, created, parsed.include_usage, parsed.tools, thinking)
 
     @property
     def id(self) -> str:
@@ -604,12 +609,22 @@ class Reply:
     ) -> dict[str, Any]:
         finish = FINISH_REASON.get(sample.finish_reason)
         choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish}
+        if not self.chat:
+            choice["text"] = text
+            return choice
+        thought = answer = None
+        if self.reasoning is not None:
+            thought, answer = self.reasoning.split(text)
+            text = answer or ""
         if self.tools is not None:
             choice["message"], choice["finish_reason"] = self.tools.whole_message(text, finish)
-        elif self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
         else:
-            choice["text"] = text
+            choice["message"] = {"role": "assistant", "content": text}
+        if self.reasoning is not None:
+            message = choice["message"]
+            message["reasoning_content"] = message["reasoning"] = thought  # vLLM's older name, and its newer
+            if answer is None and message["content"] == "":
+                message["content"] = None  # all thinking, no answer
         return choice
 
     def chunk(
@@ -622,11 +637,12 @@ class Reply:
         tool_calls: dict[str, Any] | None = None,
         finish: str | None = None,
         usage: dict[str, Any] | None = None,
+        reasoning: str | None = None,
     ) -> dict[str, Any]:
         """One stream chunk of choice ``index``; for chat, ``text=None`` is an empty delta (the
         finishing chunk), and ``tool_calls`` a delta of calls (``openai_tools.ToolCallStream``).
         ``finish`` names a finish reason in place of ``finish_reason``'s; ``usage`` is the usage so
-        far, under vLLM's ``continuous_usage_stats``."""
+        far, under vLLM's ``continuous_usage_stats``; ``reasoning`` a chat's thinking (``reasoning``)."""
         choice: dict[str, Any] = {
             "index": index,
             "logprobs": logprobs,
@@ -638,6 +654,8 @@ class Reply:
                 delta["content"] = text
             if tool_calls is not None:
                 delta.update(tool_calls)
+            if reasoning is not None:
+                delta["reasoning_content"] = delta["reasoning"] = reasoning
             choice["delta"] = delta
         else:
             choice["text"] = text or ""

@@ -48,6 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "model writes in this syntax: hermes (<tool_call>{...}</tool_call>: Hermes 2 Pro and 3, Qwen 2.5 and later); "
         'default: none, and "auto" is a 400',
     )
+    parser.add_argument(
+        "--reasoning-parser",
+        default="",
+        choices=["", "deepseek_r1", "qwen3"],
+        help="return a reasoning model's thinking (<think>...</think>) in chat answers' reasoning_content "
+        "instead of their content: deepseek_r1 (R1, QwQ: an answer without </think> is all thinking) or qwen3 "
+        "(an answer without </think> is all answer); default: none",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     parser.add_argument("--tracing", action="store_true", help="emit OpenTelemetry spans and propagate trace context")
     parser.add_argument(
@@ -82,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
     if max_body < 1:
         log.error("--max-body-bytes must be >= 1")
         return 2
-    app = create_app(args.target, tracing, tokens, max_body, args.model_alias, args.tool_call_parser)
+    app = create_app(
+        args.target, tracing, tokens, max_body, args.model_alias, args.tool_call_parser, args.reasoning_parser
+    )
     freeze_startup_heap()
     # uvicorn's loop "auto" is uvloop where it is installed, the loop the services run on (common/event_loop.py).
     uvicorn.run(

@@ -286,9 +286,11 @@ def test_gateway_settings(services: dict[str, Any]) -> None:
         "scheduler:50051",
         "--tool-call-parser",
         "${BATON_TOOL_CALL_PARSER:-}",  # empty, the default, is a value the gateway takes: no parser
+        "--reasoning-parser",
+        "${BATON_REASONING_PARSER:-}",
     ]
-    args = build_parser().parse_args(["gateway", "--tool-call-parser", ""])
-    assert args.tool_call_parser == ""
+    args = build_parser().parse_args(["gateway", "--tool-call-parser", "", "--reasoning-parser", ""])
+    assert args.tool_call_parser == args.reasoning_parser == ""
     assert gateway["restart"] == "unless-stopped"
     assert "volumes" not in gateway  # it needs no model or Redis: it only speaks gRPC to the scheduler
 

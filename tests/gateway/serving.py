@@ -25,6 +25,7 @@ async def serve_gateway(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     model_aliases: Sequence[str] = (),
     tool_call_parser: str = "",
+    reasoning_parser: str = "",
 ) -> AsyncIterator[str]:
     """Yields the gateway's base URL, ``http://127.0.0.1:PORT``; ``auth_tokens`` turns client auth on."""
     port = free_port()
@@ -34,6 +35,7 @@ async def serve_gateway(
         max_body_bytes=max_body_bytes,
         model_aliases=model_aliases,
         tool_call_parser=tool_call_parser,
+        reasoning_parser=reasoning_parser,
     )
     server = _Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())

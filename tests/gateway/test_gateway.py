@@ -842,3 +842,37 @@ async def test_auto_tool_choice_reads_the_calls_the_model_writes(served: Served)
         ]
         text = await client.chat.completions.create(**{**ask, "extra_body": NO_EOS, "max_tokens": 6})
         assert text.choices[0].message.tool_calls is None and text.choices[0].finish_reason == "length"
+
+
+async def test_a_reasoning_parser_splits_thinking_from_the_answer(served: Served) -> None:
+    """A regex makes the generated model think in tags, then answer, then call a tool."""
+    messages: list[Any] = [{"role": "user", "content": "2 + 2?"}]
+    written = r'<think>Two and two\.</think>It is 4\.<tool_call>\{"name": "clock", "arguments": \{\}\}</tool_call>'
+    ask: dict[str, Any] = {
+        "model": ALIAS,
+        "messages": messages,
+        "tools": TOOLS,
+        "max_tokens": 100,
+        "temperature": 0,
+        "structured_outputs": {"regex": written},
+    }
+    gateway = serve_gateway(
+        served.stack.target, model_aliases=(ALIAS,), tool_call_parser="hermes", reasoning_parser="qwen3"
+    )
+    async with gateway as base_url, httpx.AsyncClient(base_url=base_url) as http:
+        whole = (await http.post("/v1/chat/completions", json=ask)).json()
+        message = whole["choices"][0]["message"]
+        assert message["reasoning_content"] == message["reasoning"] == "Two and two."
+        assert message["content"] == "It is 4." and whole["choices"][0]["finish_reason"] == "tool_calls"
+        assert [c["function"]["name"] for c in message["tool_calls"]] == ["clock"]
+
+        events = await _sse_events(http, "/v1/chat/completions", {**ask, "stream": True})
+        deltas = [event["choices"][0]["delta"] for event in events if event["choices"]]
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == "Two and two."
+        assert "".join(d.get("content") or "" for d in deltas) == "It is 4."
+        assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == ["clock"]
+        # Without tags, a qwen3 answer is all answer.
+        plain = {**ask, "tools": None, "max_tokens": 4, **NO_EOS}
+        del plain["structured_outputs"]
+        answer = (await http.post("/v1/chat/completions", json=plain)).json()["choices"][0]["message"]
+        assert answer["reasoning_content"] is None and answer["content"]

@@ -1,0 +1,12 @@
+"""Tags in streamed text: a tag (``<tool_call>``, ``</think>``) can arrive split across two
+messages, so the end of a message that could begin one is held back until the next shows."""
+
+from __future__ import annotations
+
+
+def tag_prefix_len(text: str, tag: str) -> int:
+    """How many of ``text``'s last characters could begin ``tag`` (0: none)."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-size:]):
+            return size
+    return 0

@@ -1,0 +1,54 @@
+"""Reasoning models' thinking split from their answers, whole and as it streams in any pieces."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.reasoning import Reasoning, ReasoningStream
+
+R1, QWEN3 = Reasoning("deepseek_r1"), Reasoning("qwen3")
+CASES = [
+    (R1, "<think>Let me see.</think>It is 4.", ("Let me see.", "It is 4.")),
+    (R1, "Let me see.</think>It is 4.", ("Let me see.", "It is 4.")),  # the prompt opened the thinking
+    (R1, "<think>Still thinking", ("Still thinking", None)),  # cut short: all thinking
+    (R1, "<think>Done.</think>", ("Done.", None)),
+    (QWEN3, "<think>Hmm.</think>\n\nIt is 4.", ("Hmm.", "\n\nIt is 4.")),
+    (QWEN3, "It is 4.", (None, "It is 4.")),  # enable_thinking false: no tags, all answer
+    (QWEN3, "<think></think>It is 4.", (None, "It is 4.")),
+    (QWEN3, "<thinking aloud> is no tag", (None, "<thinking aloud> is no tag")),
+]
+
+
+@pytest.mark.parametrize(("parser", "text", "expected"), CASES)
+def test_split(parser: Reasoning, text: str, expected: tuple[str | None, str | None]) -> None:
+    assert parser.split(text) == expected
+
+
+@pytest.mark.parametrize(("parser", "text", "expected"), [c for c in CASES if not c[1].startswith("Let")])
+def test_streamed_in_any_pieces_as_split_whole(
+    parser: Reasoning, text: str, expected: tuple[str | None, str | None]
+) -> None:
+    rng = random.Random(text)
+    for _ in range(30):
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 6))))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        stream = ReasoningStream(parser)
+        thought = answer = ""
+        for i, piece in enumerate(pieces):
+            more_thought, more_answer = stream.feed(piece, final=i == len(pieces) - 1)
+            thought, answer = thought + more_thought, answer + more_answer
+        assert (thought or None, answer or None) == expected, pieces
+
+
+def test_an_r1_stream_without_its_opening_tag_is_thinking_until_the_end_tag() -> None:
+    stream = ReasoningStream(R1)
+    assert stream.feed("Let me ", final=False) == ("Let me ", "")
+    assert stream.feed("see.</th", final=False) == ("see.", "")
+    assert stream.feed("ink>4", final=True) == ("", "4")
+
+
+def test_an_unknown_parser_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown reasoning parser"):
+        Reasoning("granite")
