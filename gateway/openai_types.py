@@ -88,8 +88,9 @@ FINISH_REASON: dict[int, str] = {
 # Field -> values that mean "not asked for"; anything else is refused with a 400. vLLM's own
 # extensions are here where serving them would need what Baton does not do: beam search (and its
 # length penalty), server-side logits processors, vLLM's scheduling priority (Baton's is the
-# x-baton-priority header, on its own scale), and prompt log probabilities in vLLM's response
-# field (completions' echo with logprobs returns them in OpenAI's shape).
+# x-baton-priority header, on its own scale), prompt log probabilities and token ids in vLLM's
+# response fields (completions' echo with logprobs returns the first in OpenAI's shape), and
+# grammar forms xgrammar is not given here (a whitespace pattern, structural tags).
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "suffix": (None, ""),
@@ -99,6 +100,9 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logits_processors": (None, []),
     "priority": (None, 0),
     "prompt_logprobs": (None,),
+    "guided_whitespace_pattern": (None,),
+    "structural_tag": (None,),
+    "return_token_ids": (None, False),
 }
 
 
@@ -309,6 +313,11 @@ def _parsed(
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise BadRequest("user must be a string", param="user")
+    request_id = body.get("request_id")
+    if request_id is not None:  # vLLM's; Baton's x-baton-request-id header wins over it
+        if not isinstance(request_id, str) or not request_id:
+            raise BadRequest("request_id must be a non-empty string", param="request_id")
+        request.request_id = request_id
     salt = body.get("cache_salt")
     if salt is not None:
         # As vLLM: a salt given must salt something (Baton checks its length).
@@ -426,8 +435,9 @@ def chat_input(messages: Any) -> pb.Chat:
 def chat_options(body: Mapping[str, Any], chat: pb.Chat) -> None:
     """vLLM's options for rendering a conversation: ``add_generation_prompt`` (default true),
     ``continue_final_message``, ``chat_template`` (Baton takes it where the operator trusts clients
-    with templates), ``chat_template_kwargs`` (an object of template variables) and
-    ``add_special_tokens`` (default false: the template's tokens alone)."""
+    with templates), ``chat_template_kwargs`` (an object of template variables),
+    ``add_special_tokens`` (default false: the template's tokens alone) and ``documents`` (for a
+    template that cites them)."""
     template = body.get("chat_template")
     if template is not None:
         if not isinstance(template, str):
@@ -438,6 +448,12 @@ def chat_options(body: Mapping[str, Any], chat: pb.Chat) -> None:
         chat.add_generation_prompt = _bool(body, "add_generation_prompt")
     chat.continue_final_message = _bool(body, "continue_final_message")
     chat.add_special_tokens = _bool(body, "add_special_tokens")  # vLLM's default for a chat: false
+    documents = body.get("documents")
+    if documents is not None:
+        if not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents):
+            raise BadRequest("documents must be a list of objects", param="documents")
+        if documents:
+            chat.documents = json.dumps(documents, ensure_ascii=False)
     variables = body.get("chat_template_kwargs")
     if variables is not None:
         if not isinstance(variables, dict):
@@ -494,7 +510,7 @@ def apply_headers(request: pb.GenerateRequest, headers: Mapping[str, str]) -> No
     if tenant := headers.get(TENANT_HEADER):
         request.tenant = tenant
     # The gateway names every request, so the OpenAI `id` can point at Baton's record from the start.
-    request.request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+    request.request_id = headers.get(REQUEST_ID_HEADER) or request.request_id or uuid.uuid4().hex
 
 
 def usage_dict(usage: pb.Usage) -> dict[str, Any]:

@@ -85,6 +85,8 @@ class Chat:
     add_special_tokens: bool = False
     # The tools the model may call (OpenAI's definitions, as JSON text); empty: none.
     tools_json: str = ""
+    # Documents for retrieval-augmented generation (a JSON array of objects); empty: none.
+    documents_json: str = ""
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -97,9 +99,9 @@ class Chat:
                 "continue_final_message continues the last message, add_generation_prompt starts a new one: "
                 "set add_generation_prompt to false"
             )
-        tools = self.tools
-        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-            raise InvalidRequest("chat tools must be a JSON array of tool definitions (objects)")
+        for what, value in (("tools", self.tools), ("documents", self.documents)):
+            if value is not None and not (isinstance(value, list) and all(isinstance(t, dict) for t in value)):
+                raise InvalidRequest(f"chat {what} must be a JSON array of objects")
         for message in self.messages:
             for call in message.tool_calls:
                 call.for_template()  # its arguments parse, or the request is refused here
@@ -109,12 +111,18 @@ class Chat:
         """What counts against ``max_prompt_chars``: every message (role, content, tool calls), the
         template, its variables and the tools."""
         messages = sum(m.chars for m in self.messages)
-        return len(self.template) + len(self.template_kwargs_json) + len(self.tools_json) + messages
+        extras = len(self.template_kwargs_json) + len(self.tools_json) + len(self.documents_json)
+        return len(self.template) + extras + messages
 
     @functools.cached_property
     def tools(self) -> Any:
         """The tools, parsed (None: none)."""
         return _json(self.tools_json, "chat tools") if self.tools_json else None
+
+    @functools.cached_property
+    def documents(self) -> Any:
+        """The documents, parsed (None: none)."""
+        return _json(self.documents_json, "chat documents") if self.documents_json else None
 
     @classmethod
     def from_pb(cls, msg: pb.Chat) -> Chat:
@@ -136,6 +144,7 @@ class Chat:
             template_kwargs_json=msg.chat_template_kwargs,
             add_special_tokens=msg.add_special_tokens,
             tools_json=msg.tools,
+            documents_json=msg.documents,
         )
 
 
@@ -196,6 +205,7 @@ def chat_prompt_ids(tokenizer: Any, chat: Chat, allow_request_template: bool) ->
             add_generation_prompt=chat.add_generation_prompt,
             continue_final_message=chat.continue_final_message,
             tools=chat.tools,
+            documents=chat.documents,
             tokenize=not chat.add_special_tokens,
             return_dict=False,
             **chat.template_kwargs,

@@ -141,7 +141,7 @@ class ToolCall(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class Chat(_message.Message):
-    __slots__ = ("messages", "chat_template", "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "add_special_tokens", "tools")
+    __slots__ = ("messages", "chat_template", "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "add_special_tokens", "tools", "documents")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,7 @@ class Chat(_message.Message):
     CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     chat_template: str
     add_generation_prompt: bool
@@ -156,7 +157,8 @@ class Chat(_message.Message):
     chat_template_kwargs: str
     add_special_tokens: bool
     tools: str
-    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., chat_template: _Optional[str] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., chat_template_kwargs: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., tools: _Optional[str] = ...) -> None: ...
+    documents: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., chat_template: _Optional[str] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., chat_template_kwargs: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., tools: _Optional[str] = ..., documents: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt", "chat", "prompt_token_ids", "params", "priority", "tenant", "deadline_ms", "ttft_target_ms", "cache_salt", "add_special_tokens")

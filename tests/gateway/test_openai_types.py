@@ -92,6 +92,21 @@ def test_add_special_tokens_reaches_a_text_prompt_or_a_chat() -> None:
     assert parse_chat({"messages": messages, "add_special_tokens": True}).request.chat.add_special_tokens
 
 
+def test_vllm_request_fields_reach_baton() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    documents = [{"title": "Mill", "text": "The wheel stopped."}]
+    chat = parse_chat({"messages": messages, "documents": documents, "request_id": "mine-1"}).request
+    assert json.loads(chat.chat.documents) == documents and chat.request_id == "mine-1"
+    request = parse_completion({"prompt": "a", "request_id": "mine-2"}).request
+    apply_headers(request, {})
+    assert request.request_id == "mine-2"
+    apply_headers(request, {"x-baton-request-id": "header"})
+    assert request.request_id == "header"  # Baton's header wins
+    for bad in ({"documents": "text"}, {"documents": ["text"]}):
+        with pytest.raises(BadRequest, match="documents"):
+            parse_chat({"messages": messages, **bad})
+
+
 def test_unset_controls_stay_unset() -> None:
     params = parse_completion({"prompt": "a"}).request.params
     assert not params.HasField("repetition_penalty") and not params.logit_bias and params.min_tokens == 0
@@ -260,6 +275,11 @@ def test_chat_defaults_to_batons_max_tokens() -> None:
         ({"prompt": "a", "priority": 3}, "priority"),
         ({"prompt": "a", "prompt_logprobs": 1}, "prompt_logprobs"),
         ({"prompt": "a", "return_tokens_as_token_ids": 1}, "return_tokens_as_token_ids"),
+        ({"prompt": "a", "guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
+        ({"prompt": "a", "structural_tag": "{}"}, "structural_tag"),
+        ({"prompt": "a", "return_token_ids": True}, "return_token_ids"),
+        ({"prompt": "a", "request_id": ""}, "request_id"),
+        ({"prompt": "a", "request_id": 5}, "request_id"),
         ({"prompt": "a", "skip_special_tokens": "no"}, "skip_special_tokens"),
         ({"prompt": "a", "allowed_token_ids": []}, "allowed_token_ids"),
         ({"prompt": "a", "allowed_token_ids": [1, -1]}, "allowed_token_ids"),

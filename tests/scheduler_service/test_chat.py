@@ -121,14 +121,26 @@ def test_tools_and_tool_calls_reach_the_template(tokenizer: Any) -> None:
 @pytest.mark.parametrize(
     ("fields", "says"),
     [
-        ({"tools_json": '{"type": "function"}'}, "JSON array of tool definitions"),
-        ({"tools_json": "[1, 2]"}, "JSON array of tool definitions"),
+        ({"tools_json": '{"type": "function"}'}, "tools must be a JSON array of objects"),
+        ({"tools_json": "[1, 2]"}, "tools must be a JSON array of objects"),
         ({"tools_json": "[{"}, "chat tools must be JSON"),
+        ({"documents_json": '["text"]'}, "documents must be a JSON array of objects"),
+        ({"documents_json": "{"}, "chat documents must be JSON"),
     ],
 )
 def test_malformed_tools_are_invalid(fields: dict[str, str], says: str) -> None:
     with pytest.raises(InvalidRequest, match=says):
         chat(MESSAGES, **fields)
+
+
+def test_documents_reach_a_template_that_cites_them(tokenizer: Any) -> None:
+    citing = "{% for d in documents %}[{{ d.title }}: {{ d.text }}]{% endfor %}" + PLAIN
+    documents = [{"title": "Mill", "text": "The wheel stopped."}]
+    conversation = chat(template=citing, documents_json=json.dumps(documents))
+    ids = chat_prompt_ids(tokenizer, conversation, allow_request_template=True)
+    assert tokenizer.decode(ids).startswith("[Mill: The wheel stopped.]system: Be brief.")
+    assert conversation.chars == chat(template=citing).chars + len(conversation.documents_json)
+    assert Chat.from_pb(pb.Chat(messages=[pb.ChatMessage(role="user", content="Hi")], documents="[]")).documents == []
 
 
 def test_tool_call_arguments_must_be_json() -> None:
