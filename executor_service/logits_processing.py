@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -128,25 +129,35 @@ class Penalised:
         self._table.record(self._slots, tokens.index_select(0, self._rows))
 
 
+@dataclass(frozen=True)
+class Adjusted:
+    """What one ``LogitsProcessing.apply`` leaves the sampler: the penalised rows, whose chosen
+    tokens must be counted (None: none), and the rows left with no token to sample."""
+
+    penalised: Penalised | None
+    dead: list[int]
+
+
 class LogitsProcessing:
     """Per engine: the penalty table and the requests' stop tokens (for min_tokens)."""
 
     def __init__(self, eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.eos_token_ids = tuple(sorted(eos_token_ids))
         self.table: PenaltyTable | None = None  # made on first use, at the logits' width and device
-        # Per request with allowed_token_ids: the tokens it may not sample, as a row mask, made once.
-        self._disallowed: dict[str, torch.Tensor] = {}
+        # Per request with allowed_token_ids: those ids within the logits' width, on the device, made once.
+        self._allowed: dict[str, torch.Tensor] = {}
 
     def release(self, request_id: str) -> None:
         """The request left the batch (finished, preempted, aborted, re-admitted): free its row."""
         if self.table is not None:
             self.table.release(request_id)
-        self._disallowed.pop(request_id, None)
+        self._allowed.pop(request_id, None)
 
     @torch.inference_mode()  # the model's logits are inference tensors, and so is the table
-    def apply(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> Penalised | None:
+    def apply(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> Adjusted:
         """Change ``logits`` [len(rows), vocab] in place for the rows whose requests ask; the
-        penalised rows, whose chosen tokens ``record`` must then count."""
+        penalised rows, whose chosen tokens ``record`` must then count, and the rows left with no
+        token to sample (``Adjusted``)."""
         vocab = logits.shape[-1]
         masked: tuple[list[int], list[int]] = ([], [])
         biased: tuple[list[int], list[int], list[float]] = ([], [], [])
@@ -177,10 +188,15 @@ class LogitsProcessing:
             if params.has_penalties:
                 penalised.append(i)
         device = logits.device
+        cells = None
         if allowing:
-            index = torch.tensor(allowing, dtype=torch.long, device=device)
-            disallowed = torch.stack([self._disallowed_of(rows[i], vocab, device) for i in allowing])
-            logits.index_copy_(0, index, logits.index_select(0, index).masked_fill_(disallowed, -math.inf))
+            # Keep the allowed logits, set the whole rows to -inf, put the kept ones back: one pass
+            # over each row and two over its allowed ids, where a mask over the vocabulary cost
+            # several passes (a 150K vocabulary at 64 rows: 39 ms a step).
+            cells = self._allowed_cells(rows, allowing, vocab, device)
+            kept = logits[cells[0], cells[1]]
+            logits.index_fill_(0, torch.tensor(allowing, dtype=torch.long, device=device), -math.inf)
+            logits.index_put_((cells[0], cells[1]), kept)
         if masked[0]:
             index = torch.tensor(masked, dtype=torch.long, device=device)
             logits[index[0], index[1]] = -math.inf
@@ -188,35 +204,60 @@ class LogitsProcessing:
             index = torch.tensor(biased[:2], dtype=torch.long, device=device)
             values = torch.tensor(biased[2], dtype=logits.dtype, device=device)
             logits.index_put_((index[0], index[1]), values, accumulate=True)
+        dead = self._dead_rows(logits, rows, allowing, masked)  # bias and penalties leave -inf as it is
         if not penalised:
-            return None
+            return Adjusted(None, dead)
         table = self._table(vocab, device)
         slots = [table.slot(rows[i]) for i in penalised]
         index = torch.tensor([penalised, slots], dtype=torch.long, device=device)
         table.apply(logits, index[0], index[1], [rows[i].params for i in penalised])
-        return Penalised(table, index[0], index[1])
+        return Adjusted(Penalised(table, index[0], index[1]), dead)
 
-    def _disallowed_of(self, row: SamplingRow, vocab: int, device: torch.device) -> torch.Tensor:
-        mask = self._disallowed.get(row.request_id)
-        if mask is None or mask.shape[0] != vocab or mask.device != device:
-            mask = torch.ones(vocab, dtype=torch.bool, device=device)
-            allowed = [t for t in row.params.allowed_token_ids if t < vocab]
-            mask[torch.tensor(allowed, dtype=torch.long, device=device)] = False
-            self._disallowed[row.request_id] = mask
-        return mask
+    def _allowed_cells(
+        self, rows: Sequence[SamplingRow], which: list[int], vocab: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The (row, token) cells the rows ``which`` allow, and for each cell its position in ``which``."""
+        allowed = []
+        for i in which:
+            ids = self._allowed.get(rows[i].request_id)
+            if ids is None or ids.device != device:
+                within = [t for t in rows[i].params.allowed_token_ids if t < vocab]
+                ids = self._allowed[rows[i].request_id] = torch.tensor(within, dtype=torch.long, device=device)
+            allowed.append(ids)
+        sizes = torch.tensor([len(ids) for ids in allowed], dtype=torch.long, device=device)
+        owner = torch.repeat_interleave(torch.arange(len(which), device=device), sizes)
+        row_ids = torch.tensor(which, dtype=torch.long, device=device)[owner]
+        return row_ids, torch.cat(allowed), owner
 
-    @torch.inference_mode()
-    def dead_rows(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
+    def _dead_rows(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        allowing: list[int],
+        masked: tuple[list[int], list[int]],
+    ) -> list[int]:
         """The rows of requests that ban tokens themselves (allowed_token_ids, bad words) left with
         no token to sample: what they exclude and what a grammar or min_tokens excludes cover the
         whole vocabulary. Only such rows can be: a grammar alone, and min_tokens alone, always
-        leave a token."""
-        banning = [i for i, row in enumerate(rows) if row.params.bans_tokens]
-        if not banning:
-            return []
-        index = torch.tensor(banning, dtype=torch.long, device=logits.device)
-        alive = (logits.index_select(0, index) > -math.inf).any(dim=1).tolist()
-        return [i for i, ok in zip(banning, alive, strict=True) if not ok]
+        leave a token, and bad words alone a vocabulary's worth less a few. A row with a grammar is
+        read on the device; one without is dead only if this step's masks (``masked``: min_tokens'
+        stop tokens, bad words' last tokens) cover its allowed ids, which the host knows."""
+        dead: list[int] = []
+        whole = [i for i, row in enumerate(rows) if row.params.bans_tokens and row.params.structured_output]
+        if whole:
+            index = torch.tensor(whole, dtype=torch.long, device=logits.device)
+            alive = (logits.index_select(0, index) > -math.inf).any(dim=1).tolist()
+            dead += [i for i, ok in zip(whole, alive, strict=True) if not ok]
+        narrow = [i for i in allowing if not rows[i].params.structured_output]
+        if narrow:
+            banned: dict[int, set[int]] = {}
+            for i, token in zip(*masked, strict=True):
+                banned.setdefault(i, set()).add(token)
+            for i in narrow:
+                allowed = self._allowed[rows[i].request_id]  # within the vocabulary, made by this step
+                if len(banned.get(i, ())) >= len(allowed) and banned[i].issuperset(allowed.tolist()):
+                    dead.append(i)
+        return sorted(dead)
 
     def _table(self, vocab: int, device: torch.device) -> PenaltyTable:
         if self.table is None or self.table.vocab_size != vocab or self.table.device != device:

@@ -118,8 +118,8 @@ class Sampler:
         if asking:  # the raw logits, before anything below changes them
             asking_idx = torch.tensor(asking, dtype=torch.long, device=logits.device)
             raw = logits.index_select(0, asking_idx)
-        penalised = self.processing.apply(logits, rows) if any(p.adjusts_logits for p in params) else None
-        dead = self.processing.dead_rows(logits, rows) if any(p.bans_tokens for p in params) else []
+        adjusted = self.processing.apply(logits, rows) if any(p.adjusts_logits for p in params) else None
+        penalised, dead = (adjusted.penalised, adjusted.dead) if adjusted is not None else (None, [])
         if dead:  # something to draw from, so the batch's draw cannot fail; the token is never used
             logits[torch.tensor(dead, dtype=torch.long, device=logits.device)] = 0.0
         tokens = self.choose(logits, params, generators)

@@ -17,6 +17,7 @@ from transformers import GenerationConfig, GenerationMixin
 
 from common.lifecycle import FinishReason
 from common.sampling_params import SamplingParams
+from common.structured_output import StructuredKind, StructuredOutput
 from executor_service.engine import Engine
 from executor_service.engine_io import AdmitSpec, PlanUpdate
 from executor_service.logits_processing import LogitsProcessing
@@ -108,22 +109,24 @@ def test_bad_words_mask_only_the_token_that_would_complete_one() -> None:
         assert set(torch.nonzero(logits[0] == -math.inf).flatten().tolist()) == banned, output
 
 
+DIGITS = StructuredOutput(StructuredKind.REGEX, "[0-9]")
+
+
 def test_rows_their_own_bans_leave_empty_are_found_and_no_others() -> None:
     processing = LogitsProcessing(frozenset({2}))
     rows = [
         Row("only-eos", SamplingParams(max_tokens=8, min_tokens=3, allowed_token_ids=(2,))),
         Row("eos-later", SamplingParams(max_tokens=8, min_tokens=3, allowed_token_ids=(2,)), [], [1, 1, 1]),
         Row("plain", SamplingParams()),
-        Row("bad-word", SamplingParams(bad_words_token_ids=((6,),))),
+        Row("bad-word", SamplingParams(bad_words_token_ids=((6,),), structured_output=DIGITS)),
     ]
     logits = torch.randn(len(rows), VOCAB)
     logits[3] = -math.inf  # as a grammar allowing token 6 alone would leave it
     logits[3, 6] = 0.0
     logits[2] = -math.inf  # no bans of its own: not this check's to judge
-    processing.apply(logits, rows)
-    assert processing.dead_rows(logits, rows) == [0, 3]
+    assert processing.apply(logits, rows).dead == [0, 3]
     processing.release("only-eos")
-    assert "only-eos" not in processing._disallowed and "eos-later" in processing._disallowed
+    assert "only-eos" not in processing._allowed and "eos-later" in processing._allowed
 
 
 def test_counts_kept_step_by_step_equal_counts_rebuilt_from_the_tokens() -> None:
@@ -135,7 +138,7 @@ def test_counts_kept_step_by_step_equal_counts_rebuilt_from_the_tokens() -> None
     for _ in range(12):
         logits = torch.randn(1, VOCAB, generator=gen)
         rebuilt = logits.clone()
-        penalised = running.apply(logits, [row])
+        penalised = running.apply(logits, [row]).penalised
         assert penalised is not None
         fresh = LogitsProcessing()
         fresh.apply(rebuilt, [Row("a", params, list(row.prompt_ids), list(row.output_ids))])
@@ -318,7 +321,7 @@ def test_allowed_tokens_and_bad_words_match_a_reference_loop(engine: Engine, mod
         assert_matches_reference(outputs[s.request_id], ref, s.request_id)
     assert set(outputs["v0"]) <= set(range(100, 400, 3))
     assert free[0] not in outputs["v1"] and outputs["v1"] != free
-    assert not engine.sampler.processing._disallowed  # every finished request's mask is gone
+    assert not engine.sampler.processing._allowed  # every finished request's ids are gone
 
 
 def test_a_request_its_bans_leave_nothing_ends_alone_with_an_error(engine: Engine) -> None:
