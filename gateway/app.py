@@ -442,6 +442,8 @@ class Gateway:
 def _choice_logprobs(reply: Reply, parsed: Parsed, request: pb.GenerateRequest) -> ChoiceLogprobs:
     # A truncated prompt is echoed as Baton decodes what it kept, not as the request gave it.
     prompt = "" if request.params.HasField("truncate_prompt_tokens") else request.prompt
+    if reply.chat:
+        prompt = parsed.echo_text
     return ChoiceLogprobs(reply.chat, parsed.echo, parsed.logprobs, prompt, parsed.tokens_as_ids)
 
 

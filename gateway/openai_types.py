@@ -99,6 +99,8 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "length_penalty": (None, 1, 1.0),
     "logits_processors": (None, []),
     "priority": (None, 0),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
     "prompt_logprobs": (None,),
     "guided_whitespace_pattern": (None,),
     "structural_tag": (None,),
@@ -114,7 +116,8 @@ class Parsed:
     model: str  # as the body names it; empty: the served model
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage, and no choices
-    echo: bool = False  # completions: the prompt goes before the text (and its logprobs first)
+    echo: bool = False  # completions: the prompt goes before the text (and its logprobs first); chat: see echo_text
+    echo_text: str = ""  # chat's echo: the assistant's last message, which the answer goes after
     logprobs: bool = False  # the answer carries a ``logprobs`` object
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     tools: ToolCalling | None = None  # chat: what the request asked of its tools (``openai_tools``)
@@ -478,8 +481,10 @@ def parse_chat(body: Mapping[str, Any], tool_call_parser: str = "") -> Parsed:
             )
         parsed.request.params.structured_output.CopyFrom(forced)
     parsed = replace(parsed, tools=calling)
-    if _bool(body, "echo"):  # completions only (vLLM's chat echo repeats a message: not served here)
-        raise BadRequest("echo is not supported for chat completions", param="echo")
+    if _bool(body, "echo"):
+        # vLLM's chat echo: an answer that continues the assistant's last message starts with it.
+        last = request.chat.messages[-1]
+        parsed = replace(parsed, echo=True, echo_text=last.content if last.role == "assistant" else "")
     logprobs = _bool(body, "logprobs")
     top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
     if top and not logprobs:

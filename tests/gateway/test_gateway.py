@@ -180,6 +180,17 @@ async def test_chat_continues_a_begun_reply(served: Served, client: openai.Async
     same = await client.completions.create(model=ALIAS, prompt=ids, max_tokens=8, temperature=0, extra_body=NO_EOS)
     assert chat.usage is not None and chat.usage.prompt_tokens == len(ids)
     assert chat.choices[0].message.content == same.choices[0].text
+    # vLLM's chat echo: the continued message, then its continuation, whole or streamed.
+    echoed = {**NO_EOS, **options, "echo": True}
+    whole = await client.chat.completions.create(
+        model=ALIAS, messages=messages, max_tokens=8, temperature=0, extra_body=echoed
+    )
+    assert whole.choices[0].message.content == "Well, the" + same.choices[0].text
+    stream = await client.chat.completions.create(
+        model=ALIAS, messages=messages, max_tokens=8, temperature=0, stream=True, extra_body=echoed
+    )
+    streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert streamed == whole.choices[0].message.content
     with pytest.raises(openai.BadRequestError, match="allow_request_chat_template"):  # not trusted here
         await client.chat.completions.create(
             model=ALIAS, messages=messages, max_tokens=2, extra_body={"chat_template": "{{ messages }}"}

@@ -92,6 +92,14 @@ def test_add_special_tokens_reaches_a_text_prompt_or_a_chat() -> None:
     assert parse_chat({"messages": messages, "add_special_tokens": True}).request.chat.add_special_tokens
 
 
+def test_chat_echo_goes_before_a_continued_assistant_message() -> None:
+    continued = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Well,"}]
+    parsed = parse_chat({"messages": continued, "echo": True})
+    assert parsed.echo and parsed.echo_text == "Well,"
+    assert parse_chat({"messages": continued[:1], "echo": True}).echo_text == ""  # nothing of the assistant's
+    assert parse_chat({"messages": continued, "modalities": ["text"]}).echo_text == ""
+
+
 def test_vllm_request_fields_reach_baton() -> None:
     messages = [{"role": "user", "content": "hi"}]
     documents = [{"title": "Mill", "text": "The wheel stopped."}]
@@ -141,7 +149,12 @@ def test_chat_logprobs() -> None:
     assert parsed.logprobs and parsed.request.params.logprobs == 4 and not parsed.echo
     assert parse_chat({"messages": messages, "logprobs": True}).request.params.logprobs == 0
     assert not parse_chat({"messages": messages, "logprobs": False}).request.params.HasField("logprobs")
-    for bad in ({"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21}, {"logprobs": 1}, {"echo": True}):
+    for bad in (
+        {"top_logprobs": 2},
+        {"logprobs": True, "top_logprobs": 21},
+        {"logprobs": 1},
+        {"modalities": ["audio"]},
+    ):
         with pytest.raises(BadRequest):
             parse_chat({"messages": messages, **bad})
 
