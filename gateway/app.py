@@ -7,6 +7,7 @@ is cancelled, and Baton cancels a request whose client abandoned its call, freei
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import logging
 import re
@@ -160,8 +161,8 @@ def _client_gone(watcher: asyncio.Task[None]) -> bool:
 class Gateway:
     """The route handlers, sharing one channel to ``target`` (a scheduler, or a balancer in front of several).
 
-    Every route but ``/health`` identifies its caller first (``ClientAuth``) and makes its calls to
-    the scheduler with the caller's own credential.
+    Every route but ``/health`` and ``/version`` identifies its caller first (``ClientAuth``) and
+    makes its calls to the scheduler with the caller's own credential.
     """
 
     def __init__(
@@ -447,6 +448,11 @@ def _choice_logprobs(reply: Reply, parsed: Parsed, request: pb.GenerateRequest) 
     return ChoiceLogprobs(reply.chat, parsed.echo, parsed.logprobs, prompt, parsed.tokens_as_ids)
 
 
+async def _version(request: Request) -> Response:
+    """vLLM's ``/version``: Baton's, open to all as ``/health`` is."""
+    return JSONResponse({"version": importlib.metadata.version("baton")})
+
+
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
     return exc.response()
@@ -475,8 +481,8 @@ def create_app(
 
     With ``tracing``, each call to the scheduler carries the trace context (OpenTelemetry). With
     ``auth_tokens`` (bearer token -> tenant, as the scheduler's ``auth_tokens_file``), every route
-    but ``/health`` needs one of those tokens (see ``gateway.auth``). A body over ``max_body_bytes``
-    is answered 413. A request's ``model`` must name the served model, as the executors registered
+    but ``/health`` and ``/version`` needs one of those tokens (see ``gateway.auth``). A body over
+    ``max_body_bytes`` is answered 413. A request's ``model`` must name the served model, as the executors registered
     it or as one of ``model_aliases``. ``tool_call_parser`` (``hermes``) serves tool_choice "auto",
     reading the calls in the model's syntax; empty, "auto" is refused (``openai_tools``).
     ``reasoning_parser`` (``deepseek_r1``, ``qwen3``) splits chat answers' thinking from them
@@ -493,6 +499,7 @@ def create_app(
         Route("/tokenize", gateway.tokenize, methods=["POST"]),
         Route("/detokenize", gateway.detokenize, methods=["POST"]),
         Route("/health", gateway.health, methods=["GET"]),
+        Route("/version", _version, methods=["GET"]),
     ]
     handlers = {GatewayError: _gateway_error, HTTPException: _http_error, Exception: _unexpected}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=gateway.lifespan)

@@ -1,8 +1,9 @@
 """Who an HTTP call comes from: its bearer token, checked here when the gateway has the tokens file.
 
 With ``--auth-tokens-file`` (the scheduler's file format: ``token: tenant``, ``"*"`` an admin)
-every route but ``/health`` needs ``Authorization: Bearer TOKEN``: a missing or unknown token is
-a 401 before anything reaches Baton, and the token, not the client, names the tenant. Either way
+every route but ``/health`` and ``/version`` needs ``Authorization: Bearer TOKEN``: a missing or
+unknown token is a 401 before anything reaches Baton, and the token, not the client, names the
+tenant. Either way
 the client's token is forwarded to the scheduler as ``authorization`` metadata, so a scheduler
 with auth on checks it again and applies the same tenant rules as for a gRPC client: the gateway
 is never a way around the scheduler's auth, and a gateway without the file still works in front

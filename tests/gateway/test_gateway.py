@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 from pathlib import Path
 from typing import Any, cast
@@ -406,6 +407,9 @@ async def test_health(served: Served) -> None:
         reply = await http.get("/health")
     assert reply.status_code == 200
     assert reply.json()["status"] == "SERVING"
+    async with httpx.AsyncClient(base_url=served.base_url) as http:
+        version = await http.get("/version")
+    assert version.status_code == 200 and version.json() == {"version": importlib.metadata.version("baton")}
 
 
 async def test_bad_requests_are_400_with_openai_body(client: openai.AsyncOpenAI) -> None:
