@@ -4,9 +4,11 @@ calls (and the generated models' chat template renders them): each call is
 first call is the message's content. vLLM's ``hermes`` parser reads the same syntax.
 
 ``parse`` reads a whole output. ``HermesStream`` reads one as it streams: text goes out as content
-until a call opens (a tail that may be the start of the opening tag is held back), and each call
-goes out once it closes, or at the end if what is left parses, since its arguments are known to
-be whole JSON only then. Something between the tags that is not such a call is text, not a call.
+until the first call opens (a tail that may be the start of the opening tag is held back), and
+each call goes out once it closes, or at the end if what is left parses, since its arguments are
+known to be whole JSON only then; text between and after calls is dropped, as a whole output
+reads. Something between the tags that is not such a call is text, not a call (a whole output
+with one is all text).
 """
 
 from __future__ import annotations
@@ -63,18 +65,22 @@ class HermesStream:
         self.calls = 0  # calls sent so far
 
     def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
-        """The content and the calls that ``text`` completes (``final``: the output ends with it)."""
+        """The content and the calls that ``text`` completes (``final``: the output ends with it).
+        As a whole output reads, the content is what comes before the first call."""
         self._pending += text
         content, calls = "", []
         while True:
+            before_calls = not self.calls and not calls
             if not self._in_call:
                 start = self._pending.find(OPEN)
                 if start < 0:
                     keep = 0 if final else tag_prefix_len(self._pending, OPEN)
-                    content += self._pending[: len(self._pending) - keep]
+                    if before_calls:
+                        content += self._pending[: len(self._pending) - keep]
                     self._pending = self._pending[len(self._pending) - keep :]
                     break
-                content += self._pending[:start]
+                if before_calls:
+                    content += self._pending[:start]
                 self._pending = self._pending[start + len(OPEN) :]
                 self._in_call = True
                 continue
@@ -85,13 +91,11 @@ class HermesStream:
             self._pending = "" if end < 0 else self._pending[end + len(CLOSE) :]
             self._in_call = False
             call = _call(body)
-            if call is None:
-                content += OPEN + body + ("" if end < 0 else CLOSE)
-            else:
+            if call is not None:
                 calls.append(call)
+            elif before_calls:  # not a call after all: text
+                content += OPEN + body + ("" if end < 0 else CLOSE)
             if end < 0:
                 break
-        if self.calls or calls:  # between and after calls only text that says something is content
-            content = content if content.strip() else ""
         self.calls += len(calls)
         return content, calls
