@@ -345,20 +345,20 @@ class Gateway:
                 if reply.tools is not None and reply.tools.shapes_answer:
                     tool_stream = tool_streams.setdefault(index, ToolCallStream(reply.tools))
                     delta, finish, content = tool_stream.feed(text, FINISH_REASON.get(reason) if reason else None)
-                    if delta or content or message.logprobs:
+                    if delta or content or message.logprobs or reply.token_ids:
                         chunk = reply.chunk(
-                            content or None, index=index, logprobs=logprobs, tool_calls=delta, usage=usage
+                            content or None, index=index, logprobs=logprobs, tool_calls=delta, usage=usage, ids=message
                         )
                         yield _sse(chunk)
                     if reason:
                         yield _sse(reply.chunk(None, reason, index=index, finish=finish, usage=usage))
                 elif reply.chat:
-                    if text or message.logprobs:  # tokens whose text is held back still bring logprobs
-                        yield _sse(reply.chunk(text, index=index, logprobs=logprobs, usage=usage))
+                    if text or message.logprobs or reply.token_ids:  # held-back text's tokens still go out
+                        yield _sse(reply.chunk(text, index=index, logprobs=logprobs, usage=usage, ids=message))
                     if reason:
                         yield _sse(reply.chunk(None, reason, index=index, usage=usage))
-                elif text or reason or message.logprobs:
-                    yield _sse(reply.chunk(text, reason, index=index, logprobs=logprobs, usage=usage))
+                elif text or reason or message.logprobs or reply.token_ids:
+                    yield _sse(reply.chunk(text, reason, index=index, logprobs=logprobs, usage=usage, ids=message))
                 if reason:
                     usages[prompt, sample] = message.usage
                 if len(usages) == n * len(calls):

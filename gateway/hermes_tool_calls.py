@@ -68,7 +68,7 @@ class HermesStream:
         """The content and the calls that ``text`` completes (``final``: the output ends with it).
         As a whole output reads, the content is what comes before the first call."""
         self._pending += text
-        content, calls = "", []
+        content, calls = "", list[ParsedCall]()
         while True:
             before_calls = not self.calls and not calls
             if not self._in_call:

@@ -88,9 +88,9 @@ FINISH_REASON: dict[int, str] = {
 # Field -> values that mean "not asked for"; anything else is refused with a 400. vLLM's own
 # extensions are here where serving them would need what Baton does not do: beam search (and its
 # length penalty), server-side logits processors, vLLM's scheduling priority (Baton's is the
-# x-baton-priority header, on its own scale), prompt log probabilities and token ids in vLLM's
-# response fields (completions' echo with logprobs returns the first in OpenAI's shape), and
-# grammar forms xgrammar is not given here (a whitespace pattern, structural tags).
+# x-baton-priority header, on its own scale), prompt log probabilities in vLLM's response field
+# (completions' echo with logprobs returns them in OpenAI's shape), and grammar forms xgrammar is
+# not given here (a whitespace pattern, structural tags).
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "suffix": (None, ""),
@@ -104,7 +104,6 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "prompt_logprobs": (None,),
     "guided_whitespace_pattern": (None,),
     "structural_tag": (None,),
-    "return_token_ids": (None, False),
 }
 
 
@@ -121,6 +120,7 @@ class Parsed:
     logprobs: bool = False  # the answer carries a ``logprobs`` object
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     tools: ToolCalling | None = None  # chat: what the request asked of its tools (``openai_tools``)
+    token_ids: bool = False  # vLLM's return_token_ids: the prompt's and each choice's token ids
     # stream_options.continuous_usage_stats (vLLM's), with include_usage: every chunk says the usage so far.
     continuous_usage: bool = False
     # Completions with a list of prompts: every prompt (text, or token ids), the first of them also
@@ -334,8 +334,17 @@ def _parsed(
     request.params.n = _int(body, "n", 1) or 1  # its upper bound is Baton's (request_level.max_samples)
     request.tenant = tenant_of_user(user or "")
     tokens_as_ids = _bool(body, "return_tokens_as_token_ids")
+    request.return_prompt_token_ids = token_ids = _bool(body, "return_token_ids")
     include_usage, continuous_usage = _stream_options(body, stream)
-    return Parsed(request, model, stream, include_usage, tokens_as_ids=tokens_as_ids, continuous_usage=continuous_usage)
+    return Parsed(
+        request,
+        model,
+        stream,
+        include_usage,
+        tokens_as_ids=tokens_as_ids,
+        continuous_usage=continuous_usage,
+        token_ids=token_ids,
+    )
 
 
 def tenant_of_user(user: str) -> str:
@@ -590,6 +599,7 @@ class Reply:
     include_usage: bool = False
     tools: ToolCalling | None = None  # chat: the answer's message may be tool calls
     reasoning: Reasoning | None = None  # chat: the thinking is split from the answer
+    token_ids: bool = False  # vLLM's return_token_ids
 
     @classmethod
     def for_request(cls, chat: bool, parsed: Parsed, model: str, reasoning: Reasoning | None = None) -> Reply:
@@ -597,7 +607,16 @@ class Reply:
         none); ``reasoning``: the gateway's reasoning parser, which chat answers go through."""
         created = int(time.time())
         thinking = reasoning if chat else None
-        return cls(chat, parsed.request.request_id, model, created, parsed.include_usage, parsed.tools, thinking)
+        return cls(
+            chat,
+            parsed.request.request_id,
+            model,
+            created,
+            parsed.include_usage,
+            parsed.tools,
+            thinking,
+            parsed.token_ids,
+        )
 
     @property
     def id(self) -> str:
@@ -622,6 +641,8 @@ class Reply:
             for sample in samples
         ]
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
+        if self.chat and self.token_ids:  # vLLM's place for a chat's: the response's
+            body["prompt_token_ids"] = list(per_prompt[0][0].prompt_token_ids)
         body["usage"] = usage_dict(prompts_usage([[sample.usage for sample in samples] for samples in per_prompt]))
         return body
 
@@ -630,8 +651,12 @@ class Reply:
     ) -> dict[str, Any]:
         finish = FINISH_REASON.get(sample.finish_reason)
         choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish}
+        if self.token_ids:
+            choice["token_ids"] = list(sample.token_ids)
         if not self.chat:
             choice["text"] = text
+            if self.token_ids:  # vLLM's place for a completion's: each choice's
+                choice["prompt_token_ids"] = list(sample.prompt_token_ids)
             return choice
         thought = answer = None
         if self.reasoning is not None:
@@ -659,11 +684,14 @@ class Reply:
         finish: str | None = None,
         usage: dict[str, Any] | None = None,
         reasoning: str | None = None,
+        ids: pb.GenerateResponse | None = None,
     ) -> dict[str, Any]:
         """One stream chunk of choice ``index``; for chat, ``text=None`` is an empty delta (the
         finishing chunk), and ``tool_calls`` a delta of calls (``openai_tools.ToolCallStream``).
         ``finish`` names a finish reason in place of ``finish_reason``'s; ``usage`` is the usage so
-        far, under vLLM's ``continuous_usage_stats``; ``reasoning`` a chat's thinking (``reasoning``)."""
+        far, under vLLM's ``continuous_usage_stats``; ``reasoning`` a chat's thinking (``reasoning``);
+        ``ids`` the message whose token ids (and prompt's, on a sample's first) the chunk carries,
+        under vLLM's ``return_token_ids``."""
         choice: dict[str, Any] = {
             "index": index,
             "logprobs": logprobs,
@@ -681,6 +709,10 @@ class Reply:
         else:
             choice["text"] = text or ""
         out = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
+        if ids is not None and self.token_ids:
+            choice["token_ids"] = list(ids.token_ids)
+            if ids.prompt_token_ids:
+                (out if self.chat else choice)["prompt_token_ids"] = list(ids.prompt_token_ids)
         if self.include_usage:
             out["usage"] = usage
         return out

@@ -101,6 +101,8 @@ def complete_pb(request_id: str, chunks: list[pb.GenerateResponse]) -> pb.Comple
         out.logprobs.extend(chunk.logprobs)
         out.prompt_logprobs.extend(chunk.prompt_logprobs)
         out.prompt_text = out.prompt_text or chunk.prompt_text
+        if chunk.prompt_token_ids and not out.prompt_token_ids:
+            out.prompt_token_ids.extend(chunk.prompt_token_ids)
         text.setdefault(k, []).append(chunk.text)
         if chunk.finish_reason:
             out.finish_reason = chunk.finish_reason
@@ -135,6 +137,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                     if k not in started:  # a streaming client's usage so far needs the prompt's size
                         started.add(k)
                         response.usage.prompt_tokens = len(req.prompt_ids)
+                        if request.return_prompt_token_ids:
+                            response.prompt_token_ids.extend(req.prompt_ids)
                     yield response
         finally:
             if unfinished:  # the client went away or its deadline passed: free the executor's KV blocks

@@ -891,3 +891,32 @@ async def test_a_reasoning_parser_splits_thinking_from_the_answer(served: Served
         del plain["structured_outputs"]
         answer = (await http.post("/v1/chat/completions", json=plain)).json()["choices"][0]["message"]
         assert answer["reasoning_content"] is None and answer["content"]
+
+
+async def test_return_token_ids_gives_the_prompts_and_the_outputs_ids(served: Served) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(served.model_dir)
+    body: dict[str, Any] = {"model": ALIAS, "max_tokens": 5, "temperature": 0, "return_token_ids": True, **NO_EOS}
+    messages = [{"role": "user", "content": "Hi"}]
+    chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    async with httpx.AsyncClient(base_url=served.base_url) as http:
+        whole = (await http.post("/v1/completions", json={**body, "prompt": "The river"})).json()
+        (choice,) = whole["choices"]
+        assert choice["prompt_token_ids"] == tokenizer("The river").input_ids and len(choice["token_ids"]) == 5
+        assert tokenizer.decode(choice["token_ids"]) == choice["text"]
+        events = await _sse_events(http, "/v1/completions", {**body, "prompt": "The river", "stream": True})
+        streamed = [t for e in events for c in e["choices"] for t in c.get("token_ids", [])]
+        assert streamed == choice["token_ids"]
+        assert [c["prompt_token_ids"] for e in events for c in e["choices"] if "prompt_token_ids" in c] == [
+            choice["prompt_token_ids"]
+        ]
+        chat = (await http.post("/v1/chat/completions", json={**body, "messages": messages})).json()
+        assert chat["prompt_token_ids"] == chat_ids and len(chat["choices"][0]["token_ids"]) == 5
+        events = await _sse_events(http, "/v1/chat/completions", {**body, "messages": messages, "stream": True})
+        assert [e["prompt_token_ids"] for e in events if "prompt_token_ids" in e] == [chat_ids]
+        assert [t for e in events for c in e["choices"] for t in c.get("token_ids", [])] == chat["choices"][0][
+            "token_ids"
+        ]
+        plain = (
+            await http.post("/v1/completions", json={**body, "prompt": "The river", "return_token_ids": False})
+        ).json()
+        assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain["choices"][0]

@@ -290,7 +290,7 @@ def test_chat_defaults_to_batons_max_tokens() -> None:
         ({"prompt": "a", "return_tokens_as_token_ids": 1}, "return_tokens_as_token_ids"),
         ({"prompt": "a", "guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
         ({"prompt": "a", "structural_tag": "{}"}, "structural_tag"),
-        ({"prompt": "a", "return_token_ids": True}, "return_token_ids"),
+        ({"prompt": "a", "return_token_ids": "yes"}, "return_token_ids"),
         ({"prompt": "a", "request_id": ""}, "request_id"),
         ({"prompt": "a", "request_id": 5}, "request_id"),
         ({"prompt": "a", "skip_special_tokens": "no"}, "skip_special_tokens"),
