@@ -146,12 +146,15 @@ class LogitsProcessing:
         self.table: PenaltyTable | None = None  # made on first use, at the logits' width and device
         # Per request with allowed_token_ids: those ids within the logits' width, on the device, made once.
         self._allowed: dict[str, torch.Tensor] = {}
+        # Per request with bad words: them, indexed (``_BadWords``), made once.
+        self._bad_words: dict[str, _BadWords] = {}
 
     def release(self, request_id: str) -> None:
         """The request left the batch (finished, preempted, aborted, re-admitted): free its row."""
         if self.table is not None:
             self.table.release(request_id)
         self._allowed.pop(request_id, None)
+        self._bad_words.pop(request_id, None)
 
     @torch.inference_mode()  # the model's logits are inference tensors, and so is the table
     def apply(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> Adjusted:
@@ -169,7 +172,7 @@ class LogitsProcessing:
                 continue
             if params.allowed_token_ids:
                 allowing.append(i)
-            for token in _completing_bad_words(row.output_ids, params.bad_words_token_ids):
+            for token in self._bad_words_of(row).completing(row.output_ids) if params.bad_words_token_ids else ():
                 if token < vocab:
                     masked[0].append(i)
                     masked[1].append(token)
@@ -212,6 +215,12 @@ class LogitsProcessing:
         index = torch.tensor([penalised, slots], dtype=torch.long, device=device)
         table.apply(logits, index[0], index[1], [rows[i].params for i in penalised])
         return Adjusted(Penalised(table, index[0], index[1]), dead)
+
+    def _bad_words_of(self, row: SamplingRow) -> _BadWords:
+        words = self._bad_words.get(row.request_id)
+        if words is None:
+            words = self._bad_words[row.request_id] = _BadWords.of(row.params.bad_words_token_ids)
+        return words
 
     def _allowed_cells(
         self, rows: Sequence[SamplingRow], which: list[int], vocab: int, device: torch.device
@@ -265,12 +274,28 @@ class LogitsProcessing:
         return self.table
 
 
-def _completing_bad_words(output: Sequence[int], bad_words: Sequence[Sequence[int]]) -> list[int]:
-    """The tokens that would complete one of ``bad_words`` after ``output``: each word's last
-    token, where the output already ends with the rest of the word (a one-token word always)."""
-    out = []
-    for word in bad_words:
-        head = len(word) - 1
-        if head == 0 or (len(output) >= head and list(output[len(output) - head :]) == list(word[:head])):
-            out.append(word[-1])
-    return out
+@dataclass(frozen=True)
+class _BadWords:
+    """A request's bad words, indexed by the last token of each word's head: a step compares only
+    the words whose head could end where the output does, so a request with many long words costs
+    the others in its batch no more than one with a few."""
+
+    always: tuple[int, ...]  # one-token words
+    by_last: dict[int, tuple[tuple[tuple[int, ...], int], ...]]  # head's last token -> (head, word's last)
+
+    @staticmethod
+    def of(words: tuple[tuple[int, ...], ...]) -> _BadWords:
+        by_last: dict[int, list[tuple[tuple[int, ...], int]]] = {}
+        for word in words:
+            if len(word) > 1:
+                by_last.setdefault(word[-2], []).append((word[:-1], word[-1]))
+        always = tuple(word[0] for word in words if len(word) == 1)
+        return _BadWords(always, {token: tuple(heads) for token, heads in by_last.items()})
+
+    def completing(self, output: Sequence[int]) -> list[int]:
+        out = list(self.always)
+        if output:
+            for head, last in self.by_last.get(output[-1], ()):
+                if len(output) >= len(head) and tuple(output[len(output) - len(head) :]) == head:
+                    out.append(last)
+        return out

@@ -322,6 +322,7 @@ def test_allowed_tokens_and_bad_words_match_a_reference_loop(engine: Engine, mod
     assert set(outputs["v0"]) <= set(range(100, 400, 3))
     assert free[0] not in outputs["v1"] and outputs["v1"] != free
     assert not engine.sampler.processing._allowed  # every finished request's ids are gone
+    assert not engine.sampler.processing._bad_words
 
 
 def test_a_request_its_bans_leave_nothing_ends_alone_with_an_error(engine: Engine) -> None:
