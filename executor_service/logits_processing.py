@@ -18,7 +18,7 @@ gets exactly the counts it would have had, and is updated with each token sample
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -144,17 +144,15 @@ class LogitsProcessing:
     def __init__(self, eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.eos_token_ids = tuple(sorted(eos_token_ids))
         self.table: PenaltyTable | None = None  # made on first use, at the logits' width and device
-        # Per request with allowed_token_ids: those ids within the logits' width, on the device, made once.
-        self._allowed: dict[str, torch.Tensor] = {}
-        # Per request with bad words: them, indexed (``_BadWords``), made once.
-        self._bad_words: dict[str, _BadWords] = {}
+        # Per request that adjusts its logits: its token lists as tensors on the device and its bad
+        # words indexed, made once rather than walked at every step (``_Request``).
+        self._requests: dict[str, _Request] = {}
 
     def release(self, request_id: str) -> None:
         """The request left the batch (finished, preempted, aborted, re-admitted): free its row."""
         if self.table is not None:
             self.table.release(request_id)
-        self._allowed.pop(request_id, None)
-        self._bad_words.pop(request_id, None)
+        self._requests.pop(request_id, None)
 
     @torch.inference_mode()  # the model's logits are inference tensors, and so is the table
     def apply(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> Adjusted:
@@ -162,17 +160,19 @@ class LogitsProcessing:
         penalised rows, whose chosen tokens ``record`` must then count, and the rows left with no
         token to sample (``Adjusted``)."""
         vocab = logits.shape[-1]
+        device = logits.device
         masked: tuple[list[int], list[int]] = ([], [])
-        biased: tuple[list[int], list[int], list[float]] = ([], [], [])
+        biasing: list[int] = []
         penalised: list[int] = []
         allowing: list[int] = []
         for i, row in enumerate(rows):
             params = row.params
             if not params.adjusts_logits:
                 continue
+            request = self._request(row, vocab, device)
             if params.allowed_token_ids:
                 allowing.append(i)
-            for token in self._bad_words_of(row).completing(row.output_ids) if params.bad_words_token_ids else ():
+            for token in request.bad_words.completing(row.output_ids):
                 if token < vocab:
                     masked[0].append(i)
                     masked[1].append(token)
@@ -183,30 +183,25 @@ class LogitsProcessing:
                     if token < vocab:
                         masked[0].append(i)
                         masked[1].append(token)
-            for token, bias in params.logit_bias:
-                if token < vocab:
-                    biased[0].append(i)
-                    biased[1].append(token)
-                    biased[2].append(bias)
+            if params.logit_bias:
+                biasing.append(i)
             if params.has_penalties:
                 penalised.append(i)
-        device = logits.device
-        cells = None
         if allowing:
             # Keep the allowed logits, set the whole rows to -inf, put the kept ones back: one pass
             # over each row and two over its allowed ids, where a mask over the vocabulary cost
             # several passes (a 150K vocabulary at 64 rows: 39 ms a step).
-            cells = self._allowed_cells(rows, allowing, vocab, device)
-            kept = logits[cells[0], cells[1]]
+            row_ids, col_ids = self._cells(rows, allowing, lambda r: r.allowed, device)
+            kept = logits[row_ids, col_ids]
             logits.index_fill_(0, torch.tensor(allowing, dtype=torch.long, device=device), -math.inf)
-            logits.index_put_((cells[0], cells[1]), kept)
+            logits.index_put_((row_ids, col_ids), kept)
         if masked[0]:
             index = torch.tensor(masked, dtype=torch.long, device=device)
             logits[index[0], index[1]] = -math.inf
-        if biased[0]:
-            index = torch.tensor(biased[:2], dtype=torch.long, device=device)
-            values = torch.tensor(biased[2], dtype=logits.dtype, device=device)
-            logits.index_put_((index[0], index[1]), values, accumulate=True)
+        if biasing:
+            row_ids, col_ids = self._cells(rows, biasing, lambda r: r.bias_ids, device)
+            values = torch.cat([self._requests[rows[i].request_id].bias_values for i in biasing]).to(logits.dtype)
+            logits.index_put_((row_ids, col_ids), values, accumulate=True)
         dead = self._dead_rows(logits, rows, allowing, masked)  # bias and penalties leave -inf as it is
         if not penalised:
             return Adjusted(None, dead)
@@ -216,27 +211,23 @@ class LogitsProcessing:
         table.apply(logits, index[0], index[1], [rows[i].params for i in penalised])
         return Adjusted(Penalised(table, index[0], index[1]), dead)
 
-    def _bad_words_of(self, row: SamplingRow) -> _BadWords:
-        words = self._bad_words.get(row.request_id)
-        if words is None:
-            words = self._bad_words[row.request_id] = _BadWords.of(row.params.bad_words_token_ids)
-        return words
+    def _request(self, row: SamplingRow, vocab: int, device: torch.device) -> _Request:
+        request = self._requests.get(row.request_id)
+        if request is None or request.vocab != vocab or request.allowed.device != device:
+            request = self._requests[row.request_id] = _Request.of(row.params, vocab, device)
+        return request
 
-    def _allowed_cells(
-        self, rows: Sequence[SamplingRow], which: list[int], vocab: int, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The (row, token) cells the rows ``which`` allow, and for each cell its position in ``which``."""
-        allowed = []
-        for i in which:
-            ids = self._allowed.get(rows[i].request_id)
-            if ids is None or ids.device != device:
-                within = [t for t in rows[i].params.allowed_token_ids if t < vocab]
-                ids = self._allowed[rows[i].request_id] = torch.tensor(within, dtype=torch.long, device=device)
-            allowed.append(ids)
-        sizes = torch.tensor([len(ids) for ids in allowed], dtype=torch.long, device=device)
-        owner = torch.repeat_interleave(torch.arange(len(which), device=device), sizes)
-        row_ids = torch.tensor(which, dtype=torch.long, device=device)[owner]
-        return row_ids, torch.cat(allowed), owner
+    def _cells(
+        self,
+        rows: Sequence[SamplingRow],
+        which: list[int],
+        tokens: Callable[[_Request], torch.Tensor],
+        device: torch.device,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (row, token) cells of the rows ``which`` for each one's ``tokens``, as index tensors."""
+        columns = [tokens(self._requests[rows[i].request_id]) for i in which]
+        sizes = torch.tensor([len(c) for c in columns], dtype=torch.long, device=device)
+        return torch.tensor(which, dtype=torch.long, device=device).repeat_interleave(sizes), torch.cat(columns)
 
     def _dead_rows(
         self,
@@ -263,8 +254,9 @@ class LogitsProcessing:
             for i, token in zip(*masked, strict=True):
                 banned.setdefault(i, set()).add(token)
             for i in narrow:
-                allowed = self._allowed[rows[i].request_id]  # within the vocabulary, made by this step
-                if len(banned.get(i, ())) >= len(allowed) and banned[i].issuperset(allowed.tolist()):
+                allowed = self._requests[rows[i].request_id].allowed  # within the vocabulary
+                covered = banned.get(i, set())
+                if len(covered) >= len(allowed) and covered.issuperset(allowed.tolist()):
                     dead.append(i)
         return sorted(dead)
 
@@ -272,6 +264,29 @@ class LogitsProcessing:
         if self.table is None or self.table.vocab_size != vocab or self.table.device != device:
             self.table = PenaltyTable(vocab, device)
         return self.table
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What one adjusting request's rows read at every step, made once: its allowed ids and biased
+    ids (within the logits' width) and bias values on the device, and its bad words indexed."""
+
+    vocab: int
+    allowed: torch.Tensor
+    bias_ids: torch.Tensor
+    bias_values: torch.Tensor
+    bad_words: _BadWords
+
+    @staticmethod
+    def of(params: SamplingParams, vocab: int, device: torch.device) -> _Request:
+        bias = [(t, b) for t, b in params.logit_bias if t < vocab]
+        return _Request(
+            vocab,
+            torch.tensor([t for t in params.allowed_token_ids if t < vocab], dtype=torch.long, device=device),
+            torch.tensor([t for t, _ in bias], dtype=torch.long, device=device),
+            torch.tensor([b for _, b in bias], dtype=torch.float32, device=device),
+            _BadWords.of(params.bad_words_token_ids),
+        )
 
 
 @dataclass(frozen=True)

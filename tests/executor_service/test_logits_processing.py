@@ -126,7 +126,7 @@ def test_rows_their_own_bans_leave_empty_are_found_and_no_others() -> None:
     logits[2] = -math.inf  # no bans of its own: not this check's to judge
     assert processing.apply(logits, rows).dead == [0, 3]
     processing.release("only-eos")
-    assert "only-eos" not in processing._allowed and "eos-later" in processing._allowed
+    assert "only-eos" not in processing._requests and "eos-later" in processing._requests
 
 
 def test_counts_kept_step_by_step_equal_counts_rebuilt_from_the_tokens() -> None:
@@ -321,8 +321,7 @@ def test_allowed_tokens_and_bad_words_match_a_reference_loop(engine: Engine, mod
         assert_matches_reference(outputs[s.request_id], ref, s.request_id)
     assert set(outputs["v0"]) <= set(range(100, 400, 3))
     assert free[0] not in outputs["v1"] and outputs["v1"] != free
-    assert not engine.sampler.processing._allowed  # every finished request's ids are gone
-    assert not engine.sampler.processing._bad_words
+    assert not engine.sampler.processing._requests  # every finished request's tensors are gone
 
 
 def test_a_request_its_bans_leave_nothing_ends_alone_with_an_error(engine: Engine) -> None:
