@@ -28,12 +28,12 @@ from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from common.tracing import client_interceptors
 from gateway.auth import Caller, ClientAuth
+from gateway.choice_stream import ChoiceStream
 from gateway.errors import BadRequest, GatewayError, ModelNotFound, from_rpc_error
 from gateway.openai_logprobs import ChoiceLogprobs
 from gateway.openai_tokenize import parse_detokenize, parse_tokenize, tokenize_answer
-from gateway.openai_tools import TOOL_CALL_PARSERS, ToolCallStream
+from gateway.openai_tools import TOOL_CALL_PARSERS
 from gateway.openai_types import (
-    FINISH_REASON,
     REQUEST_ID_HEADER,
     TENANT_HEADER,
     Parsed,
@@ -45,7 +45,7 @@ from gateway.openai_types import (
     parse_completion,
     prompts_usage,
 )
-from gateway.reasoning import Reasoning, ReasoningStream
+from gateway.reasoning import Reasoning
 from gateway.served_model import ServedModels
 
 log = logging.getLogger(__name__)
@@ -311,9 +311,7 @@ class Gateway:
         n = max(1, parsed.request.params.n)
         # Each finished choice's usage, by prompt and sample; the stream ends when every choice has one.
         usages: dict[tuple[int, int], pb.Usage] = {}
-        choices: dict[int, ChoiceLogprobs] = {}  # each choice's echo and logprobs, message by message
-        tool_streams: dict[int, ToolCallStream] = {}  # each choice's tool calls, where it may make some
-        thinking: dict[int, ReasoningStream] = {}  # each choice's thinking, split from its answer
+        choices: dict[int, ChoiceStream] = {}  # each choice's chunks, message by message
         running = RunningUsage([first.usage.prompt_tokens for first in firsts]) if parsed.continuous_usage else None
         messages = _messages(calls, firsts)
         try:
@@ -334,31 +332,13 @@ class Gateway:
                     yield _sse(failure.body())
                     break
                 index = prompt * n + sample  # OpenAI's numbering of a batch's choices
-                choice = choices.setdefault(index, _choice_logprobs(reply, parsed, requests[prompt]))
-                text, logprobs = choice.shape(message)
+                choice = choices.get(index)
+                if choice is None:
+                    shape = _choice_logprobs(reply, parsed, requests[prompt])
+                    choice = choices[index] = ChoiceStream(reply, index, shape)
                 usage = running.add(prompt, index, len(message.token_ids)) if running else None
-                if reply.reasoning is not None:
-                    split = thinking.setdefault(index, ReasoningStream(reply.reasoning))
-                    thought, text = split.feed(text, final=bool(reason))
-                    if thought:
-                        yield _sse(reply.chunk(None, index=index, usage=usage, reasoning=thought))
-                if reply.tools is not None and reply.tools.shapes_answer:
-                    tool_stream = tool_streams.setdefault(index, ToolCallStream(reply.tools))
-                    delta, finish, content = tool_stream.feed(text, FINISH_REASON.get(reason) if reason else None)
-                    if delta or content or message.logprobs or reply.token_ids:
-                        chunk = reply.chunk(
-                            content or None, index=index, logprobs=logprobs, tool_calls=delta, usage=usage, ids=message
-                        )
-                        yield _sse(chunk)
-                    if reason:
-                        yield _sse(reply.chunk(None, reason, index=index, finish=finish, usage=usage))
-                elif reply.chat:
-                    if text or message.logprobs or reply.token_ids:  # held-back text's tokens still go out
-                        yield _sse(reply.chunk(text, index=index, logprobs=logprobs, usage=usage, ids=message))
-                    if reason:
-                        yield _sse(reply.chunk(None, reason, index=index, usage=usage))
-                elif text or reason or message.logprobs or reply.token_ids:
-                    yield _sse(reply.chunk(text, reason, index=index, logprobs=logprobs, usage=usage, ids=message))
+                for chunk in choice.chunks(message, usage):
+                    yield _sse(chunk)
                 if reason:
                     usages[prompt, sample] = message.usage
                 if len(usages) == n * len(calls):

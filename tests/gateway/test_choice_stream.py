@@ -1,0 +1,44 @@
+"""One streamed choice's chunks from Baton's messages, without a server."""
+
+from __future__ import annotations
+
+from common.pb import generate_pb2 as pb
+from gateway.choice_stream import ChoiceStream
+from gateway.openai_logprobs import ChoiceLogprobs
+from gateway.openai_tools import AUTO, ToolCalling
+from gateway.openai_types import Reply
+from gateway.reasoning import Reasoning
+
+
+def _stream(reply: Reply) -> ChoiceStream:
+    return ChoiceStream(reply, 0, ChoiceLogprobs(reply.chat, False, False, ""))
+
+
+def test_a_completions_choice_sends_text_and_its_finish_together() -> None:
+    stream = _stream(Reply(chat=False, request_id="r", model="m", created=0))
+    (chunk,) = stream.chunks(pb.GenerateResponse(text="Hi", token_ids=[5]), None)
+    assert chunk["choices"][0]["text"] == "Hi" and chunk["choices"][0]["finish_reason"] is None
+    (last,) = stream.chunks(pb.GenerateResponse(text="!", finish_reason=pb.FINISH_REASON_STOP), None)
+    assert last["choices"][0] == {"index": 0, "logprobs": None, "finish_reason": "stop", "text": "!"}
+    assert stream.chunks(pb.GenerateResponse(text="", token_ids=[7]), None) == []  # held-back text
+
+
+def test_a_chat_choice_thinks_answers_and_calls_in_order() -> None:
+    reply = Reply(
+        chat=True, request_id="r", model="m", created=0, tools=ToolCalling(AUTO), reasoning=Reasoning("qwen3")
+    )
+    stream = _stream(reply)
+    deltas = []
+    for text in ("<think>Hm", "m.</think>It is", ' 4.<tool_call>{"name": "clock"}</tool_call>'):
+        deltas += [c["choices"][0]["delta"] for c in stream.chunks(pb.GenerateResponse(text=text), None)]
+    last = stream.chunks(pb.GenerateResponse(finish_reason=pb.FINISH_REASON_STOP), {"completion_tokens": 3})
+    assert [d.get("reasoning_content") for d in deltas if "reasoning_content" in d] == ["Hm", "m."]
+    assert "".join(d.get("content") or "" for d in deltas) == "It is 4."
+    assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == ["clock"]
+    assert last[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_token_ids_go_out_even_with_their_text_held_back() -> None:
+    reply = Reply(chat=True, request_id="r", model="m", created=0, token_ids=True)
+    (chunk,) = _stream(reply).chunks(pb.GenerateResponse(text="", token_ids=[7], prompt_token_ids=[1, 2]), None)
+    assert chunk["choices"][0]["token_ids"] == [7] and chunk["prompt_token_ids"] == [1, 2]
