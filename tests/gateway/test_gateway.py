@@ -827,19 +827,24 @@ async def test_tool_calls_forced_streamed_and_answered(served: Served, client: o
     assert answer.usage is not None and answer.usage.prompt_tokens == len(ids)
 
 
-async def test_auto_tool_choice_reads_the_calls_the_model_writes(served: Served) -> None:
-    """The generated model writes no calls of itself: a regex (structured output, allowed beside
-    "auto") makes it write one in the Hermes syntax, which the gateway's parser turns into tool_calls."""
-    messages: list[Any] = [{"role": "user", "content": "The weather in Oslo?"}]
-    written = r'On it\. <tool_call>\{"name": "weather", "arguments": \{"city": "Oslo"\}\}</tool_call>'
-    ask: dict[str, Any] = {
+def _written(question: str, regex: str) -> dict[str, Any]:
+    """A chat body with the tools whose output ``regex`` fixes (structured output, which a tool
+    choice of "auto" allows beside it): the generated model writes no calls or thinking of itself."""
+    return {
         "model": ALIAS,
-        "messages": messages,
+        "messages": [{"role": "user", "content": question}],
         "tools": TOOLS,
         "max_tokens": 100,
         "temperature": 0,
-        "extra_body": {"structured_outputs": {"regex": written}},
+        "structured_outputs": {"regex": regex},
     }
+
+
+async def test_auto_tool_choice_reads_the_calls_the_model_writes(served: Served) -> None:
+    """A call written in the Hermes syntax, which the gateway's parser turns into tool_calls."""
+    written = r'On it\. <tool_call>\{"name": "weather", "arguments": \{"city": "Oslo"\}\}</tool_call>'
+    ask = _written("The weather in Oslo?", written)
+    ask["extra_body"] = {"structured_outputs": ask.pop("structured_outputs")}
     async with (
         serve_gateway(served.stack.target, model_aliases=(ALIAS,), tool_call_parser="hermes") as base_url,
         openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0) as client,
@@ -860,17 +865,9 @@ async def test_auto_tool_choice_reads_the_calls_the_model_writes(served: Served)
 
 
 async def test_a_reasoning_parser_splits_thinking_from_the_answer(served: Served) -> None:
-    """A regex makes the generated model think in tags, then answer, then call a tool."""
-    messages: list[Any] = [{"role": "user", "content": "2 + 2?"}]
+    """The model thinks in tags, then answers, then calls a tool."""
     written = r'<think>Two and two\.</think>It is 4\.<tool_call>\{"name": "clock", "arguments": \{\}\}</tool_call>'
-    ask: dict[str, Any] = {
-        "model": ALIAS,
-        "messages": messages,
-        "tools": TOOLS,
-        "max_tokens": 100,
-        "temperature": 0,
-        "structured_outputs": {"regex": written},
-    }
+    ask = _written("2 + 2?", written)
     gateway = serve_gateway(
         served.stack.target, model_aliases=(ALIAS,), tool_call_parser="hermes", reasoning_parser="qwen3"
     )
