@@ -33,7 +33,8 @@ SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
 # on EOS. Reusing the tokens keeps the vocabulary, and so every existing id, unchanged.
 # Tools, when a request brings them, are listed in a system turn of their own, and an assistant
 # turn's tool calls follow its text, each as <tool_call>{"name", "arguments"}</tool_call> (the
-# layout of Hermes-style templates); a conversation without tools renders as before.
+# layout of Hermes-style templates); ``enable_thinking: false`` closes an empty thinking in the
+# generation prompt, as Qwen3's template does. A conversation without either renders as before.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% if tools %}{{ '<|system|>\\nTools:\\n' }}"
@@ -45,7 +46,9 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{{ eos_token + '\\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}"
+    "{% endif %}"
 )
 _MASK64 = (1 << 64) - 1
 _CORPUS_SEED = 20240607  # the tokenizer is the same whatever the model seed

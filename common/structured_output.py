@@ -10,7 +10,7 @@ both sides' grammar caches. Turning it into an xgrammar grammar is ``common.stru
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -28,6 +28,8 @@ class StructuredKind(StrEnum):
     CHOICE = "choice"  # choices: the output is exactly one of them
 
 
+# A reasoning model's end-of-thinking tag is a few characters; the executor tokenises it alone.
+MAX_STARTS_AFTER_CHARS = 64
 _WITH_SPEC = frozenset({StructuredKind.JSON_SCHEMA, StructuredKind.REGEX, StructuredKind.GRAMMAR})
 
 
@@ -41,6 +43,8 @@ class StructuredOutput:
     spec: str = ""
     # The allowed outputs of a choice; empty for every other kind.
     choices: tuple[str, ...] = ()
+    # Text the constraint waits for (a reasoning model's end of thinking); empty: none.
+    starts_after: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", StructuredKind(self.kind))
@@ -56,11 +60,18 @@ class StructuredOutput:
                 raise InvalidRequest("structured output choices must be strings")
         elif self.choices:
             raise InvalidRequest(f"structured output {self.kind} takes no choices")
+        if len(self.starts_after) > MAX_STARTS_AFTER_CHARS:
+            raise InvalidRequest(f"structured output starts_after has at most {MAX_STARTS_AFTER_CHARS} characters")
 
     @property
     def size(self) -> int:
         """Characters of specification (for the request's limit)."""
-        return len(self.spec) + sum(len(c) for c in self.choices)
+        return len(self.spec) + sum(len(c) for c in self.choices) + len(self.starts_after)
+
+    @property
+    def grammar(self) -> StructuredOutput:
+        """The constraint without its ``starts_after``: what compiles, and so the caches' key."""
+        return replace(self, starts_after="") if self.starts_after else self
 
     # ---- Redis (inside the sampling parameters' JSON) ----------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -69,11 +80,15 @@ class StructuredOutput:
             out["spec"] = self.spec
         if self.choices:
             out["choices"] = list(self.choices)
+        if self.starts_after:
+            out["starts_after"] = self.starts_after
         return out
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> StructuredOutput:
-        return cls(StructuredKind(raw["kind"]), raw.get("spec", ""), tuple(raw.get("choices", ())))
+        return cls(
+            StructuredKind(raw["kind"]), raw.get("spec", ""), tuple(raw.get("choices", ())), raw.get("starts_after", "")
+        )
 
     # ---- the wire (the public message, which ExecSampling carries as it is) --------------
     def to_pb(self) -> pb.StructuredOutput:
@@ -84,6 +99,7 @@ class StructuredOutput:
             msg.choice.choices.extend(self.choices)
         else:
             setattr(msg, self.kind.value, self.spec)
+        msg.starts_after = self.starts_after
         return msg
 
     @classmethod
@@ -93,10 +109,11 @@ class StructuredOutput:
         if which is None:
             return None
         kind = StructuredKind(which)
+        after = msg.starts_after
         if kind is StructuredKind.JSON_OBJECT:
             if not msg.json_object:
                 raise InvalidRequest("structured_output.json_object must be true when set")
-            return cls(kind)
+            return cls(kind, starts_after=after)
         if kind is StructuredKind.CHOICE:
-            return cls(kind, choices=tuple(msg.choice.choices))
-        return cls(kind, getattr(msg, which))
+            return cls(kind, choices=tuple(msg.choice.choices), starts_after=after)
+        return cls(kind, getattr(msg, which), starts_after=after)

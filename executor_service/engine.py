@@ -35,7 +35,7 @@ from executor_service.engine_io import (
     TokenOut,
 )
 from executor_service.grammar_cache import GrammarCache
-from executor_service.grammar_masks import GrammarBroken, GrammarMasks, OutputGrammar, resume_matcher
+from executor_service.grammar_masks import GrammarBroken, GrammarMasks, OutputGrammar, OutputMatcher, resume_matcher
 from executor_service.model_runner import ModelRunner
 from executor_service.prefix_cache import PrefixCache
 from executor_service.sampling import Sampled, Sampler, make_generator
@@ -111,6 +111,8 @@ class Engine:
         self._drops = 0  # sequences dropped so far: a pending step whose count still matches lost none
         # Admissions waiting for their structured output's grammar to compile, in arrival order.
         self._compiling: dict[str, tuple[AdmitSpec, Future[OutputGrammar]]] = {}
+        # The token ids of texts constraints wait for (``StructuredOutput.starts_after``), by text.
+        self._waited: dict[str, tuple[int, ...]] = {}
 
     @property
     def has_work(self) -> bool:
@@ -167,7 +169,7 @@ class Engine:
             error = "this executor serves no structured output"
             self._finished.append(FinishOut(spec.request_id, FinishReason.ERROR, error=error))
         else:
-            future = self.grammars.get(structured)
+            future = self.grammars.get(structured.grammar)
             if future.done():
                 self._join(spec, future)
             else:  # joins once compiled (``_admit_compiled``): the engine thread never waits for a compile
@@ -233,9 +235,12 @@ class Engine:
         self._prefilling.add(seq)
         if not _plain(params):
             self._special.add(seq)
-        if grammar is not None:
+        begins = self._constraint_begins(spec) if grammar is not None else None
+        if grammar is not None and begins is None:  # it waits for its text (a reasoning model's end of thinking)
+            seq.grammar_waits = (grammar.result(), self._waited_ids(spec.params))
+        elif grammar is not None:
             try:
-                seq.grammar = resume_matcher(grammar.result(), spec.output_ids)
+                seq.grammar = resume_matcher(grammar.result(), spec.output_ids[begins:])
             except GrammarBroken as exc:
                 self._finish(seq, FinishReason.ERROR, "", str(exc))
                 return
@@ -252,6 +257,29 @@ class Engine:
             self.prefix_cache.match(seq)
             if self.releasing is not None:  # cached blocks its window has already passed
                 self.releasing.release_passed(seq, self.allocator)
+
+    def _waited_ids(self, params: SamplingParams) -> tuple[int, ...]:
+        """The token ids of the text a constraint waits for, as the tokenizer writes it alone."""
+        structured = params.structured_output
+        text = structured.starts_after if structured is not None else ""
+        if not text:
+            return ()
+        ids = self._waited.get(text)
+        if ids is None:
+            ids = self._waited[text] = tuple(self.tokenizer.encode(text, add_special_tokens=False))  # type: ignore[attr-defined]
+        return ids
+
+    def _constraint_begins(self, spec: AdmitSpec) -> int | None:
+        """Where in the output a structured output's constraint begins: 0 without ``starts_after`` or
+        with its text already in the prompt (a template that switched the thinking off), else right
+        after the text's last occurrence in the output; None while the output has not written it."""
+        waited = self._waited_ids(spec.params)
+        if not waited:
+            return 0
+        end = _last_end(spec.output_ids, waited)
+        if end is not None:
+            return end
+        return 0 if _last_end(spec.prompt_ids, waited) is not None else None
 
     def _drop(self, seq: Sequence) -> None:
         self.allocator.release(seq.block_table)
@@ -460,6 +488,10 @@ class Engine:
             output = seq.output_ids
             output.append(token)
             count = len(output)
+            if seq.grammar_waits is not None:  # free text until the constraint's text is written
+                compiled, waited = seq.grammar_waits
+                if tuple(output[-len(waited) :]) == waited:
+                    seq.grammar, seq.grammar_waits = OutputMatcher(compiled), None
             # Before min_tokens, stop tokens were masked (logits_processing).
             stop_token = count > seq.params.min_tokens and token in seq.stop_token_ids
             detokenizer = seq.detokenizer
@@ -509,6 +541,14 @@ class Engine:
         self._finished, self._preempted, self._rejected = [], [], []
         self._reported_seq = self.plan_seq
         return out
+
+
+def _last_end(ids: Seq[int], part: tuple[int, ...]) -> int | None:
+    """The index just past the last occurrence of ``part`` in ``ids``; None where it does not occur."""
+    for start in range(len(ids) - len(part), -1, -1):
+        if tuple(ids[start : start + len(part)]) == part:
+            return start + len(part)
+    return None
 
 
 def _plain(params: SamplingParams) -> bool:

@@ -13,7 +13,7 @@ from common.sampling_params import SamplingParams
 from executor_service.detokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
-    from executor_service.grammar_masks import OutputMatcher
+    from executor_service.grammar_masks import OutputGrammar, OutputMatcher
 
 
 @dataclass(eq=False)
@@ -56,6 +56,9 @@ class Sequence:
     decode_live: bool = False
     # Its structured output's matcher, at the end of its output so far (grammar_masks.py); None: free text.
     grammar: OutputMatcher | None = None
+    # A structured output that waits for its text (``StructuredOutput.starts_after``): the compiled
+    # grammar and the text's token ids; once the output ends with them, ``grammar`` takes over.
+    grammar_waits: tuple[OutputGrammar, tuple[int, ...]] | None = None
     # What ends it, read once at admission rather than from its parameters after every token: the tokens
     # that stop it once its output is longer than ``min_tokens`` (its stop tokens, and EOS unless it ignores
     # EOS), and the most output it may reach (max_tokens, within the executor's max_model_len).

@@ -12,14 +12,16 @@ Two parsers (``baton gateway --reasoning-parser``), differing where the output h
   ``</think>`` only if it opens with ``<think>``.
 
 A tag split across two messages is held back until it is whole. Tool calls (``openai_tools``) are
-read from the answer alone. A structured output's grammar holds from the first token, so a
-constrained reply has no thinking.
+read from the answer alone. A structured output (``response_format``, a forced tool call) holds
+the answer, not the thinking: its grammar waits for ``</think>`` (``StructuredOutput.starts_after``),
+or holds from the start where the prompt already closed the thinking, as vLLM constrains it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.pb import generate_pb2 as pb
 from gateway.split_tags import tag_prefix_len
 
 START = "<think>"
@@ -36,6 +38,12 @@ class Reasoning:
     def __post_init__(self) -> None:
         if self.parser not in REASONING_PARSERS:
             raise ValueError(f"unknown reasoning parser {self.parser!r}; choose one of {', '.join(REASONING_PARSERS)}")
+
+    def hold_off_constraint(self, params: pb.SamplingParams) -> None:
+        """A structured output of ``params`` constrains the answer: its grammar waits for the end
+        of the thinking."""
+        if params.HasField("structured_output"):
+            params.structured_output.starts_after = END
 
     def split(self, text: str) -> tuple[str | None, str | None]:
         """A whole output's reasoning and answer (None where there is none)."""

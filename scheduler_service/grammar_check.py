@@ -31,6 +31,7 @@ class GrammarCheck:
 
     async def check(self, spec: StructuredOutput) -> None:
         """Raise InvalidRequest when ``spec`` does not parse."""
+        spec = spec.grammar  # what it waits for does not change what compiles
         verdict = self._verdicts.get(spec)
         if verdict is None:
             verdict = await asyncio.to_thread(self._verdict, spec)

@@ -21,6 +21,9 @@ EVERY_KIND = [
     StructuredOutput(StructuredKind.REGEX, r"[a-z]{2,4}\d"),
     StructuredOutput(StructuredKind.GRAMMAR, 'root ::= "yes" | "no"'),
     StructuredOutput(StructuredKind.CHOICE, choices=("red", 'a "quoted" \\ one', "é\n")),
+    StructuredOutput(StructuredKind.JSON_OBJECT, starts_after="</think>"),
+    StructuredOutput(StructuredKind.CHOICE, choices=("a",), starts_after="</think>"),
+    StructuredOutput(StructuredKind.REGEX, "[0-9]", starts_after="</think>"),
 ]
 
 
@@ -35,6 +38,7 @@ EVERY_KIND = [
         {"kind": StructuredKind.CHOICE, "spec": "x", "choices": ("a",)},
         {"kind": StructuredKind.REGEX, "spec": "a", "choices": ("a",)},
         {"kind": "xml", "spec": "a"},
+        {"kind": StructuredKind.JSON_OBJECT, "starts_after": "x" * 65},
     ],
 )
 def test_malformed_constraints_raise(kwargs: dict[str, object]) -> None:
@@ -51,6 +55,12 @@ def test_encodings_round_trip(spec: StructuredOutput) -> None:
     wire = executor_pb2.ExecSampling.FromString(params.to_pb().SerializeToString())
     assert SamplingParams.from_pb(wire) == params
     hash(params)
+
+
+def test_what_a_constraint_waits_for_is_not_part_of_its_grammar() -> None:
+    waiting = StructuredOutput(StructuredKind.REGEX, "[0-9]", starts_after="</think>")
+    assert waiting.grammar == StructuredOutput(StructuredKind.REGEX, "[0-9]") != waiting
+    assert waiting.size == len("[0-9]") + len("</think>")
 
 
 def test_unset_constraint_is_none_everywhere() -> None:

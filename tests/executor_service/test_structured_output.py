@@ -387,3 +387,35 @@ def test_bans_narrow_a_grammar_and_a_grammar_they_empty_ends_alone(engine: Engin
     assert len(one) == 1 and results["banned"].text == "1" and results["banned"].reason is FinishReason.STOP
     assert results["emptied"].reason is FinishReason.ERROR and "no token may be sampled" in results["emptied"].error
     assert re.fullmatch("[0-9]{3}", results["ok"].text)
+
+
+def test_a_constraint_waiting_for_the_end_of_thinking_holds_only_after_it(engine: Engine) -> None:
+    """vLLM's reasoning models: the grammar holds the answer, after ``</think>``, not the thinking."""
+    tokenizer = engine.tokenizer
+    end = tuple(tokenizer.encode("</think>", add_special_tokens=False))  # type: ignore[attr-defined]
+    assert len(end) > 1  # several tokens here, so a step can write the last of them
+    waiting = StructuredOutput(StructuredKind.REGEX, "[0-9]{3}", starts_after="</think>")
+    prompt = prompts(1, seed=7)[0]
+
+    def spec(request_id: str, prompt: list[int], output: tuple[int, ...] = (), **params: object) -> AdmitSpec:
+        sampling = SamplingParams(max_tokens=12, ignore_eos=True, structured_output=waiting, **params)  # type: ignore[arg-type]
+        return AdmitSpec(request_id, tuple(prompt), output, sampling, 0.0)
+
+    thinking = (*prompt[:3], *end[:-1])  # the output so far stops one token short of the end tag
+    results = generate(
+        engine,
+        [
+            spec("closed-in-prompt", [*prompt, *end]),  # a template that switched the thinking off
+            spec("thought-before", prompt, (*prompt[:4], *end)),  # re-admitted after its thinking
+            spec("thinking", prompt),  # never writes the tag: free text to max_tokens
+            spec("ends-thinking", prompt, thinking, logit_bias=((end[-1], 100.0),)),  # writes the last tag token
+        ],
+    )
+    assert re.fullmatch("[0-9]{3}", results["closed-in-prompt"].text)
+    assert re.fullmatch("[0-9]{3}", results["thought-before"].text)
+    assert results["thinking"].reason is FinishReason.LENGTH and len(results["thinking"].tokens) == 12
+    assert not re.fullmatch("[0-9]{3}", results["thinking"].text)
+    ends = results["ends-thinking"]
+    answer = tokenizer.decode(ends.tokens[1:], skip_special_tokens=True)  # type: ignore[attr-defined]
+    assert ends.tokens[0] == end[-1] and re.fullmatch("[0-9]{3}", answer)
+    assert ends.reason is FinishReason.STOP

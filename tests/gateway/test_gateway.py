@@ -865,9 +865,11 @@ async def test_auto_tool_choice_reads_the_calls_the_model_writes(served: Served)
 
 
 async def test_a_reasoning_parser_splits_thinking_from_the_answer(served: Served) -> None:
-    """The model thinks in tags, then answers, then calls a tool."""
+    """The model thinks in tags, then answers, then calls a tool. A structured output constrains
+    the answer, after ``</think>``: the regex writes the tags here only because the prompt already
+    closed the thinking (``enable_thinking: false``), which holds the constraint from the start."""
     written = r'<think>Two and two\.</think>It is 4\.<tool_call>\{"name": "clock", "arguments": \{\}\}</tool_call>'
-    ask = _written("2 + 2?", written)
+    ask = {**_written("2 + 2?", written), "chat_template_kwargs": {"enable_thinking": False}}
     gateway = serve_gateway(
         served.stack.target, model_aliases=(ALIAS,), tool_call_parser="hermes", reasoning_parser="qwen3"
     )
@@ -883,11 +885,13 @@ async def test_a_reasoning_parser_splits_thinking_from_the_answer(served: Served
         assert "".join(d.get("reasoning_content", "") for d in deltas) == "Two and two."
         assert "".join(d.get("content") or "" for d in deltas) == "It is 4."
         assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == ["clock"]
-        # Without tags, a qwen3 answer is all answer.
-        plain = {**ask, "tools": None, "max_tokens": 4, **NO_EOS}
-        del plain["structured_outputs"]
-        answer = (await http.post("/v1/chat/completions", json=plain)).json()["choices"][0]["message"]
-        assert answer["reasoning_content"] is None and answer["content"]
+
+        # Thinking on, the constraint waits for a </think> this model never writes: free text.
+        thinking = {**ask, "tools": None, "max_tokens": 6, **NO_EOS}
+        del thinking["chat_template_kwargs"]
+        answer = (await http.post("/v1/chat/completions", json=thinking)).json()["choices"][0]
+        assert answer["finish_reason"] == "length" and answer["message"]["content"]
+        assert answer["message"]["reasoning_content"] is None  # qwen3: no tags, all answer
 
 
 async def test_return_token_ids_gives_the_prompts_and_the_outputs_ids(served: Served) -> None:

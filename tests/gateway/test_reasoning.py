@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from common.pb import generate_pb2 as pb
 from gateway.reasoning import Reasoning, ReasoningStream
 
 R1, QWEN3 = Reasoning("deepseek_r1"), Reasoning("qwen3")
@@ -52,3 +53,12 @@ def test_an_r1_stream_without_its_opening_tag_is_thinking_until_the_end_tag() ->
 def test_an_unknown_parser_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown reasoning parser"):
         Reasoning("granite")
+
+
+def test_a_constrained_answer_waits_for_the_end_of_thinking() -> None:
+    params = pb.SamplingParams(structured_output=pb.StructuredOutput(json_object=True))
+    QWEN3.hold_off_constraint(params)
+    assert params.structured_output.starts_after == "</think>"
+    free = pb.SamplingParams()
+    R1.hold_off_constraint(free)
+    assert not free.HasField("structured_output")

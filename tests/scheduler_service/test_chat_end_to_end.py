@@ -97,10 +97,15 @@ async def test_a_chat_can_end_inside_its_last_message(stack: Stack, tiny_model_d
     assert closed[: len(expected)] == expected and len(closed) > len(expected)  # the turn's end left off
     whole = await stack.stub.Complete(greedy_chat(chat, 6))
     assert whole.usage.prompt_tokens == len(expected)
-    # Variables the model's template does not use change nothing.
-    quiet = chat_pb(CONVERSATION, chat_template_kwargs='{"enable_thinking": false}')
+    # Variables the model's template does not use change nothing; one it uses reaches it.
+    quiet = chat_pb(CONVERSATION, chat_template_kwargs='{"verbose": false}')
     plain = list(tokenizer.apply_chat_template(CONVERSATION, add_generation_prompt=True, return_dict=False))
     assert list((await stack.stub.Tokenize(pb.TokenizeRequest(chat=quiet))).token_ids) == plain
+    unthinking = chat_pb(CONVERSATION, chat_template_kwargs='{"enable_thinking": false}')
+    thoughtless = tokenizer.apply_chat_template(
+        CONVERSATION, add_generation_prompt=True, enable_thinking=False, return_dict=False
+    )
+    assert list((await stack.stub.Tokenize(pb.TokenizeRequest(chat=unthinking))).token_ids) == thoughtless != plain
 
 
 async def test_a_request_template_replaces_the_models_only_where_the_server_takes_them(
