@@ -543,12 +543,18 @@ class Engine:
         return out
 
 
-def _last_end(ids: Seq[int], part: tuple[int, ...]) -> int | None:
-    """The index just past the last occurrence of ``part`` in ``ids``; None where it does not occur."""
-    for start in range(len(ids) - len(part), -1, -1):
+def _last_end(ids: list[int] | tuple[int, ...], part: tuple[int, ...]) -> int | None:
+    """The index just past the last occurrence of ``part`` in ``ids``; None where it does not occur.
+    The scan for ``part``'s first token runs in C (``index``): a long prompt costs the engine
+    thread, which every request in the batch waits on, next to nothing."""
+    end, start = None, -1
+    while True:
+        try:
+            start = ids.index(part[0], start + 1)
+        except ValueError:
+            return end
         if tuple(ids[start : start + len(part)]) == part:
-            return start + len(part)
-    return None
+            end = start + len(part)
 
 
 def _plain(params: SamplingParams) -> bool:

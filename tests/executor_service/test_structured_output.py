@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from common.lifecycle import FinishReason
 from common.sampling_params import SamplingParams
 from common.structured_output import StructuredKind, StructuredOutput
-from executor_service.engine import Engine
+from executor_service.engine import Engine, _last_end
 from executor_service.engine_io import AdmitSpec, PlanUpdate, StepOutput
 from executor_service.grammar_cache import GrammarCache
 from executor_service.grammar_masks import OutputGrammar, resume_matcher
@@ -419,3 +419,17 @@ def test_a_constraint_waiting_for_the_end_of_thinking_holds_only_after_it(engine
     answer = tokenizer.decode(ends.tokens[1:], skip_special_tokens=True)  # type: ignore[attr-defined]
     assert ends.tokens[0] == end[-1] and re.fullmatch("[0-9]{3}", answer)
     assert ends.reason is FinishReason.STOP
+
+
+@pytest.mark.parametrize(
+    ("ids", "part", "end"),
+    [
+        ([1, 2, 3, 1, 2, 3, 4], (1, 2), 5),
+        ((5, 1, 2), (1, 2), 3),
+        ([1, 2], (2, 3), None),
+        ([], (1,), None),
+        ([3, 3, 3], (3, 3), 3),
+    ],
+)
+def test_the_last_end_of_a_waited_text(ids: list[int], part: tuple[int, ...], end: int | None) -> None:
+    assert _last_end(ids, part) == end
