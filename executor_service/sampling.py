@@ -55,8 +55,8 @@ class Sampled:
 
     on_device: torch.Tensor  # [rows] int64, where the logits were: the next decode step reads them there
     logprobs: list[Logprobs | None]
-    # Rows left with no token to sample (``LogitsProcessing.dead_rows``): their tokens mean nothing,
-    # and their requests end with an error.
+    # Rows left with no token to sample (``logits_processing.Adjusted.dead``): their tokens mean
+    # nothing, and their requests end with an error.
     dead: tuple[int, ...] = ()
     # On CUDA, the tokens' copy to pinned host memory, queued behind the step's work, and the event that
     # marks it done (``copy_to_host``): reading them then waits for this step alone, not for later ones.
