@@ -57,8 +57,8 @@ class RequestLevelConfig:
     estimator_alpha: float = 0.2
     max_stop_strings: int = 16
     max_stop_string_chars: int = 256
-    # Words a request may ban (bad_words), each at most max_stop_string_chars long: every one is
-    # checked against the output's tail at each of the request's steps.
+    # Words a request may ban (bad_words), each at most max_stop_string_chars long: the scheduler
+    # tokenises them at submit, and the executor indexes them once per request.
     max_bad_words: int = 128
     max_prompt_chars: int = 1_000_000  # text prompts, conversations and Tokenize, checked before tokenising
     # Whether a conversation may bring its own Jinja chat template (used in place of the model's).
