@@ -13,11 +13,12 @@ OpenAI's ``tool_calls`` shape.
   the schema); each becomes a call, and ``finish_reason`` is ``"tool_calls"``.
 - ``"auto"``, the default once tools are given: whether to call is the model's, written in a
   syntax of its own that the gateway must parse: ``baton gateway --tool-call-parser hermes``
-  (``hermes_tool_calls``; vLLM's ``--enable-auto-tool-choice --tool-call-parser hermes``). The
+  (``hermes_tool_calls``) or ``llama3_json`` (``llama3_tool_calls``), as vLLM's
+  ``--enable-auto-tool-choice --tool-call-parser``. The
   answer's content is the text before the first call, and ``finish_reason`` is ``"tool_calls"``
   where it calls. Without a parser, ``"auto"`` is a 400, as vLLM answers without its flags. The
   parser needs the calls' tags in the text, so special tokens' text is kept unless the request
-  says otherwise (as vLLM's ``hermes`` parser asks).
+  says otherwise (as vLLM's parsers ask).
 
 Streamed, a named call's arguments go out as they are generated (the first delta carries the
 call's id and name); the calls of ``"required"`` go out together once the array is complete, and
@@ -34,20 +35,36 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from common.pb import generate_pb2 as pb
-from gateway import hermes_tool_calls
+from gateway import hermes_tool_calls, llama3_tool_calls
 from gateway.errors import BadRequest
+from gateway.hermes_tool_calls import ParsedCall
 
 NAMED = "named"
 REQUIRED = "required"
 AUTO = "auto"
 NONE = "none"
-# The tool-call syntaxes the gateway can read, for "auto" (``--tool-call-parser``).
-TOOL_CALL_PARSERS = ("hermes",)
+
+
+class CallStream(Protocol):
+    """Reads one streamed output in a model's tool-call syntax."""
+
+    calls: int  # calls sent so far
+
+    def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]: ...
+
+
+# The tool-call syntaxes the gateway can read, for "auto" (``--tool-call-parser``): how to read a
+# whole output, and a streamed one.
+_SYNTAXES: dict[str, tuple[Callable[[str], tuple[str | None, list[ParsedCall]]], Callable[[], CallStream]]] = {
+    "hermes": (hermes_tool_calls.parse, hermes_tool_calls.HermesStream),
+    "llama3_json": (llama3_tool_calls.parse, llama3_tool_calls.Llama3Stream),
+}
+TOOL_CALL_PARSERS = tuple(_SYNTAXES)
 
 
 @dataclass(frozen=True)
@@ -56,6 +73,7 @@ class ToolCalling:
 
     mode: str  # NAMED, REQUIRED, AUTO or NONE
     name: str = ""
+    parser: str = ""  # AUTO: the syntax the model writes its calls in (``TOOL_CALL_PARSERS``)
 
     @property
     def shapes_answer(self) -> bool:
@@ -65,7 +83,7 @@ class ToolCalling:
     def whole_message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """The assistant message and finish reason of a whole answer whose output is ``text``."""
         if self.mode == AUTO:
-            content, parsed = hermes_tool_calls.parse(text)
+            content, parsed = _SYNTAXES[self.parser][0](text)
             if not parsed:
                 return {"role": "assistant", "content": text}, finish_reason
             made = [_call(call.name, call.arguments) for call in parsed]
@@ -98,16 +116,16 @@ class ToolCallStream:
         self.calling = calling
         self._text = ""
         self._id = ""
-        self._hermes = hermes_tool_calls.HermesStream()
+        self._written = _SYNTAXES[calling.parser][1]() if calling.mode == AUTO else None
 
     def feed(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any] | None, str | None, str]:
         """``(tool_calls delta or None, finish reason to send, text to send as content)`` for one
         message of output ``text`` ending with ``finish_reason``."""
-        if self.calling.mode == AUTO:
-            sent = self._hermes.calls
-            content, parsed = self._hermes.feed(text, final=finish_reason is not None)
+        if self._written is not None:
+            sent = self._written.calls
+            content, parsed = self._written.feed(text, final=finish_reason is not None)
             deltas = [{"index": sent + i, **_call(c.name, c.arguments)} for i, c in enumerate(parsed)]
-            finish = "tool_calls" if finish_reason is not None and self._hermes.calls else finish_reason
+            finish = "tool_calls" if finish_reason is not None and self._written.calls else finish_reason
             return ({"tool_calls": deltas} if deltas else None), finish, content
         self._text += text
         if self.calling.mode == NAMED:
@@ -156,7 +174,7 @@ def parse_tools(
     if choice == "none":
         return ToolCalling(NONE), tools_json, None
     if (choice is None or choice == "auto") and parser:
-        return ToolCalling(AUTO), tools_json, None
+        return ToolCalling(AUTO, parser=parser), tools_json, None
     if choice is None or choice == "auto":
         raise BadRequest(
             'tool_choice "auto" (the default with tools) needs a parser of the model\'s own tool-call syntax, '

@@ -43,10 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tool-call-parser",
         default="",
-        choices=["", "hermes"],
+        choices=["", "hermes", "llama3_json"],
         help='serve chat tool_choice "auto" (the default once a request brings tools), reading the calls the '
-        "model writes in this syntax: hermes (<tool_call>{...}</tool_call>: Hermes 2 Pro and 3, Qwen 2.5 and later); "
-        'default: none, and "auto" is a 400',
+        "model writes in this syntax: hermes (<tool_call>{...}</tool_call>: Hermes 2 Pro and 3, Qwen 2.5 and later) "
+        'or llama3_json (a JSON call, {"name", "parameters"}: Llama 3.1 and later); default: none, and "auto" is '
+        "a 400",
     )
     parser.add_argument(
         "--reasoning-parser",

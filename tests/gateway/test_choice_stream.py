@@ -25,7 +25,12 @@ def test_a_completions_choice_sends_text_and_its_finish_together() -> None:
 
 def test_a_chat_choice_thinks_answers_and_calls_in_order() -> None:
     reply = Reply(
-        chat=True, request_id="r", model="m", created=0, tools=ToolCalling(AUTO), reasoning=Reasoning("qwen3")
+        chat=True,
+        request_id="r",
+        model="m",
+        created=0,
+        tools=ToolCalling(AUTO, parser="hermes"),
+        reasoning=Reasoning("qwen3"),
     )
     stream = _stream(reply)
     deltas = []

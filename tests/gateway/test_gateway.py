@@ -921,3 +921,19 @@ async def test_return_token_ids_gives_the_prompts_and_the_outputs_ids(served: Se
             await http.post("/v1/completions", json={**body, "prompt": "The river", "return_token_ids": False})
         ).json()
         assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain["choices"][0]
+
+
+async def test_auto_tool_choice_reads_llama3_json_calls(served: Served) -> None:
+    """The same, in the Llama 3 JSON syntax: the whole output is the call."""
+    ask = _written("What time is it?", r'\{"name": "clock", "parameters": \{\}\}')
+    gateway = serve_gateway(served.stack.target, model_aliases=(ALIAS,), tool_call_parser="llama3_json")
+    async with gateway as base_url, httpx.AsyncClient(base_url=base_url) as http:
+        whole = (await http.post("/v1/chat/completions", json=ask)).json()["choices"][0]
+        assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in whole["message"]["tool_calls"]] == [
+            ("clock", "{}")
+        ]
+        events = await _sse_events(http, "/v1/chat/completions", {**ask, "stream": True})
+        deltas = [event["choices"][0]["delta"] for event in events if event["choices"]]
+        assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == ["clock"]
+        assert not "".join(d.get("content") or "" for d in deltas)

@@ -185,8 +185,9 @@ def test_required_calls_go_out_once_the_array_is_whole() -> None:
 
 def test_auto_reads_the_models_calls_with_a_parser() -> None:
     calling, tools, forced = parse_tools({"tools": [WEATHER]}, parser="hermes")
-    assert calling == ToolCalling(AUTO) and tools and forced is None
-    assert parse_tools({"tools": [WEATHER], "tool_choice": "auto"}, parser="hermes")[0] == ToolCalling(AUTO)
+    assert calling == ToolCalling(AUTO, parser="hermes") and tools and forced is None
+    hermes = ToolCalling(AUTO, parser="hermes")
+    assert parse_tools({"tools": [WEATHER], "tool_choice": "auto"}, parser="hermes")[0] == hermes
     parsed = parse_chat({"messages": MESSAGES, "tools": [WEATHER]}, tool_call_parser="hermes")
     params = parsed.request.params
     assert params.HasField("skip_special_tokens") and not params.skip_special_tokens  # the tags may be special
@@ -195,7 +196,7 @@ def test_auto_reads_the_models_calls_with_a_parser() -> None:
     )
     assert kept.request.params.skip_special_tokens
 
-    auto = ToolCalling(AUTO)
+    auto = ToolCalling(AUTO, parser="hermes")
     call = '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
     message, finish = auto.whole_message("Checking. " + call, "stop")
     assert finish == "tool_calls" and message["content"] == "Checking. "
