@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from gateway.hermes_tool_calls import HermesStream, ParsedCall, parse
+from tests.gateway.streamed_pieces import random_pieces, read_streamed
 
 WEATHER = '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
 CLOCK = '<tool_call>\n{"name": "clock"}\n</tool_call>'
@@ -32,20 +31,11 @@ def test_parse(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None
 
 @pytest.mark.parametrize(("text", "expected"), CASES)
 def test_streamed_in_any_pieces_as_parsed_whole(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None:
-    rng = random.Random(text)
-    for _ in range(30):
-        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 8))))
-        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
-        stream = HermesStream()
-        content, calls = "", []
-        for i, piece in enumerate(pieces):
-            more, made = stream.feed(piece, final=i == len(pieces) - 1)
-            content += more
-            calls += made
-        whole_content, whole_calls = expected
+    whole_content, whole_calls = expected
+    for pieces in random_pieces(text):
+        content, calls = read_streamed(HermesStream(), pieces)
         assert calls == whole_calls, pieces
         assert content == (whole_content or "" if whole_calls else text), pieces
-        assert stream.calls == len(calls)
 
 
 def test_a_possible_tag_start_is_held_until_it_is_not() -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from gateway.hermes_tool_calls import ParsedCall
 from gateway.llama3_tool_calls import Llama3Stream, parse
+from tests.gateway.streamed_pieces import random_pieces, read_streamed
 
 WEATHER = '{"name": "weather", "parameters": {"city": "Oslo"}}'
 CASES = [
@@ -33,16 +32,8 @@ def test_parse(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None
 
 @pytest.mark.parametrize(("text", "expected"), CASES)
 def test_streamed_in_any_pieces_as_parsed_whole(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None:
-    rng = random.Random(text)
-    for _ in range(30):
-        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 8))))
-        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
-        stream = Llama3Stream()
-        content, calls = "", []
-        for i, piece in enumerate(pieces):
-            more, made = stream.feed(piece, final=i == len(pieces) - 1)
-            content += more
-            calls += made
+    for pieces in random_pieces(text):
+        content, calls = read_streamed(Llama3Stream(), pieces)
         assert (content or None, calls) == (expected[0] if expected[1] else text, expected[1]), pieces
 
 
