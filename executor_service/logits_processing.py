@@ -165,17 +165,21 @@ class LogitsProcessing:
         biasing: list[int] = []
         penalised: list[int] = []
         allowing: list[int] = []
+        banning_with_grammar: list[int] = []
         for i, row in enumerate(rows):
             params = row.params
             if not params.adjusts_logits:
                 continue
-            request = self._request(row, vocab, device)
-            if params.allowed_token_ids:
-                allowing.append(i)
-            for token in request.bad_words.completing(row.output_ids):
-                if token < vocab:
-                    masked[0].append(i)
-                    masked[1].append(token)
+            if params.bans_tokens or params.logit_bias:  # only these read the request's made tensors
+                request = self._request(row, vocab, device)
+                if params.allowed_token_ids:
+                    allowing.append(i)
+                if params.bans_tokens and params.structured_output is not None:
+                    banning_with_grammar.append(i)
+                for token in request.bad_words.completing(row.output_ids):
+                    if token < vocab:
+                        masked[0].append(i)
+                        masked[1].append(token)
             if len(row.output_ids) < params.min_tokens:
                 # vLLM's MinTokensLogitsProcessor: no stop token until the whole output is long enough.
                 stops = params.stop_token_ids if params.ignore_eos else params.stop_token_ids + self.eos_token_ids
@@ -202,7 +206,8 @@ class LogitsProcessing:
             row_ids, col_ids = self._cells(rows, biasing, lambda r: r.bias_ids, device)
             values = torch.cat([self._requests[rows[i].request_id].bias_values for i in biasing]).to(logits.dtype)
             logits.index_put_((row_ids, col_ids), values, accumulate=True)
-        dead = self._dead_rows(logits, rows, allowing, masked)  # bias and penalties leave -inf as it is
+        # Bias and penalties leave -inf as it is.
+        dead = self._dead_rows(logits, rows, allowing, banning_with_grammar, masked)
         if not penalised:
             return Adjusted(None, dead)
         table = self._table(vocab, device)
@@ -234,16 +239,16 @@ class LogitsProcessing:
         logits: torch.Tensor,
         rows: Sequence[SamplingRow],
         allowing: list[int],
+        whole: list[int],
         masked: tuple[list[int], list[int]],
     ) -> list[int]:
         """The rows of requests that ban tokens themselves (allowed_token_ids, bad words) left with
         no token to sample: what they exclude and what a grammar or min_tokens excludes cover the
         whole vocabulary. Only such rows can be: a grammar alone, and min_tokens alone, always
         leave a token, and bad words alone a vocabulary's worth less a few. A row with a grammar is
-        read on the device; one without is dead only if this step's masks (``masked``: min_tokens'
-        stop tokens, bad words' last tokens) cover its allowed ids, which the host knows."""
+        read on the device (``whole``); one without is dead only if this step's masks (``masked``:
+        min_tokens' stop tokens, bad words' last tokens) cover its allowed ids, which the host knows."""
         dead: list[int] = []
-        whole = [i for i, row in enumerate(rows) if row.params.bans_tokens and row.params.structured_output]
         if whole:
             index = torch.tensor(whole, dtype=torch.long, device=logits.device)
             alive = (logits.index_select(0, index) > -math.inf).any(dim=1).tolist()
