@@ -464,11 +464,11 @@ def create_app(
     With ``tracing``, each call to the scheduler carries the trace context (OpenTelemetry). With
     ``auth_tokens`` (bearer token -> tenant, as the scheduler's ``auth_tokens_file``), every route
     but ``/health`` and ``/version`` needs one of those tokens (see ``gateway.auth``). A body over
-    ``max_body_bytes`` is answered 413. A request's ``model`` must name the served model, as the executors registered
-    it or as one of ``model_aliases``. ``tool_call_parser`` (``hermes``) serves tool_choice "auto",
-    reading the calls in the model's syntax; empty, "auto" is refused (``openai_tools``).
-    ``reasoning_parser`` (``deepseek_r1``, ``qwen3``) splits chat answers' thinking from them
-    (``reasoning``).
+    ``max_body_bytes`` is answered 413. A request's ``model`` must name the served model, as the
+    executors registered it or as one of ``model_aliases``. ``tool_call_parser`` (one of
+    ``openai_tools.TOOL_CALL_PARSERS``) serves tool_choice "auto", reading the calls in the model's
+    syntax; empty, "auto" is refused. ``reasoning_parser`` (``deepseek_r1``, ``qwen3``) splits chat
+    answers' thinking from them (``reasoning``).
     """
     gateway = Gateway(
         target, tracing, ClientAuth(auth_tokens), max_body_bytes, model_aliases, tool_call_parser, reasoning_parser
