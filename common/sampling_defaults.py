@@ -6,8 +6,9 @@ does so for a client that sends neither. Baton's gateway does the same. The exec
 from the model it loaded and registers them; the scheduler hands them out with ``ModelInfo``.
 
 Which settings, as in vLLM: temperature, top_p, top_k, min_p, repetition_penalty, and
-max_new_tokens (as max_tokens, a cap on every request's output), each only where the file sets it
-(``GenerationConfig.to_diff_dict``, as vLLM reads it).
+max_new_tokens (as max_tokens: the scheduler caps an output whose max_tokens is left unset by
+it, for gRPC clients too, since only it knows the prompt's length), each only where the file sets
+it (``GenerationConfig.to_diff_dict``, as vLLM reads it).
 """
 
 from __future__ import annotations

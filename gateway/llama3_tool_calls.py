@@ -3,9 +3,7 @@ tool-calling templates: the whole output is one call, ``{"name": ..., "parameter
 (``arguments`` is taken too), or several separated by ``;``, optionally after ``<|python_tag|>``.
 An output that does not open with one is text. vLLM's ``llama3_json`` parser reads the same syntax.
 
-``parse`` reads a whole output. ``Llama3Stream`` reads one as it streams: once the output's first
-characters show a call it holds the rest until the end, where the calls go out together (their
-arguments are known to be whole JSON only then); any other output goes out as content as it comes.
+``parse`` reads a whole output, ``Llama3Stream`` one as it streams (``whole_output_calls``).
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ from __future__ import annotations
 import json
 
 from gateway.hermes_tool_calls import ParsedCall
+from gateway.whole_output_calls import WholeOutputStream
 
 PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
@@ -48,28 +47,8 @@ def _call(value: object) -> ParsedCall | None:
     return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
-class Llama3Stream:
+class Llama3Stream(WholeOutputStream):
     """One streamed output, read piece by piece."""
 
     def __init__(self) -> None:
-        self._held = ""  # the output so far, while it may be (or is) calls
-        self._calling: bool | None = None  # unknown until the output's first characters show
-        self.calls = 0  # calls sent so far
-
-    def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
-        """The content and the calls that ``text`` completes (``final``: the output ends with it)."""
-        if self._calling is False:
-            return text, []
-        self._held += text
-        if self._calling is None:
-            start = self._held.lstrip()
-            if not start or (PYTHON_TAG.startswith(start) and not final):
-                return "", []  # nothing shows yet, or the tag may be coming
-            self._calling = start.startswith("{") or start.startswith(PYTHON_TAG)
-            if not self._calling:
-                return self._held, []
-        if not final:
-            return "", []
-        content, calls = parse(self._held)
-        self.calls += len(calls)
-        return content or "", calls
+        super().__init__(parse, ("{", PYTHON_TAG))

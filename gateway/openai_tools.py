@@ -12,8 +12,9 @@ OpenAI's ``tool_calls`` shape.
   objects, each one of the tools (at most one with ``parallel_tool_calls`` false, as vLLM builds
   the schema); each becomes a call, and ``finish_reason`` is ``"tool_calls"``.
 - ``"auto"``, the default once tools are given: whether to call is the model's, written in a
-  syntax of its own that the gateway must parse: ``baton gateway --tool-call-parser hermes``
-  (``hermes_tool_calls``) or ``llama3_json`` (``llama3_tool_calls``), as vLLM's
+  syntax of its own that the gateway must parse: ``baton gateway --tool-call-parser`` ``hermes``
+  (``hermes_tool_calls``), ``llama3_json`` (``llama3_tool_calls``), ``mistral``
+  (``mistral_tool_calls``) or ``pythonic`` (``pythonic_tool_calls``), as vLLM's
   ``--enable-auto-tool-choice --tool-call-parser``. The
   answer's content is the text before the first call, and ``finish_reason`` is ``"tool_calls"``
   where it calls. Without a parser, ``"auto"`` is a 400, as vLLM answers without its flags. The
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from common.pb import generate_pb2 as pb
-from gateway import hermes_tool_calls, llama3_tool_calls
+from gateway import hermes_tool_calls, llama3_tool_calls, mistral_tool_calls, pythonic_tool_calls
 from gateway.errors import BadRequest
 from gateway.hermes_tool_calls import ParsedCall
 
@@ -58,11 +59,27 @@ class CallStream(Protocol):
     def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]: ...
 
 
-# The tool-call syntaxes the gateway can read, for "auto" (``--tool-call-parser``): how to read a
-# whole output, and a streamed one.
-_SYNTAXES: dict[str, tuple[Callable[[str], tuple[str | None, list[ParsedCall]]], Callable[[], CallStream]]] = {
-    "hermes": (hermes_tool_calls.parse, hermes_tool_calls.HermesStream),
-    "llama3_json": (llama3_tool_calls.parse, llama3_tool_calls.Llama3Stream),
+def openai_call_id() -> str:
+    """A call id in OpenAI's form."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class ToolSyntax:
+    """A model family's tool-call syntax: how to read a whole output and a streamed one, and the
+    ids its calls get (some templates accept only their own kind)."""
+
+    parse: Callable[[str], tuple[str | None, list[ParsedCall]]]
+    stream: Callable[[], CallStream]
+    call_id: Callable[[], str] = openai_call_id
+
+
+# The tool-call syntaxes the gateway can read, for "auto" (``--tool-call-parser``).
+_SYNTAXES = {
+    "hermes": ToolSyntax(hermes_tool_calls.parse, hermes_tool_calls.HermesStream),
+    "llama3_json": ToolSyntax(llama3_tool_calls.parse, llama3_tool_calls.Llama3Stream),
+    "mistral": ToolSyntax(mistral_tool_calls.parse, mistral_tool_calls.MistralStream, mistral_tool_calls.call_id),
+    "pythonic": ToolSyntax(pythonic_tool_calls.parse, pythonic_tool_calls.PythonicStream),
 }
 TOOL_CALL_PARSERS = tuple(_SYNTAXES)
 
@@ -73,7 +90,11 @@ class ToolCalling:
 
     mode: str  # NAMED, REQUIRED, AUTO or NONE
     name: str = ""
-    parser: str = ""  # AUTO: the syntax the model writes its calls in (``TOOL_CALL_PARSERS``)
+    parser: str = ""  # the syntax the model writes its calls in (``TOOL_CALL_PARSERS``); "auto" reads it
+
+    def call_id(self) -> str:
+        """A new call's id, of the kind the model's template takes back."""
+        return _SYNTAXES[self.parser].call_id() if self.parser else openai_call_id()
 
     @property
     def shapes_answer(self) -> bool:
@@ -83,10 +104,10 @@ class ToolCalling:
     def whole_message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """The assistant message and finish reason of a whole answer whose output is ``text``."""
         if self.mode == AUTO:
-            content, parsed = _SYNTAXES[self.parser][0](text)
+            content, parsed = _SYNTAXES[self.parser].parse(text)
             if not parsed:
                 return {"role": "assistant", "content": text}, finish_reason
-            made = [_call(call.name, call.arguments) for call in parsed]
+            made = [self.call(found.name, found.arguments) for found in parsed]
             return {"role": "assistant", "content": content, "tool_calls": made}, "tool_calls"
         calls = self.forced_calls(text, finish_reason)
         if calls is None:
@@ -98,14 +119,18 @@ class ToolCalling:
         """The forced calls ``text`` makes; None where it makes none (not forced, or an array of calls cut
         short). A named call is one whatever its end: a cut one says so by its finish reason."""
         if self.mode == NAMED:
-            return [_call(self.name, text)]
+            return [self.call(self.name, text)]
         if self.mode == NONE or finish_reason != "stop":
             return None
         try:
             items = json.loads(text)
         except ValueError:  # the grammar held it to the schema, so only a cut could break it
             return None
-        return [_call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
+        return [self.call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
+
+    def call(self, name: str, arguments: str) -> dict[str, Any]:
+        """One call in OpenAI's ``tool_calls`` shape, with a new id."""
+        return {"id": self.call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 class ToolCallStream:
@@ -116,7 +141,7 @@ class ToolCallStream:
         self.calling = calling
         self._text = ""
         self._id = ""
-        self._written = _SYNTAXES[calling.parser][1]() if calling.mode == AUTO else None
+        self._written = _SYNTAXES[calling.parser].stream() if calling.mode == AUTO else None
 
     def feed(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any] | None, str | None, str]:
         """``(tool_calls delta or None, finish reason to send, text to send as content)`` for one
@@ -124,7 +149,7 @@ class ToolCallStream:
         if self._written is not None:
             sent = self._written.calls
             content, parsed = self._written.feed(text, final=finish_reason is not None)
-            deltas = [{"index": sent + i, **_call(c.name, c.arguments)} for i, c in enumerate(parsed)]
+            deltas = [{"index": sent + i, **self.calling.call(c.name, c.arguments)} for i, c in enumerate(parsed)]
             finish = "tool_calls" if finish_reason is not None and self._written.calls else finish_reason
             return ({"tool_calls": deltas} if deltas else None), finish, content
         self._text += text
@@ -134,7 +159,7 @@ class ToolCallStream:
             function: dict[str, Any] = {"arguments": text}
             delta: dict[str, Any] = {"index": 0, "function": function}
             if not self._id:  # the call's first delta names it
-                self._id = _call_id()
+                self._id = self.calling.call_id()
                 delta.update(id=self._id, type="function")
                 function["name"] = self.calling.name
             return {"tool_calls": [delta]}, finish_reason, ""
@@ -145,14 +170,6 @@ class ToolCallStream:
             return None, finish_reason, self._text
         deltas = [{"index": i, **call} for i, call in enumerate(calls)]
         return {"tool_calls": deltas}, "tool_calls", ""
-
-
-def _call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-def _call(name: str, arguments: str) -> dict[str, Any]:
-    return {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def parse_tools(
@@ -172,7 +189,7 @@ def parse_tools(
     if not isinstance(parallel, bool):
         raise BadRequest("parallel_tool_calls must be true or false", param="parallel_tool_calls")
     if choice == "none":
-        return ToolCalling(NONE), tools_json, None
+        return ToolCalling(NONE, parser=parser), tools_json, None
     if (choice is None or choice == "auto") and parser:
         return ToolCalling(AUTO, parser=parser), tools_json, None
     if choice is None or choice == "auto":
@@ -183,11 +200,11 @@ def parse_tools(
             param="tool_choice",
         )
     if choice == "required":
-        return ToolCalling(REQUIRED), tools_json, _schema(_required_schema(functions, parallel))
+        return ToolCalling(REQUIRED, parser=parser), tools_json, _schema(_required_schema(functions, parallel))
     name = _named(choice)
     if name not in functions:
         raise BadRequest(f"tool_choice names {name!r}, which is not one of the tools", param="tool_choice")
-    return ToolCalling(NAMED, name), tools_json, _schema(functions[name])
+    return ToolCalling(NAMED, name, parser), tools_json, _schema(functions[name])
 
 
 def template_tools(body: Mapping[str, Any]) -> str:

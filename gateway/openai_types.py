@@ -271,7 +271,8 @@ def _vocabulary_controls(body: Mapping[str, Any], params: pb.SamplingParams) -> 
         params.truncate_prompt_tokens = truncate
 
 
-def _sampling(body: Mapping[str, Any], default_max_tokens: int, min_max_tokens: int = 1) -> pb.SamplingParams:
+def _sampling(body: Mapping[str, Any], default_max_tokens: int | None, min_max_tokens: int = 1) -> pb.SamplingParams:
+    """``default_max_tokens``: where the body sets no max_tokens; None lets the output fill the context."""
     params = pb.SamplingParams(stop=_stops(body), ignore_eos=_bool(body, "ignore_eos"))
     _penalties(body, params)
     _vocabulary_controls(body, params)
@@ -279,9 +280,12 @@ def _sampling(body: Mapping[str, Any], default_max_tokens: int, min_max_tokens: 
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", min_max_tokens)
-    if max_tokens is not None or default_max_tokens:
-        params.max_tokens = default_max_tokens if max_tokens is None else max_tokens
-    # else unset: Baton's default (an explicit 0 would be refused as "no tokens")
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    if max_tokens is None:
+        params.fill_context = True  # the scheduler caps it by the model's max_new_tokens, as vLLM does
+    else:
+        params.max_tokens = max_tokens
     temperature = _number(body, "temperature")
     # OpenAI's default temperature is 1; Baton's proto default (0) means greedy.
     params.temperature = 1.0 if temperature is None else temperature
@@ -307,7 +311,7 @@ def _sampling(body: Mapping[str, Any], default_max_tokens: int, min_max_tokens: 
 
 
 def _parsed(
-    body: Mapping[str, Any], request: pb.GenerateRequest, default_max_tokens: int, min_max_tokens: int = 1
+    body: Mapping[str, Any], request: pb.GenerateRequest, default_max_tokens: int | None, min_max_tokens: int = 1
 ) -> Parsed:
     refuse_unsupported(body)
     model = body.get("model", "")
@@ -479,7 +483,7 @@ def parse_chat(body: Mapping[str, Any], tool_call_parser: str = "") -> Parsed:
     request = pb.GenerateRequest(chat=chat_input(body.get("messages")))
     chat_options(body, request.chat)
     calling, request.chat.tools, forced = parse_tools(body, tool_call_parser)
-    parsed = _parsed(body, request, 0)  # 0: Baton's default, capped by the room left in the context
+    parsed = _parsed(body, request, None)  # as OpenAI's and vLLM's chat: the room left in the context
     params = parsed.request.params
     if calling is not None and calling.mode == AUTO and not params.HasField("skip_special_tokens"):
         params.skip_special_tokens = False  # the calls' tags may be special tokens: the parser reads them
@@ -505,14 +509,12 @@ def parse_chat(body: Mapping[str, Any], tool_call_parser: str = "") -> Parsed:
 
 def apply_model_defaults(params: pb.SamplingParams, body: Mapping[str, Any], defaults: pb.SamplingDefaults) -> None:
     """The served model's recommended sampling settings (its generation_config, see
-    ``common.sampling_defaults``) for what ``body`` leaves out, as vLLM's server applies them; its
-    ``max_tokens`` (max_new_tokens) caps every request's output, as vLLM's does."""
+    ``common.sampling_defaults``) for what ``body`` leaves out, as vLLM's server applies them. Its
+    max_new_tokens is the scheduler's to apply: it caps a max_tokens left unset, and only where
+    the prompt's length is known."""
     for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
         if body.get(name) is None and defaults.HasField(name):
             setattr(params, name, getattr(defaults, name))
-    if defaults.HasField("max_tokens") and defaults.max_tokens > 0:
-        asked = params.max_tokens if params.HasField("max_tokens") else defaults.max_tokens
-        params.max_tokens = min(asked, defaults.max_tokens)
 
 
 def apply_headers(request: pb.GenerateRequest, headers: Mapping[str, str]) -> None:

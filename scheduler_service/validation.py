@@ -51,6 +51,14 @@ def bad_words_token_ids(
     return tuple(dict.fromkeys(out))
 
 
+def _default_max_tokens(msg: pb.SamplingParams, room: int, limits: ModelLimits, config: RequestLevelConfig) -> int:
+    """An unset max_tokens: the server's default, or the context's room where the request asks to
+    fill it, capped by the model's generation_config max_new_tokens (as vLLM's server caps it)."""
+    default = room if msg.fill_context else min(config.default_max_tokens, room)
+    model_cap = limits.sampling_defaults.max_tokens
+    return min(default, model_cap) if model_cap else default
+
+
 def _params(
     msg: pb.SamplingParams,
     prompt_len: int,
@@ -101,7 +109,7 @@ def _params(
         limit = MAX_STRUCTURED_OUTPUT_CHARS
         raise InvalidRequest(f"structured_output has {structured.size} characters of specification; at most {limit}")
     return SamplingParams(
-        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else min(config.default_max_tokens, room),
+        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else _default_max_tokens(msg, room, limits, config),
         temperature=float(msg.temperature),
         top_p=float(msg.top_p) or 1.0,  # proto3's unset 0 means "no top-p"
         top_k=int(msg.top_k),

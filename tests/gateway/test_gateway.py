@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import json
+import re
 from pathlib import Path
 from typing import Any, cast
 
@@ -18,6 +19,7 @@ from transformers import AutoTokenizer
 from baton.cli import build_parser
 from common.pb import generate_pb2 as pb
 from gateway.app import create_app
+from gateway.openai_tools import TOOL_CALL_PARSERS
 from tests.conftest import free_port
 from tests.executor_service.reference import load_reference_model
 from tests.executor_service.test_token_logprobs import model_logprobs
@@ -515,6 +517,8 @@ def test_cli_has_gateway_subcommand() -> None:
     args = build_parser().parse_args(["gateway", "--port", "8123", "--target", "sched:50051"])
     assert (args.port, args.target, args.host) == (8123, "sched:50051", "0.0.0.0")
     assert args.func is server.run
+    for parser in TOOL_CALL_PARSERS:  # the flag offers every syntax the gateway reads
+        assert build_parser().parse_args(["gateway", "--tool-call-parser", parser]).tool_call_parser == parser
 
 
 # ---- sampling controls and log probabilities ---------------------------------------------------
@@ -923,17 +927,29 @@ async def test_return_token_ids_gives_the_prompts_and_the_outputs_ids(served: Se
         assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain["choices"][0]
 
 
-async def test_auto_tool_choice_reads_llama3_json_calls(served: Served) -> None:
-    """The same, in the Llama 3 JSON syntax: the whole output is the call."""
-    ask = _written("What time is it?", r'\{"name": "clock", "parameters": \{\}\}')
-    gateway = serve_gateway(served.stack.target, model_aliases=(ALIAS,), tool_call_parser="llama3_json")
+@pytest.mark.parametrize(
+    ("parser", "written", "content", "id_pattern"),
+    [
+        ("llama3_json", r'\{"name": "clock", "parameters": \{\}\}', None, r"call_[0-9a-f]{24}"),
+        ("mistral", r"Checking\. \[TOOL_CALLS\]clock\[ARGS\]\{\}", "Checking. ", r"[A-Za-z0-9]{9}"),
+        ("pythonic", r"\[clock\(\)\]", None, r"call_[0-9a-f]{24}"),
+    ],
+)
+async def test_auto_tool_choice_reads_each_syntax(
+    served: Served, parser: str, written: str, content: str | None, id_pattern: str
+) -> None:
+    """The same in the other syntaxes, whole and streamed, with the ids each family's template takes
+    back (Mistral's: nine letters and digits)."""
+    ask = _written("What time is it?", written)
+    gateway = serve_gateway(served.stack.target, model_aliases=(ALIAS,), tool_call_parser=parser)
     async with gateway as base_url, httpx.AsyncClient(base_url=base_url) as http:
         whole = (await http.post("/v1/chat/completions", json=ask)).json()["choices"][0]
-        assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None
-        assert [(c["function"]["name"], c["function"]["arguments"]) for c in whole["message"]["tool_calls"]] == [
-            ("clock", "{}")
-        ]
+        assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] == content
+        calls = whole["message"]["tool_calls"]
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("clock", "{}")]
+        assert re.fullmatch(id_pattern, calls[0]["id"])
         events = await _sse_events(http, "/v1/chat/completions", {**ask, "stream": True})
         deltas = [event["choices"][0]["delta"] for event in events if event["choices"]]
-        assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == ["clock"]
-        assert not "".join(d.get("content") or "" for d in deltas)
+        streamed = [c for d in deltas for c in d.get("tool_calls", [])]
+        assert [c["function"]["name"] for c in streamed] == ["clock"] and re.fullmatch(id_pattern, streamed[0]["id"])
+        assert "".join(d.get("content") or "" for d in deltas) == (content or "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -211,3 +212,18 @@ def test_auto_reads_the_models_calls_with_a_parser() -> None:
     assert [d["index"] for d in delta["tool_calls"]] == [1] and delta["tool_calls"][0]["function"]["name"] == "weather"
     plain = ToolCallStream(auto)
     assert plain.feed("Hi", None) == (None, None, "Hi") and plain.feed(" there", "stop") == (None, "stop", " there")
+
+
+def test_every_call_takes_the_ids_of_the_model_family_s_syntax() -> None:
+    """Mistral's templates take back only ids of nine letters and digits, forced calls' included."""
+    named, _, _ = parse_tools(
+        {"tools": [CLOCK], "tool_choice": {"type": "function", "function": {"name": "clock"}}}, parser="mistral"
+    )
+    assert named is not None and named.parser == "mistral"
+    message, _ = named.whole_message("{}", "stop")
+    stream_delta, _, _ = ToolCallStream(named).feed("{}", "stop")
+    assert stream_delta is not None
+    ids = [message["tool_calls"][0]["id"], stream_delta["tool_calls"][0]["id"]]
+    assert all(re.fullmatch(r"[A-Za-z0-9]{9}", i) for i in ids)
+    openai_style = ToolCalling(NAMED, "clock").whole_message("{}", "stop")[0]["tool_calls"][0]["id"]
+    assert re.fullmatch(r"call_[0-9a-f]{24}", openai_style)

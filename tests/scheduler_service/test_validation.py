@@ -13,6 +13,7 @@ from common.config import RequestLevelConfig
 from common.errors import InvalidRequest
 from common.keys import MAX_NAME_CHARS
 from common.pb import generate_pb2 as pb
+from common.sampling_defaults import SamplingDefaults
 from scheduler_service.requests import NewRequest
 from scheduler_service.tokenizer_source import ModelLimits
 from scheduler_service.validation import validate
@@ -194,6 +195,25 @@ def test_default_max_tokens_is_capped_by_the_room_left() -> None:
 def test_default_max_tokens_uses_config_when_room_is_ample() -> None:
     limits = ModelLimits(model="m", max_model_len=4096, vocab_size=1000)
     assert run(make(prompt="hi"), limits=limits).params.max_tokens == 256
+    config = RequestLevelConfig(default_max_tokens=7)
+    assert run(make(prompt="hi"), config=config, limits=limits).params.max_tokens == 7
+
+
+def test_fill_context_lets_an_unset_max_tokens_run_to_the_context_end() -> None:
+    limits = ModelLimits(model="m", max_model_len=4096, vocab_size=1000)
+    assert run(make(prompt="hi", params={"fill_context": True}), limits=limits).params.max_tokens == 4094
+    asked = run(make(prompt="hi", params={"fill_context": True, "max_tokens": 9}), limits=limits)
+    assert asked.params.max_tokens == 9  # an explicit max_tokens wins
+
+
+def test_the_model_max_new_tokens_caps_only_an_unset_max_tokens() -> None:
+    """As vLLM's server applies a generation_config's max_new_tokens."""
+    limits = ModelLimits(
+        model="m", max_model_len=4096, vocab_size=1000, sampling_defaults=SamplingDefaults(max_tokens=50)
+    )
+    assert run(make(prompt="hi"), limits=limits).params.max_tokens == 50
+    assert run(make(prompt="hi", params={"fill_context": True}), limits=limits).params.max_tokens == 50
+    assert run(make(prompt="hi", params={"max_tokens": 300}), limits=limits).params.max_tokens == 300
     config = RequestLevelConfig(default_max_tokens=7)
     assert run(make(prompt="hi"), config=config, limits=limits).params.max_tokens == 7
 
