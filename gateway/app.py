@@ -221,7 +221,7 @@ class Gateway:
         caller = self.auth.caller(request.headers)  # before the body: an unknown caller learns nothing
         body = await _json_body(request, self.max_body_bytes)
         parsed = parse_chat(body, self.tool_call_parser) if chat else parse_completion(body)
-        if chat and self.reasoning is not None:
+        if chat and self.reasoning is not None and parsed.include_reasoning:
             self.reasoning.hold_off_constraint(parsed.request.params)
         apply_headers(parsed.request, request.headers)
         self.auth.scope(parsed.request, caller, request.headers.get(TENANT_HEADER, ""))

@@ -31,7 +31,7 @@ class ChoiceStream:
         out = []
         if self._thinking is not None:
             thought, text = self._thinking.feed(text, final=bool(reason))
-            if thought:
+            if thought and reply.include_reasoning:
                 out.append(reply.chunk(None, index=index, usage=usage, reasoning=thought))
         # A message's tokens go out even where their text is held back: their logprobs and ids.
         carries = bool(message.logprobs) or reply.token_ids

@@ -91,6 +91,9 @@ class ToolCalling:
     mode: str  # NAMED, REQUIRED, AUTO or NONE
     name: str = ""
     parser: str = ""  # the syntax the model writes its calls in (``TOOL_CALL_PARSERS``); "auto" reads it
+    # parallel_tool_calls: false keeps "auto" to the first call the model writes ("required"'s
+    # schema allows only one), as vLLM does.
+    parallel: bool = True
 
     def call_id(self) -> str:
         """A new call's id, of the kind the model's template takes back."""
@@ -105,6 +108,7 @@ class ToolCalling:
         """The assistant message and finish reason of a whole answer whose output is ``text``."""
         if self.mode == AUTO:
             content, parsed = _SYNTAXES[self.parser].parse(text)
+            parsed = parsed if self.parallel else parsed[:1]
             if not parsed:
                 return {"role": "assistant", "content": text}, finish_reason
             made = [self.call(found.name, found.arguments) for found in parsed]
@@ -149,6 +153,8 @@ class ToolCallStream:
         if self._written is not None:
             sent = self._written.calls
             content, parsed = self._written.feed(text, final=finish_reason is not None)
+            if not self.calling.parallel:
+                parsed = parsed[: max(0, 1 - sent)]
             deltas = [{"index": sent + i, **self.calling.call(c.name, c.arguments)} for i, c in enumerate(parsed)]
             finish = "tool_calls" if finish_reason is not None and self._written.calls else finish_reason
             return ({"tool_calls": deltas} if deltas else None), finish, content
@@ -189,9 +195,9 @@ def parse_tools(
     if not isinstance(parallel, bool):
         raise BadRequest("parallel_tool_calls must be true or false", param="parallel_tool_calls")
     if choice == "none":
-        return ToolCalling(NONE, parser=parser), tools_json, None
+        return ToolCalling(NONE, parser=parser, parallel=parallel), tools_json, None
     if (choice is None or choice == "auto") and parser:
-        return ToolCalling(AUTO, parser=parser), tools_json, None
+        return ToolCalling(AUTO, parser=parser, parallel=parallel), tools_json, None
     if choice is None or choice == "auto":
         raise BadRequest(
             'tool_choice "auto" (the default with tools) needs a parser of the model\'s own tool-call syntax, '
@@ -200,20 +206,22 @@ def parse_tools(
             param="tool_choice",
         )
     if choice == "required":
-        return ToolCalling(REQUIRED, parser=parser), tools_json, _schema(_required_schema(functions, parallel))
+        calling = ToolCalling(REQUIRED, parser=parser, parallel=parallel)
+        return calling, tools_json, _schema(_required_schema(functions, parallel))
     name = _named(choice)
     if name not in functions:
         raise BadRequest(f"tool_choice names {name!r}, which is not one of the tools", param="tool_choice")
-    return ToolCalling(NAMED, name, parser), tools_json, _schema(functions[name])
+    return ToolCalling(NAMED, name, parser, parallel), tools_json, _schema(functions[name])
 
 
 def template_tools(body: Mapping[str, Any]) -> str:
-    """The body's tools as ``Chat.tools`` JSON (empty: none), checked, for a prompt alone (``/tokenize``)."""
+    """The body's tools as ``Chat.tools`` JSON (empty: none), checked, for a prompt alone (``/tokenize``);
+    a tool that names no type is a function's, as in vLLM."""
     tools = body.get("tools")
     if tools is None or tools == []:
         return ""
     _functions(tools)
-    return json.dumps(tools, ensure_ascii=False)
+    return json.dumps([{"type": "function", **tool} for tool in tools], ensure_ascii=False)
 
 
 def _functions(tools: Any) -> dict[str, dict[str, Any]]:
@@ -223,7 +231,7 @@ def _functions(tools: Any) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for tool in tools:
         function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict):
             raise BadRequest('each tool must be {"type": "function", "function": {...}}', param="tools")
         name = function.get("name")
         if not isinstance(name, str) or not name:
@@ -239,7 +247,7 @@ def _functions(tools: Any) -> dict[str, dict[str, Any]]:
 
 def _named(choice: Any) -> str:
     function = choice.get("function") if isinstance(choice, dict) else None
-    if not (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(function, dict)):
+    if not (isinstance(choice, dict) and choice.get("type", "function") == "function" and isinstance(function, dict)):
         raise BadRequest(
             'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
             param="tool_choice",

@@ -74,23 +74,25 @@ PRIORITY_HEADER = "x-baton-priority"
 TENANT_HEADER = "x-baton-tenant"
 REQUEST_ID_HEADER = "x-baton-request-id"
 
-COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to Baton's own
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is the context's room
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")  # vLLM's values
 # The most prompts one completion request may list: each is a Baton request of its own.
 MAX_PROMPTS = 1024
 
 FINISH_REASON: dict[int, str] = {
     pb.FINISH_REASON_STOP: "stop",
     pb.FINISH_REASON_LENGTH: "length",
-    # OpenAI has no "cancelled"; the output ends where the cancel landed, as a stop would end it.
-    pb.FINISH_REASON_CANCELLED: "stop",
+    # vLLM's name for an output ended by a cancel (OpenAI has none).
+    pb.FINISH_REASON_CANCELLED: "abort",
 }
 
 # Field -> values that mean "not asked for"; anything else is refused with a 400. vLLM's own
 # extensions are here where serving them would need what Baton does not do: beam search (and its
 # length penalty), server-side logits processors, vLLM's scheduling priority (Baton's is the
 # x-baton-priority header, on its own scale), prompt log probabilities in vLLM's response field
-# (completions' echo with logprobs returns them in OpenAI's shape), and grammar forms xgrammar is
-# not given here (a whitespace pattern, structural tags).
+# (completions' echo with logprobs returns them in OpenAI's shape), grammar forms xgrammar is not
+# given here (a whitespace pattern, structural tags), truncating a prompt's end, the log
+# probabilities of chosen token ids, a budget of thinking tokens, and repetition detection.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "suffix": (None, ""),
@@ -104,6 +106,10 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "prompt_logprobs": (None,),
     "guided_whitespace_pattern": (None,),
     "structural_tag": (None,),
+    "truncation_side": (None, "left"),  # Baton's truncate_prompt_tokens keeps the prompt's end
+    "logprob_token_ids": (None,),
+    "thinking_token_budget": (None, -1),
+    "repetition_detection": (None,),
 }
 
 
@@ -120,6 +126,9 @@ class Parsed:
     logprobs: bool = False  # the answer carries a ``logprobs`` object
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     tools: ToolCalling | None = None  # chat: what the request asked of its tools (``openai_tools``)
+    # Chat, vLLM's include_reasoning: false leaves the thinking out of the answer, and a structured
+    # output constrains the output from its start.
+    include_reasoning: bool = True
     token_ids: bool = False  # vLLM's return_token_ids: the prompt's and each choice's token ids
     # stream_options.continuous_usage_stats (vLLM's), with include_usage: every chunk says the usage so far.
     continuous_usage: bool = False
@@ -173,15 +182,17 @@ def _int(body: Mapping[str, Any], name: str, minimum: int, maximum: int = 2**32 
     value = body.get(name)
     if value is None:
         return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 100.0 is 100, as vLLM's pydantic models read it
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         raise BadRequest(f"{name} must be an integer in [{minimum}, {maximum}]", param=name)
     return value
 
 
-def _bool(body: Mapping[str, Any], name: str) -> bool:
-    value = body.get(name, False)
+def _bool(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise BadRequest(f"{name} must be true or false", param=name)
     return value
@@ -452,8 +463,8 @@ def chat_options(body: Mapping[str, Any], chat: pb.Chat) -> None:
     """vLLM's options for rendering a conversation: ``add_generation_prompt`` (default true),
     ``continue_final_message``, ``chat_template`` (Baton takes it where the operator trusts clients
     with templates), ``chat_template_kwargs`` (an object of template variables),
-    ``add_special_tokens`` (default false: the template's tokens alone) and ``documents`` (for a
-    template that cites them)."""
+    ``add_special_tokens`` (default false: the template's tokens alone), ``documents`` (for a
+    template that cites them) and ``reasoning_effort`` (a template variable)."""
     template = body.get("chat_template")
     if template is not None:
         if not isinstance(template, str):
@@ -471,11 +482,21 @@ def chat_options(body: Mapping[str, Any], chat: pb.Chat) -> None:
         if documents:
             chat.documents = json.dumps(documents, ensure_ascii=False)
     variables = body.get("chat_template_kwargs")
-    if variables is not None:
-        if not isinstance(variables, dict):
-            raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
-        if variables:
-            chat.chat_template_kwargs = json.dumps(variables, ensure_ascii=False)
+    if variables is None:
+        variables = {}
+    if not isinstance(variables, dict):
+        raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise BadRequest(
+                f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}", param="reasoning_effort"
+            )
+        # As vLLM: the template reads the effort, and a template that asks whether to think at all
+        # is told so, unless the request's own template variables say.
+        variables = {"enable_thinking": effort != "none", **variables, "reasoning_effort": effort}
+    if variables:
+        chat.chat_template_kwargs = json.dumps(variables, ensure_ascii=False)
 
 
 def parse_chat(body: Mapping[str, Any], tool_call_parser: str = "") -> Parsed:
@@ -493,7 +514,7 @@ def parse_chat(body: Mapping[str, Any], tool_call_parser: str = "") -> Parsed:
                 "a forced tool call already fixes the output's form: drop response_format", param="tool_choice"
             )
         parsed.request.params.structured_output.CopyFrom(forced)
-    parsed = replace(parsed, tools=calling)
+    parsed = replace(parsed, tools=calling, include_reasoning=_bool(body, "include_reasoning", default=True))
     if _bool(body, "echo"):
         # vLLM's chat echo: an answer that continues the assistant's last message starts with it.
         last = request.chat.messages[-1]
@@ -602,6 +623,7 @@ class Reply:
     tools: ToolCalling | None = None  # chat: the answer's message may be tool calls
     reasoning: Reasoning | None = None  # chat: the thinking is split from the answer
     token_ids: bool = False  # vLLM's return_token_ids
+    include_reasoning: bool = True  # the thinking goes out in ``reasoning`` (else it is dropped)
 
     @classmethod
     def for_request(cls, chat: bool, parsed: Parsed, model: str, reasoning: Reasoning | None = None) -> Reply:
@@ -618,6 +640,7 @@ class Reply:
             parsed.tools,
             thinking,
             parsed.token_ids,
+            parsed.include_reasoning,
         )
 
     @property
@@ -670,7 +693,8 @@ class Reply:
             choice["message"] = {"role": "assistant", "content": text}
         if self.reasoning is not None:
             message = choice["message"]
-            message["reasoning_content"] = message["reasoning"] = thought  # vLLM's older name, and its newer
+            if self.include_reasoning:
+                message["reasoning_content"] = message["reasoning"] = thought  # vLLM's older name, and its newer
             if answer is None and message["content"] == "":
                 message["content"] = None  # all thinking, no answer
         return choice

@@ -38,7 +38,7 @@ class ServedModel:
         return {
             "id": name,
             "object": "model",
-            "created": 0,
+            "created": int(time.time()),  # as vLLM's cards: when they are listed
             "owned_by": "baton",
             "root": self.name,
             "max_model_len": self.max_model_len,

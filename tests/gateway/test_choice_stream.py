@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from common.pb import generate_pb2 as pb
 from gateway.choice_stream import ChoiceStream
+from gateway.errors import BadRequest
 from gateway.openai_logprobs import ChoiceLogprobs
 from gateway.openai_tools import AUTO, ToolCalling
-from gateway.openai_types import Reply
+from gateway.openai_types import Reply, parse_chat
 from gateway.reasoning import Reasoning
 
 
@@ -47,3 +52,31 @@ def test_token_ids_go_out_even_with_their_text_held_back() -> None:
     reply = Reply(chat=True, request_id="r", model="m", created=0, token_ids=True)
     (chunk,) = _stream(reply).chunks(pb.GenerateResponse(text="", token_ids=[7], prompt_token_ids=[1, 2]), None)
     assert chunk["choices"][0]["token_ids"] == [7] and chunk["prompt_token_ids"] == [1, 2]
+
+
+def test_include_reasoning_false_leaves_the_thinking_out() -> None:
+    """vLLM's include_reasoning: the answer alone, streamed and whole."""
+    parsed = parse_chat({"messages": [{"role": "user", "content": "2 + 2?"}], "include_reasoning": False})
+    reply = Reply.for_request(True, parsed, "m", Reasoning("qwen3"))
+    stream = _stream(reply)
+    deltas = [
+        c["choices"][0]["delta"]
+        for text in ("<think>Hm.</think>", "It is 4.")
+        for c in stream.chunks(pb.GenerateResponse(text=text), None)
+    ]
+    assert deltas == [{"content": "It is 4."}]
+    (choice,) = reply.whole(
+        pb.CompleteResponse(text="<think>Hm.</think>It is 4.", finish_reason=pb.FINISH_REASON_STOP)
+    )["choices"]
+    assert choice["message"] == {"role": "assistant", "content": "It is 4."}
+
+
+def test_reasoning_effort_is_a_template_variable() -> None:
+    """As vLLM passes it, telling a template that asks whether to think."""
+    ask = {"messages": [{"role": "user", "content": "Hi"}]}
+    low = parse_chat({**ask, "reasoning_effort": "low"}).request.chat
+    assert json.loads(low.chat_template_kwargs) == {"reasoning_effort": "low", "enable_thinking": True}
+    told = parse_chat({**ask, "reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}})
+    assert json.loads(told.request.chat.chat_template_kwargs) == {"reasoning_effort": "none", "enable_thinking": True}
+    with pytest.raises(BadRequest):
+        parse_chat({**ask, "reasoning_effort": "extreme"})

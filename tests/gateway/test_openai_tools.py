@@ -40,7 +40,7 @@ def test_required_forces_an_array_of_calls(parallel: bool) -> None:
     calling, _, forced = parse_tools(
         {"tools": [WEATHER, CLOCK], "tool_choice": "required", "parallel_tool_calls": parallel}
     )
-    assert calling == ToolCalling(REQUIRED) and forced is not None
+    assert calling == ToolCalling(REQUIRED, parallel=parallel) and forced is not None
     schema = json.loads(forced.json_schema)
     assert schema["type"] == "array" and schema["minItems"] == 1 and ("maxItems" in schema) is not parallel
     names = [item["properties"]["name"]["enum"] for item in schema["items"]["anyOf"]]
@@ -227,3 +227,23 @@ def test_every_call_takes_the_ids_of_the_model_family_s_syntax() -> None:
     assert all(re.fullmatch(r"[A-Za-z0-9]{9}", i) for i in ids)
     openai_style = ToolCalling(NAMED, "clock").whole_message("{}", "stop")[0]["tool_calls"][0]["id"]
     assert re.fullmatch(r"call_[0-9a-f]{24}", openai_style)
+
+
+def test_parallel_tool_calls_false_keeps_auto_to_the_first_call() -> None:
+    calls = '<tool_call>{"name": "clock"}</tool_call><tool_call>{"name": "weather", "arguments": {}}</tool_call>'
+    single, _, _ = parse_tools({"tools": [WEATHER, CLOCK], "parallel_tool_calls": False}, parser="hermes")
+    assert single is not None and not single.parallel
+    message, finish = single.whole_message(calls, "stop")
+    assert finish == "tool_calls" and [c["function"]["name"] for c in message["tool_calls"]] == ["clock"]
+    stream = ToolCallStream(single)
+    first, _, _ = stream.feed(calls[:40], None)
+    second, finish, _ = stream.feed(calls[40:], "stop")
+    assert first is not None and second is None and finish == "tool_calls"
+    assert [c["function"]["name"] for c in first["tool_calls"]] == ["clock"]
+
+
+def test_a_tool_or_tool_choice_without_a_type_is_a_function_s() -> None:
+    untyped = {"function": CLOCK["function"]}
+    calling, tools, forced = parse_tools({"tools": [untyped], "tool_choice": {"function": {"name": "clock"}}})
+    assert calling == ToolCalling(NAMED, "clock") and forced is not None
+    assert json.loads(tools) == [CLOCK]  # the template sees the type, as it would from vLLM

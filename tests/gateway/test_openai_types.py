@@ -301,6 +301,11 @@ def test_chat_defaults_to_batons_max_tokens() -> None:
         ({"prompt": "a", "bad_words": [3]}, "bad_words"),
         ({"prompt": "a", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
         ({"prompt": "a", "truncate_prompt_tokens": 1.5}, "truncate_prompt_tokens"),
+        ({"prompt": "a", "max_tokens": 2.5}, "max_tokens"),
+        ({"prompt": "a", "truncation_side": "right"}, "truncation_side"),
+        ({"prompt": "a", "logprob_token_ids": [1]}, "logprob_token_ids"),
+        ({"prompt": "a", "thinking_token_budget": 64}, "thinking_token_budget"),
+        ({"prompt": "a", "repetition_detection": {}}, "repetition_detection"),
     ],
 )
 def test_completion_rejects(body: dict[str, Any], param: str) -> None:
@@ -439,7 +444,7 @@ def test_reply_shapes() -> None:
     }
     assert chat.chunk("", role=True)["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     finishing = chat.chunk(None, pb.FINISH_REASON_CANCELLED)["choices"][0]
-    assert finishing["delta"] == {} and finishing["finish_reason"] == "stop"
+    assert finishing["delta"] == {} and finishing["finish_reason"] == "abort"  # vLLM's name for it
     assert chat.usage_chunk(usage)["choices"] == [] and chat.usage_chunk(usage)["object"] == "chat.completion.chunk"
     assert "usage" not in chat.chunk("a")
     counted = Reply(chat=True, request_id="r", model="m", created=1, include_usage=True)
@@ -522,3 +527,9 @@ def test_any_openai_user_names_a_tenant(user: str) -> None:
     assert is_safe_name(tenant) and tenant.startswith("user-")
     assert tenant == tenant_of_user(user) != tenant_of_user(user + "!")
     assert parse_completion({"prompt": "a", "user": "acme.team-1"}).request.tenant == "acme.team-1"
+
+
+def test_an_integral_float_is_an_integer_and_the_neutral_values_of_refused_fields_pass() -> None:
+    """As vLLM's pydantic models read them."""
+    body = {"prompt": "a", "max_tokens": 5.0, "truncation_side": "left", "thinking_token_budget": -1}
+    assert parse_completion(body).request.params.max_tokens == 5
