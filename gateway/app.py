@@ -29,6 +29,7 @@ from common.pb import generate_pb2_grpc
 from common.tracing import client_interceptors
 from gateway.auth import Caller, ClientAuth
 from gateway.choice_stream import ChoiceStream
+from gateway.cors import OPEN_TO_ANY_ORIGIN, CorsPolicy
 from gateway.errors import BadRequest, GatewayError, ModelNotFound, from_rpc_error
 from gateway.openai_logprobs import ChoiceLogprobs
 from gateway.openai_tokenize import parse_detokenize, parse_tokenize, tokenize_answer
@@ -458,6 +459,7 @@ def create_app(
     model_aliases: Sequence[str] = (),
     tool_call_parser: str = "",
     reasoning_parser: str = "",
+    cors: CorsPolicy = OPEN_TO_ANY_ORIGIN,
 ) -> Starlette:
     """The gateway's ASGI app, forwarding to the Baton scheduler at ``target`` (``HOST:PORT``).
 
@@ -468,7 +470,7 @@ def create_app(
     executors registered it or as one of ``model_aliases``. ``tool_call_parser`` (one of
     ``openai_tools.TOOL_CALL_PARSERS``) serves tool_choice "auto", reading the calls in the model's
     syntax; empty, "auto" is refused. ``reasoning_parser`` (``deepseek_r1``, ``qwen3``) splits chat
-    answers' thinking from them (``reasoning``).
+    answers' thinking from them (``reasoning``). ``cors``: which web pages may call it (``gateway.cors``).
     """
     gateway = Gateway(
         target, tracing, ClientAuth(auth_tokens), max_body_bytes, model_aliases, tool_call_parser, reasoning_parser
@@ -484,6 +486,8 @@ def create_app(
         Route("/version", _version, methods=["GET"]),
     ]
     handlers = {GatewayError: _gateway_error, HTTPException: _http_error, Exception: _unexpected}
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=gateway.lifespan)
+    app = Starlette(
+        routes=routes, exception_handlers=handlers, lifespan=gateway.lifespan, middleware=[cors.middleware()]
+    )
     app.state.gateway = gateway
     return app

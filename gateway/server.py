@@ -58,6 +58,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "instead of their content: deepseek_r1 (R1, QwQ: an answer without </think> is all thinking) or qwen3 "
         "(an answer without </think> is all answer); default: none",
     )
+    for flag, what in (("origins", "origins (web pages) that"), ("methods", "HTTP methods"), ("headers", "headers")):
+        parser.add_argument(
+            f"--allowed-{flag}",
+            default='["*"]',
+            help=f'the {what} a browser may send cross-origin, as a JSON list, as vLLM\'s flag (default ["*"]: any)',
+        )
+    parser.add_argument(
+        "--allow-credentials", action="store_true", help="let cross-origin requests carry cookies (default: not)"
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     parser.add_argument("--tracing", action="store_true", help="emit OpenTelemetry spans and propagate trace context")
     parser.add_argument(
@@ -74,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from common.service import setup_logging
     from common.tracing import setup_tracing
     from gateway.app import DEFAULT_MAX_BODY_BYTES, create_app
+    from gateway.cors import CorsPolicy, string_list
 
     setup_logging(args.log_level)
     tracing = setup_tracing("baton-gateway", args.tracing, args.otlp_endpoint)
@@ -92,8 +102,16 @@ def run(args: argparse.Namespace) -> int:
     if max_body < 1:
         log.error("--max-body-bytes must be >= 1")
         return 2
+    try:
+        origins, methods, headers = (
+            string_list(flag) for flag in (args.allowed_origins, args.allowed_methods, args.allowed_headers)
+        )
+    except ValueError as err:
+        log.error("--allowed-origins, --allowed-methods, --allowed-headers: %s", err)
+        return 2
+    cors = CorsPolicy(origins, methods, headers, args.allow_credentials)
     app = create_app(
-        args.target, tracing, tokens, max_body, args.model_alias, args.tool_call_parser, args.reasoning_parser
+        args.target, tracing, tokens, max_body, args.model_alias, args.tool_call_parser, args.reasoning_parser, cors
     )
     freeze_startup_heap()
     # uvicorn's loop "auto" is uvloop where it is installed, the loop the services run on (common/event_loop.py).
