@@ -42,7 +42,12 @@ def _delta_pb(out: TokenOut) -> pb.TokenDelta:
 
 
 def _finish_pb(out: FinishOut) -> pb.FinishedRequest:
-    return pb.FinishedRequest(request_id=out.request_id, finish_reason=int(out.reason), text=out.text, error=out.error)
+    msg = pb.FinishedRequest(request_id=out.request_id, finish_reason=int(out.reason), text=out.text, error=out.error)
+    if isinstance(out.stop_reason, str):
+        msg.stop_string = out.stop_reason
+    elif out.stop_reason is not None:
+        msg.stop_token_id = out.stop_reason
+    return msg
 
 
 def _kv_events_pb(events: KvCacheEvents) -> pb.KvCacheEvents | None:

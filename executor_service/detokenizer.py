@@ -86,6 +86,7 @@ class IncrementalDetokenizer:
         self._max_stop_len = max((len(s) for s in self._stop), default=0)
         self._ids: list[int] = [*prompt_token_ids, *(output_token_ids or ())]
         self._stopped = False
+        self._matched: str | None = None  # the stop string that ended the output
         # Stop strings match only once the output holds more tokens than this (the request's whole
         # output, resumed tokens included).
         self._match_after = len(prompt_token_ids) + min_tokens
@@ -113,6 +114,11 @@ class IncrementalDetokenizer:
     @property
     def stopped(self) -> bool:
         return self._stopped
+
+    @property
+    def matched_stop(self) -> str | None:
+        """The stop string that ended the output (None while none has)."""
+        return self._matched
 
     @property
     def text(self) -> str:
@@ -217,6 +223,7 @@ class IncrementalDetokenizer:
         match = self._find_stop()
         if match is not None:
             self._stopped = True
+            self._matched = self._text[match[0] : match[1]]
             cut = match[1] if self._keep_stop else match[0]
             delta = self._text[self._emitted : cut]
             self._text = self._text[:cut]

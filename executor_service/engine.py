@@ -56,6 +56,8 @@ class EngineLimits:
     max_batch_size: int
     token_budget: int
     eos_token_ids: frozenset[int]
+    # The tokenizer's own end-of-sequence token: the one stop token a finish does not name (as vLLM).
+    eos_token_id: int | None = None
 
 
 class Engine:
@@ -503,18 +505,21 @@ class Engine:
                 cached = seq.num_cached
             out.append(TokenOut(seq.request_id, (token,), text, count - 1, logprobs, first, cached))
             if detokenizer.stopped:  # the detokenizer already waits for min_tokens
-                self._finish(seq, FinishReason.STOP, "")
+                self._finish(seq, FinishReason.STOP, "", stop_reason=detokenizer.matched_stop)
             elif stop_token or (seq.grammar is not None and seq.grammar.is_terminated()):
                 # A terminated grammar took a stop token (EOS), the only one its mask then allowed:
                 # ignore_eos cannot keep it going.
-                self._finish(seq, FinishReason.STOP, detokenizer.flush())
+                named = stop_token and token != self.limits.eos_token_id
+                self._finish(seq, FinishReason.STOP, detokenizer.flush(), stop_reason=token if named else None)
             elif count >= seq.max_output:
                 self._finish(seq, FinishReason.LENGTH, detokenizer.flush())
         return out
 
-    def _finish(self, seq: Sequence, reason: FinishReason, text: str, error: str = "") -> None:
+    def _finish(
+        self, seq: Sequence, reason: FinishReason, text: str, error: str = "", stop_reason: str | int | None = None
+    ) -> None:
         self._drop(seq)
-        self._finished.append(FinishOut(seq.request_id, reason, text, error))
+        self._finished.append(FinishOut(seq.request_id, reason, text, error, stop_reason))
 
     def _kv_events(self) -> KvCacheEvents:
         stored, removed = self.allocator.drain_changes()

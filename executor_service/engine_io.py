@@ -82,6 +82,9 @@ class FinishOut:
     # Held-back text not sent in a TokenOut yet (already trimmed at a stop string).
     text: str = ""
     error: str = ""
+    # What stopped a STOP finish, as vLLM's stop_reason: the stop string, or a stop token other than
+    # the tokenizer's end-of-sequence token; None otherwise.
+    stop_reason: str | int | None = None
 
 
 @dataclass(frozen=True)

@@ -129,11 +129,13 @@ def load_engine(
     window = SlidingWindow.of(traits)
     backend.bind_kv(pool, window)
     log.info("backend %s: %s", backend.name, backend.describe())
+    tokenizer_eos = getattr(tokenizer, "eos_token_id", None)
     limits = EngineLimits(
         max_model_len=servable_length(model.config, num_blocks * config.block_size, window),
         max_batch_size=config.max_batch_size,
         token_budget=config.token_budget,
         eos_token_ids=eos_ids(model, tokenizer),
+        eos_token_id=tokenizer_eos if isinstance(tokenizer_eos, int) else None,
     )
     log.info(
         "loaded %s on %s (%s): %d KV blocks of %d tokens, max_model_len %d",

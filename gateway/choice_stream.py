@@ -44,12 +44,14 @@ class ChoiceStream:
                     )
                 )
             if reason:
-                out.append(reply.chunk(None, reason, index=index, finish=finish, usage=usage))
+                out.append(reply.chunk(None, reason, index=index, finish=finish, usage=usage, stopped_by=message))
         elif reply.chat:
             if text or carries:
                 out.append(reply.chunk(text, index=index, logprobs=logprobs, usage=usage, ids=message))
             if reason:
-                out.append(reply.chunk(None, reason, index=index, usage=usage))
+                out.append(reply.chunk(None, reason, index=index, usage=usage, stopped_by=message))
         elif text or reason or carries:
-            out.append(reply.chunk(text, reason, index=index, logprobs=logprobs, usage=usage, ids=message))
+            out.append(
+                reply.chunk(text, reason, index=index, logprobs=logprobs, usage=usage, ids=message, stopped_by=message)
+            )
         return out

@@ -550,6 +550,12 @@ def apply_headers(request: pb.GenerateRequest, headers: Mapping[str, str]) -> No
     request.request_id = headers.get(REQUEST_ID_HEADER) or request.request_id or uuid.uuid4().hex
 
 
+def stop_reason(out: pb.GenerateResponse | pb.CompleteResponse) -> str | int | None:
+    """vLLM's ``stop_reason``: the stop string or stop token that ended ``out``, if one did."""
+    which = out.WhichOneof("stop_reason")
+    return getattr(out, which) if which is not None else None
+
+
 def usage_dict(usage: pb.Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": usage.prompt_tokens,
@@ -675,7 +681,12 @@ class Reply:
         self, index: int, sample: pb.CompleteResponse, text: str, logprobs: dict[str, Any] | None
     ) -> dict[str, Any]:
         finish = FINISH_REASON.get(sample.finish_reason)
-        choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish}
+        choice: dict[str, Any] = {
+            "index": index,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+            "stop_reason": stop_reason(sample),
+        }
         if self.token_ids:
             choice["token_ids"] = list(sample.token_ids)
         if not self.chat:
@@ -711,18 +722,22 @@ class Reply:
         usage: dict[str, Any] | None = None,
         reasoning: str | None = None,
         ids: pb.GenerateResponse | None = None,
+        stopped_by: pb.GenerateResponse | None = None,
     ) -> dict[str, Any]:
         """One stream chunk of choice ``index``; for chat, ``text=None`` is an empty delta (the
         finishing chunk), and ``tool_calls`` a delta of calls (``openai_tools.ToolCallStream``).
         ``finish`` names a finish reason in place of ``finish_reason``'s; ``usage`` is the usage so
         far, under vLLM's ``continuous_usage_stats``; ``reasoning`` a chat's thinking (``reasoning``);
         ``ids`` the message whose token ids (and prompt's, on a sample's first) the chunk carries,
-        under vLLM's ``return_token_ids``."""
+        under vLLM's ``return_token_ids``; a finishing chunk says the ``stop_reason`` of the
+        message it finishes (``stopped_by``), as vLLM's."""
         choice: dict[str, Any] = {
             "index": index,
             "logprobs": logprobs,
             "finish_reason": finish or FINISH_REASON.get(finish_reason),
         }
+        if choice["finish_reason"] is not None:
+            choice["stop_reason"] = stop_reason(stopped_by) if stopped_by is not None else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:

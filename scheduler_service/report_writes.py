@@ -99,7 +99,9 @@ class ReportWrites:
         if req.deadline_ms:
             self._metrics.deadlines.labels("met" if now_ms() <= req.deadline_ms else "missed").inc()
         self._metrics.observe_finish(reason.name, usage, (now_ms() - req.arrival_ms) / 1000)
-        final = replace(event, text=event.text + fin.text, finish_reason=reason, usage=usage)
+        which = fin.WhichOneof("stop_reason")
+        stop_reason = getattr(fin, which) if which is not None else None
+        final = replace(event, text=event.text + fin.text, finish_reason=reason, usage=usage, stop_reason=stop_reason)
         return StepWrite(req.request_id, final, fin.error)
 
 

@@ -67,6 +67,8 @@ class TokenEvent:
     # log probabilities, one position per token, and the prompt's, on the event at index 0.
     logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
+    # A STOP finish's stop string ("s") or stop token ("k"), vLLM's stop_reason; absent otherwise.
+    stop_reason: str | int | None = None
 
     def joined(self, later: TokenEvent) -> TokenEvent | None:
         """This event and ``later`` as one, when ``later`` starts where this one ends and this one
@@ -86,6 +88,10 @@ class TokenEvent:
             fields["l"] = self.logprobs.pack()
         if self.prompt_logprobs is not None:
             fields["p"] = self.prompt_logprobs.pack()
+        if isinstance(self.stop_reason, str):
+            fields["s"] = self.stop_reason
+        elif self.stop_reason is not None:
+            fields["k"] = str(self.stop_reason)
         return fields
 
     @classmethod
@@ -99,6 +105,7 @@ class TokenEvent:
             usage=json.loads(fields["u"]) if "u" in fields else {},
             logprobs=Logprobs.unpack(fields["l"]) if "l" in fields else None,
             prompt_logprobs=Logprobs.unpack(fields["p"]) if "p" in fields else None,
+            stop_reason=fields["s"] if "s" in fields else int(fields["k"]) if "k" in fields else None,
         )
 
     def after(self, skip: int) -> TokenEvent:
@@ -113,6 +120,7 @@ class TokenEvent:
             self.finish_reason,
             self.usage,
             self.logprobs.slice(skip) if self.logprobs is not None else None,
+            stop_reason=self.stop_reason,
         )
 
     def then(self, later: TokenEvent) -> TokenEvent:
@@ -125,6 +133,7 @@ class TokenEvent:
             later.usage,
             joined_logprobs(self.logprobs, later.logprobs),
             self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
+            later.stop_reason,
         )
 
 

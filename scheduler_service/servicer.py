@@ -38,6 +38,10 @@ def response_pb(
     )
     if event.finish_reason is not FinishReason.NONE:
         msg.usage.CopyFrom(usage_pb(event.usage))
+    if isinstance(event.stop_reason, str):
+        msg.stop_string = event.stop_reason
+    elif event.stop_reason is not None:
+        msg.stop_token_id = event.stop_reason
     if event.logprobs is not None or event.prompt_logprobs is not None:
         if texts is None:
             raise ValueError("an event with log probabilities needs the tokenizer's texts")
@@ -107,6 +111,8 @@ def complete_pb(request_id: str, chunks: list[pb.GenerateResponse]) -> pb.Comple
         if chunk.finish_reason:
             out.finish_reason = chunk.finish_reason
             out.usage.CopyFrom(chunk.usage)
+            if (which := chunk.WhichOneof("stop_reason")) is not None:
+                setattr(out, which, getattr(chunk, which))
     for k, out in by_sample.items():
         out.text = "".join(text[k])
     whole = pb.CompleteResponse()

@@ -147,16 +147,20 @@ class TokenDelta(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., logprobs: _Optional[_Union[TokenLogprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Union[TokenLogprobs, _Mapping]] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class FinishedRequest(_message.Message):
-    __slots__ = ("request_id", "finish_reason", "text", "error")
+    __slots__ = ("request_id", "finish_reason", "text", "error", "stop_string", "stop_token_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    STOP_STRING_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     finish_reason: int
     text: str
     error: str
-    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[int] = ..., text: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+    stop_string: str
+    stop_token_id: int
+    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[int] = ..., text: _Optional[str] = ..., error: _Optional[str] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ...) -> None: ...
 
 class Load(_message.Message):
     __slots__ = ("num_running", "kv_blocks_used", "kv_blocks_total", "step_time_ns", "num_tokens", "source", "utilization_pct", "memory_used_bytes", "memory_total_bytes", "power_watts", "pending_prefill_tokens", "prefix_cache_queries", "prefix_cache_hits")

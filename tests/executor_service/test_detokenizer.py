@@ -121,8 +121,9 @@ def test_flush_returns_held_back_text(tokenizer: Any) -> None:
 def test_stop_completing_first_wins_whatever_the_chunking(tokenizer: Any) -> None:
     ids = encode(tokenizer, "the river and the mill")
     for chunks in ([1] * len(ids), [len(ids)], [2, 3, 100]):
-        deltas, stopped = stream(IncrementalDetokenizer(tokenizer, [], stop=["river and", "ver"]), ids, chunks)
-        assert stopped and "".join(deltas) == "the ri"
+        detokenizer = IncrementalDetokenizer(tokenizer, [], stop=["river and", "ver"])
+        deltas, stopped = stream(detokenizer, ids, chunks)
+        assert stopped and "".join(deltas) == "the ri" and detokenizer.matched_stop == "ver"  # vLLM's stop_reason
 
 
 def test_special_tokens_are_skipped(tokenizer: Any) -> None:

@@ -237,6 +237,8 @@ def test_stop_token_ids_end_the_request(tiny_model_dir: Path, stop_after: int) -
         finished += out.finished
     assert tokens == free[: free.index(stop_id) + 1]
     assert finished[0].reason == FinishReason.STOP
+    # vLLM's stop_reason: the stop token, unless it is the tokenizer's own end-of-sequence token.
+    assert finished[0].stop_reason == (None if stop_id == engine.limits.eos_token_id else stop_id)
 
 
 @pytest.mark.parametrize("include", [False, True])
@@ -350,3 +352,16 @@ def test_preempted_request_keeps_its_held_back_text(tiny_model_dir: Path) -> Non
     rest_tokens, rest_text = collect(AdmitSpec("b", prompt, tuple(first_tokens), params, 0.0))
     assert first_tokens + rest_tokens == whole_tokens
     assert first_text + rest_text == whole_text
+
+
+def test_the_end_of_sequence_token_names_no_stop_reason(tiny_model_dir: Path) -> None:
+    """As vLLM: only stop strings and other stop tokens are a stop_reason."""
+    engine = make_engine(tiny_model_dir)
+    eos = engine.limits.eos_token_id
+    assert eos is not None
+    params = SamplingParams(max_tokens=5, allowed_token_ids=(eos,))  # the first token is EOS
+    engine.apply(PlanUpdate(seq=9, admit=(AdmitSpec("e", tuple(prompts(1)[0]), (), params, 0.0),)))
+    finished: list[FinishOut] = []
+    while engine.has_work:
+        finished += engine.step().finished
+    assert [(f.reason, f.stop_reason) for f in finished] == [(FinishReason.STOP, None)]

@@ -23,8 +23,15 @@ def test_a_completions_choice_sends_text_and_its_finish_together() -> None:
     stream = _stream(Reply(chat=False, request_id="r", model="m", created=0))
     (chunk,) = stream.chunks(pb.GenerateResponse(text="Hi", token_ids=[5]), None)
     assert chunk["choices"][0]["text"] == "Hi" and chunk["choices"][0]["finish_reason"] is None
-    (last,) = stream.chunks(pb.GenerateResponse(text="!", finish_reason=pb.FINISH_REASON_STOP), None)
-    assert last["choices"][0] == {"index": 0, "logprobs": None, "finish_reason": "stop", "text": "!"}
+    finish = pb.GenerateResponse(text="!", finish_reason=pb.FINISH_REASON_STOP, stop_string="\n")
+    (last,) = stream.chunks(finish, None)
+    assert last["choices"][0] == {
+        "index": 0,
+        "logprobs": None,
+        "finish_reason": "stop",
+        "stop_reason": "\n",
+        "text": "!",
+    }
     assert stream.chunks(pb.GenerateResponse(text="", token_ids=[7]), None) == []  # held-back text
 
 

@@ -140,6 +140,26 @@ async def test_stop_string_ends_the_text(client: openai.AsyncOpenAI) -> None:
     )
     assert out.choices[0].finish_reason == "stop"
     assert out.choices[0].text == text[: text.index(stop)]
+    # vLLM's stop_reason names what stopped it, whole and on a stream's finishing chunk; a stop
+    # token by its id, the end-of-sequence token (and any other finish) by nothing.
+    assert (out.choices[0].model_extra or {})["stop_reason"] == stop
+    stream = await client.completions.create(
+        model="tiny", prompt="abc", max_tokens=30, stop=stop, temperature=0, extra_body=NO_EOS, stream=True
+    )
+    finishing = [c.choices[0] async for c in stream if c.choices and c.choices[0].finish_reason]
+    assert [(c.model_extra or {}).get("stop_reason") for c in finishing] == [stop]
+    token = free.choices[0]
+    assert (token.model_extra or {})["stop_reason"] is None and token.finish_reason == "length"
+    ids = (
+        await client.completions.create(
+            model="tiny", prompt="abc", max_tokens=3, temperature=0, extra_body={"return_token_ids": True, **NO_EOS}
+        )
+    ).choices[0]
+    stop_id = (ids.model_extra or {})["token_ids"][1]
+    by_token = await client.completions.create(
+        model="tiny", prompt="abc", max_tokens=30, temperature=0, extra_body={"stop_token_ids": [stop_id], **NO_EOS}
+    )
+    assert (by_token.choices[0].model_extra or {})["stop_reason"] == stop_id
 
 
 def _chat_ids(model_dir: Path, messages: list[ChatCompletionMessageParam]) -> list[int]:

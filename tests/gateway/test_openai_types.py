@@ -428,7 +428,7 @@ def test_reply_shapes() -> None:
         "object": "text_completion",
         "created": 1,
         "model": "m",
-        "choices": [{"index": 0, "logprobs": None, "finish_reason": "length", "text": "ab"}],
+        "choices": [{"index": 0, "logprobs": None, "finish_reason": "length", "stop_reason": None, "text": "ab"}],
         "usage": {
             "prompt_tokens": 3,
             "completion_tokens": 2,

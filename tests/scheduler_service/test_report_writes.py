@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from common.lifecycle import FinishReason
 from common.logprobs import Logprobs
 from common.pb import executor_pb2 as pb
@@ -123,6 +125,21 @@ def test_logprobs_ride_on_their_events_and_into_the_stream_fields() -> None:
     tail = back.after(1)
     assert tail.index == 1 and tail.token_ids == (6,) and tail.logprobs == last.logprobs
     assert tail.prompt_logprobs is None
+
+
+@pytest.mark.parametrize(("stop", "field"), [("\nEND", "stop_string"), (7, "stop_token_id"), (None, None)])
+def test_the_stop_reason_rides_the_final_event_through_its_stream_fields(
+    stop: str | int | None, field: str | None
+) -> None:
+    finish = pb.FinishedRequest(request_id="a", finish_reason=int(FinishReason.STOP))
+    if field is not None:
+        setattr(finish, field, stop)
+    link = ReportWrites("e1", {"a": linked("a")}, SchedulerMetrics())
+    [write] = link.of(pb.StepReport(tokens=[delta("a", 0, 5)], finished=[finish]))
+    assert write.event.stop_reason == stop
+    back = TokenEvent.from_fields(write.event.to_fields())
+    assert back.stop_reason == stop and back.after(1).stop_reason == stop
+    assert TokenEvent(0, (4,), "x").then(back).stop_reason == stop
 
 
 def test_a_prompt_scored_without_output_finishes_with_its_logprobs() -> None:
