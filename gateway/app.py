@@ -13,6 +13,7 @@ import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -32,6 +33,7 @@ from gateway.choice_stream import ChoiceStream
 from gateway.cors import OPEN_TO_ANY_ORIGIN, CorsPolicy
 from gateway.errors import BadRequest, GatewayError, ModelNotFound, from_rpc_error
 from gateway.openai_logprobs import ChoiceLogprobs
+from gateway.openai_responses import ResponseEcho, ResponseEvents, chat_body, response_of
 from gateway.openai_tokenize import parse_detokenize, parse_tokenize, tokenize_answer
 from gateway.openai_tools import TOOL_CALL_PARSERS
 from gateway.openai_types import (
@@ -59,6 +61,31 @@ _CLIENT_CLOSED = 499  # nginx's convention; nobody reads it, the client is gone
 
 def _sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _sse_stream(chunks: AsyncIterator[dict[str, Any] | None]) -> AsyncIterator[bytes]:
+    """A chat or completions stream as server-sent events, closed by OpenAI's [DONE]."""
+    async for chunk in chunks:
+        yield _DONE if chunk is None else _sse(chunk)
+
+
+async def _response_events(chunks: AsyncIterator[dict[str, Any] | None], echo: ResponseEcho) -> AsyncIterator[bytes]:
+    """A chat stream as the Responses API's typed events (``event:`` and ``data:`` lines), as OpenAI
+    sends them: no [DONE]."""
+    events = ResponseEvents(echo)
+    async for chunk in chunks:
+        for event in events.end() if chunk is None else events.feed(chunk):
+            yield b"event: " + event["type"].encode() + b"\n" + _sse(event)
+
+
+@dataclass(frozen=True)
+class _Generation:
+    """An OpenAI request as Baton's requests (one per prompt), and how to answer it."""
+
+    parsed: Parsed
+    requests: list[pb.GenerateRequest]
+    reply: Reply
+    headers: dict[str, str]
 
 
 # A body larger than this is refused (413) before it is read whole: it cannot be a prompt the
@@ -218,9 +245,37 @@ class Gateway:
     async def chat_completions(self, request: Request) -> Response:
         return await self._generate(request, chat=True)
 
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's Responses API, served as the chat request it amounts to (``openai_responses``)."""
+        caller = self.auth.caller(request.headers)
+        body, echo = chat_body(await _json_body(request, self.max_body_bytes))
+        generation = await self._prepare(request, caller, body, chat=True)
+        if not generation.parsed.stream:
+            whole = await self._whole(request, caller, generation)
+            if isinstance(whole, Response):
+                return whole
+            return JSONResponse(response_of(whole, echo), headers=generation.headers)
+        chunks = await self._open_stream(request, caller, generation)
+        if isinstance(chunks, Response):
+            return chunks
+        return StreamingResponse(
+            _response_events(chunks, echo), media_type="text/event-stream", headers=generation.headers
+        )
+
     async def _generate(self, request: Request, chat: bool) -> Response:
         caller = self.auth.caller(request.headers)  # before the body: an unknown caller learns nothing
         body = await _json_body(request, self.max_body_bytes)
+        generation = await self._prepare(request, caller, body, chat)
+        if not generation.parsed.stream:
+            whole = await self._whole(request, caller, generation)
+            return whole if isinstance(whole, Response) else JSONResponse(whole, headers=generation.headers)
+        chunks = await self._open_stream(request, caller, generation)
+        if isinstance(chunks, Response):
+            return chunks
+        return StreamingResponse(_sse_stream(chunks), media_type="text/event-stream", headers=generation.headers)
+
+    async def _prepare(self, request: Request, caller: Caller, body: Mapping[str, Any], chat: bool) -> _Generation:
+        """The Baton requests of an OpenAI request's ``body``, and how to answer it."""
         parsed = parse_chat(body, self.tool_call_parser) if chat else parse_completion(body)
         if chat and self.reasoning is not None and parsed.include_reasoning:
             self.reasoning.hold_off_constraint(parsed.request.params)
@@ -231,21 +286,12 @@ class Gateway:
             apply_model_defaults(parsed.request.params, body, served.sampling_defaults)
         requests = parsed.requests()  # one per prompt: a completion may list several
         reply = Reply.for_request(chat, parsed, model, self.reasoning)
-        headers = {REQUEST_ID_HEADER: reply.request_id}
         log.debug("request %s: %s, stream=%s", reply.request_id, request.url.path, parsed.stream)
-        if parsed.stream:
-            return await self._stream(request, caller, parsed, requests, reply, headers)
-        return await self._whole(request, caller, reply, parsed, requests, headers)
+        return _Generation(parsed, requests, reply, {REQUEST_ID_HEADER: reply.request_id})
 
-    async def _whole(
-        self,
-        request: Request,
-        caller: Caller,
-        reply: Reply,
-        parsed: Parsed,
-        requests: list[pb.GenerateRequest],
-        headers: dict[str, str],
-    ) -> Response:
+    async def _whole(self, request: Request, caller: Caller, generation: _Generation) -> dict[str, Any] | Response:
+        """The whole answer's body; a Response where the client left before it."""
+        parsed, requests, reply = generation.parsed, generation.requests, generation.reply
         calls = [self.stub.Complete(r, metadata=caller.metadata) for r in requests]
         watcher = asyncio.create_task(_cancel_on_disconnect(request, calls))
         try:
@@ -264,20 +310,14 @@ class Gateway:
         failed = [s for out in outs for s in (out.samples or [out]) if s.finish_reason == pb.FINISH_REASON_ERROR]
         if failed:
             raise GatewayError(500, await self._failure(caller, failed[0].request_id), code="generation_failed")
-        return JSONResponse(
-            reply.whole(outs, lambda i, sample: _choice_logprobs(reply, parsed, requests[i]).shape(sample)),
-            headers=headers,
-        )
+        return reply.whole(outs, lambda i, sample: _choice_logprobs(reply, parsed, requests[i]).shape(sample))
 
-    async def _stream(
-        self,
-        request: Request,
-        caller: Caller,
-        parsed: Parsed,
-        requests: list[pb.GenerateRequest],
-        reply: Reply,
-        headers: dict[str, str],
-    ) -> Response:
+    async def _open_stream(
+        self, request: Request, caller: Caller, generation: _Generation
+    ) -> AsyncIterator[dict[str, Any] | None] | Response:
+        """The stream's chunks (``_chunks``) once Baton has accepted its requests; a refusal is
+        raised as its HTTP error, and a Response is returned where the client left while queued."""
+        reply, requests = generation.reply, generation.requests
         calls = [self.stub.Generate(r, metadata=caller.metadata) for r in requests]
         watcher = asyncio.create_task(_cancel_on_disconnect(request, calls))
         try:
@@ -298,19 +338,19 @@ class Gateway:
                 log.info("request %s: client disconnected while queued; cancelled", reply.request_id)
                 return Response(status_code=_CLIENT_CLOSED)
             raise
-        events = self._events(calls, firsts, watcher, caller, parsed, requests, reply)
-        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        return self._chunks(calls, firsts, watcher, caller, generation)
 
-    async def _events(
+    async def _chunks(
         self,
         calls: list[grpc.aio.UnaryStreamCall],
         firsts: list[Any],
         watcher: asyncio.Task[None],
         caller: Caller,
-        parsed: Parsed,
-        requests: list[pb.GenerateRequest],
-        reply: Reply,
-    ) -> AsyncIterator[bytes]:
+        generation: _Generation,
+    ) -> AsyncIterator[dict[str, Any] | None]:
+        """Each chunk of the stream (or an error body, which ends it), then None where the stream
+        ended without its client leaving."""
+        parsed, requests, reply = generation.parsed, generation.requests, generation.reply
         n = max(1, parsed.request.params.n)
         # Each finished choice's usage, by prompt and sample; the stream ends when every choice has one.
         usages: dict[tuple[int, int], pb.Usage] = {}
@@ -321,18 +361,18 @@ class Gateway:
             if reply.chat:
                 for index in range(n):  # a chat has one prompt
                     usage = running.of(0, index) if running else None
-                    yield _sse(reply.chunk("", role=True, index=index, usage=usage))
+                    yield reply.chunk("", role=True, index=index, usage=usage)
             async for prompt, message in messages:
                 if message is grpc.aio.EOF:
                     if all((prompt, k) in usages for k in range(n)):
                         continue  # this prompt's stream ended after its last choice: others go on
-                    yield _sse(GatewayError(502, "Baton's stream ended without a finish reason").body())
+                    yield GatewayError(502, "Baton's stream ended without a finish reason").body()
                     break
                 reason, sample = message.finish_reason, message.sample_index
                 if reason == pb.FINISH_REASON_ERROR:
                     failed = sample_id(requests[prompt].request_id, sample)
                     failure = GatewayError(500, await self._failure(caller, failed), code="generation_failed")
-                    yield _sse(failure.body())
+                    yield failure.body()
                     break
                 index = prompt * n + sample  # OpenAI's numbering of a batch's choices
                 choice = choices.get(index)
@@ -341,16 +381,16 @@ class Gateway:
                     choice = choices[index] = ChoiceStream(reply, index, shape)
                 usage = running.add(prompt, index, len(message.token_ids)) if running else None
                 for chunk in choice.chunks(message, usage):
-                    yield _sse(chunk)
+                    yield chunk
                 if reason:
                     usages[prompt, sample] = message.usage
                 if len(usages) == n * len(calls):
                     if parsed.include_usage:
                         per_prompt = [[usages[p, k] for k in range(n)] for p in range(len(calls))]
-                        yield _sse(reply.usage_chunk(prompts_usage(per_prompt)))
+                        yield reply.usage_chunk(prompts_usage(per_prompt))
                     break
         except grpc.aio.AioRpcError as exc:
-            yield _sse(from_rpc_error(exc).body())
+            yield from_rpc_error(exc).body()
         except asyncio.CancelledError:
             if not _client_gone(watcher):
                 raise
@@ -361,7 +401,7 @@ class Gateway:
             watcher.cancel()
             for call in calls:  # a no-op for a call that ended; otherwise Baton cancels the request
                 call.cancel()
-        yield _DONE
+        yield None
 
     async def _failure(self, caller: Caller, request_id: str) -> str:
         """Baton's recorded reason for a failed request, best effort."""
@@ -478,6 +518,7 @@ def create_app(
     routes = [
         Route("/v1/completions", gateway.completions, methods=["POST"]),
         Route("/v1/chat/completions", gateway.chat_completions, methods=["POST"]),
+        Route("/v1/responses", gateway.responses, methods=["POST"]),
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/v1/models/{model:path}", gateway.model, methods=["GET"]),
         Route("/tokenize", gateway.tokenize, methods=["POST"]),

@@ -973,3 +973,50 @@ async def test_auto_tool_choice_reads_each_syntax(
         streamed = [c for d in deltas for c in d.get("tool_calls", [])]
         assert [c["function"]["name"] for c in streamed] == ["clock"] and re.fullmatch(id_pattern, streamed[0]["id"])
         assert "".join(d.get("content") or "" for d in deltas) == (content or "")
+
+
+# ---- the Responses API -------------------------------------------------------------------------
+
+
+async def test_the_responses_api_answers_as_the_chat_route(client: openai.AsyncOpenAI) -> None:
+    """A Responses request is served as the chat request it amounts to, whole and streamed, through
+    OpenAI's own client."""
+    ask: dict[str, Any] = {"model": ALIAS, "temperature": 0, "max_output_tokens": 6, "extra_body": NO_EOS}
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ]
+    chat = await client.chat.completions.create(
+        model=ALIAS, messages=messages, temperature=0, max_tokens=6, extra_body=NO_EOS
+    )
+    whole = await client.responses.create(instructions="Be brief.", input="Hi", **ask)
+    assert whole.output_text == chat.choices[0].message.content and whole.status == "incomplete"
+    assert whole.incomplete_details is not None and whole.incomplete_details.reason == "max_output_tokens"
+    assert whole.usage is not None and whole.usage.output_tokens == 6
+    assert chat.usage is not None and whole.usage.input_tokens == chat.usage.prompt_tokens
+    stream = await client.responses.create(instructions="Be brief.", input="Hi", stream=True, **ask)
+    events = [event async for event in stream]
+    assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == whole.output_text == events[-1].response.output_text
+
+
+async def test_the_responses_api_calls_tools(served: Served) -> None:
+    """A function call the model writes comes back as a function_call item, and its output goes
+    back to the model as the chat route's tool message."""
+    written = r'<tool_call>\{"name": "clock", "arguments": \{\}\}</tool_call>'
+    tools = [{"type": "function", "name": "clock", "parameters": {"type": "object", "properties": {}}}]
+    body: dict[str, Any] = {"model": ALIAS, "input": "Time?", "tools": tools, "max_output_tokens": 60, "temperature": 0}
+    gateway = serve_gateway(served.stack.target, model_aliases=(ALIAS,), tool_call_parser="hermes")
+    async with gateway as base_url, openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0) as ai:
+        called = await ai.responses.create(**body, extra_body={"structured_outputs": {"regex": written}})
+        (call,) = called.output
+        assert call.type == "function_call" and call.name == "clock" and call.arguments == "{}"
+        follow_up = [
+            {"role": "user", "content": "Time?"},
+            {"type": "function_call", "call_id": call.call_id, "name": "clock", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": call.call_id, "output": "noon"},
+        ]
+        answer = await ai.responses.create(**{**body, "input": follow_up, "max_output_tokens": 3})
+        assert answer.output[0].type == "message" and answer.usage is not None and called.usage is not None
+        assert answer.usage.input_tokens > called.usage.input_tokens  # the call and its result went back
