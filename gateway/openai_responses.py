@@ -13,7 +13,8 @@ chat request; the answer is rewritten back: a whole chat completion into a respo
 
 Baton keeps no responses: ``previous_response_id``, ``conversation``, ``background`` and stored
 prompts are a 400 (send the whole conversation as ``input``), and the response says
-``"store": false``. Built-in tools (web search, files, computer use) are a 400 too.
+``"store": false``. Built-in tools (web search, files, computer use), ``include`` and
+``top_logprobs`` are a 400 too.
 """
 
 from __future__ import annotations
@@ -53,8 +54,16 @@ _PASSED = (
     "skip_special_tokens",
     "structured_outputs",
 )
-# Fields that need what Baton does not keep or run: stored responses and prompts, background runs.
-_REFUSED = ("previous_response_id", "conversation", "background", "prompt", "top_logprobs", "include")
+# Fields that need what Baton does not keep or run, and why they are refused.
+_STATELESS = "this server keeps no responses: send the whole conversation as input"
+_REFUSED = {
+    "previous_response_id": _STATELESS,
+    "conversation": _STATELESS,
+    "prompt": "this server keeps no prompts",
+    "background": "this server runs no responses in the background",
+    "include": "this server adds nothing to a response on request",
+    "top_logprobs": "log probabilities are served on the chat and completions routes",
+}
 _ROLES = {"developer": "system"}  # as chat templates know them
 _STATUS = {"length": "incomplete", "abort": "cancelled"}  # else "completed"
 
@@ -68,13 +77,9 @@ class ResponseEcho:
 
 def chat_body(body: Mapping[str, Any]) -> tuple[dict[str, Any], ResponseEcho]:
     """The chat request a Responses request asks for, and what its response repeats of it."""
-    for name in _REFUSED:
+    for name, why in _REFUSED.items():
         if body.get(name) not in (None, False, [], 0, ""):
-            raise BadRequest(
-                f"{name} is not supported: this server keeps no responses or prompts and runs none in the "
-                "background; send the whole conversation as input",
-                param=name,
-            )
+            raise BadRequest(f"{name} is not supported: {why}", param=name)
     if body.get("truncation", "disabled") != "disabled":
         raise BadRequest('truncation must be "disabled"', param="truncation")
     chat: dict[str, Any] = {name: body[name] for name in _PASSED if name in body}
