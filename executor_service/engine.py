@@ -504,13 +504,14 @@ class Engine:
                 seq.cached_reported = True
                 cached = seq.num_cached
             out.append(TokenOut(seq.request_id, (token,), text, count - 1, logprobs, first, cached))
-            if detokenizer.stopped:  # the detokenizer already waits for min_tokens
-                self._finish(seq, FinishReason.STOP, "", stop_reason=detokenizer.matched_stop)
-            elif stop_token or (seq.grammar is not None and seq.grammar.is_terminated()):
+            if stop_token or (seq.grammar is not None and seq.grammar.is_terminated()):
                 # A terminated grammar took a stop token (EOS), the only one its mask then allowed:
-                # ignore_eos cannot keep it going.
+                # ignore_eos cannot keep it going. A stop token is named before a stop string its own
+                # text completes (kept with include_stop_str_in_output), as vLLM checks them.
                 named = stop_token and token != self.limits.eos_token_id
                 self._finish(seq, FinishReason.STOP, detokenizer.flush(), stop_reason=token if named else None)
+            elif detokenizer.stopped:  # the detokenizer already waits for min_tokens
+                self._finish(seq, FinishReason.STOP, "", stop_reason=detokenizer.matched_stop)
             elif count >= seq.max_output:
                 self._finish(seq, FinishReason.LENGTH, detokenizer.flush())
         return out

@@ -277,7 +277,7 @@ class Gateway:
     async def _prepare(self, request: Request, caller: Caller, body: Mapping[str, Any], chat: bool) -> _Generation:
         """The Baton requests of an OpenAI request's ``body``, and how to answer it."""
         parsed = parse_chat(body, self.tool_call_parser) if chat else parse_completion(body)
-        if chat and self.reasoning is not None and parsed.include_reasoning:
+        if chat and self.reasoning is not None:
             self.reasoning.hold_off_constraint(parsed.request.params)
         apply_headers(parsed.request, request.headers)
         self.auth.scope(parsed.request, caller, request.headers.get(TENANT_HEADER, ""))

@@ -1,9 +1,11 @@
 """Cross-origin requests: which web pages may call the gateway from a browser.
 
 As vLLM's server, by default any origin may call it with any method and header, without
-credentials (cookies): a page's requests carry their API key in a header, which the gateway checks
-(``gateway.auth``) whatever their origin. ``baton gateway --allowed-origins`` narrows it, with
-vLLM's flags and their JSON list values.
+credentials (cookies). With client auth on (``--auth-tokens-file``, ``gateway.auth``) a page's
+requests need an API key like any other client's; with it off, any page a browser opens can call a
+gateway that browser reaches, as it can call vLLM's: the model's answers are all it can read, as
+Baton keeps no responses, but it spends the server's time. ``baton gateway --allowed-origins``
+narrows it, with vLLM's flags and their JSON list values.
 """
 
 from __future__ import annotations

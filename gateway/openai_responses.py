@@ -66,6 +66,8 @@ _REFUSED = {
 }
 _ROLES = {"developer": "system"}  # as chat templates know them
 _STATUS = {"length": "incomplete", "abort": "cancelled"}  # else "completed"
+# The stream's last event for each final status: the API has none of its own for a cancelled one.
+_LAST_EVENT = {"incomplete": "response.incomplete", "failed": "response.failed"}
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ def chat_body(body: Mapping[str, Any]) -> tuple[dict[str, Any], ResponseEcho]:
     for name, why in _REFUSED.items():
         if body.get(name) not in (None, False, [], 0, ""):
             raise BadRequest(f"{name} is not supported: {why}", param=name)
-    if body.get("truncation", "disabled") != "disabled":
+    if body.get("truncation") not in (None, "disabled"):
         raise BadRequest('truncation must be "disabled"', param="truncation")
     chat: dict[str, Any] = {name: body[name] for name in _PASSED if name in body}
     chat["messages"] = _messages(body.get("instructions"), body.get("input"))
@@ -240,6 +242,7 @@ def _response(
         "model": head["model"],
         "status": status,
         "error": None,
+        # A length finish is max_output_tokens' or, where none was set, the context's end.
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "output": output,
         "usage": _usage(usage) if usage else None,
@@ -253,7 +256,6 @@ def _usage(usage: Mapping[str, Any]) -> dict[str, Any]:
         "input_tokens": usage["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": details.get("cached_tokens", 0)},
         "output_tokens": usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage["total_tokens"],
     }
 
@@ -334,8 +336,7 @@ class ResponseEvents:
         response = self._snapshot(final=True)
         if self._error is not None:
             response.update(status="failed", error={"code": self._error.get("code"), "message": self._error["message"]})
-        kind = {"incomplete": "response.incomplete", "cancelled": "response.cancelled", "failed": "response.failed"}
-        return [*events, self._event(kind.get(response["status"], "response.completed"), response=response)]
+        return [*events, self._event(_LAST_EVENT.get(response["status"], "response.completed"), response=response)]
 
     def _snapshot(self, final: bool) -> dict[str, Any]:
         finish = (self._finish or "stop") if final else None

@@ -126,8 +126,7 @@ class Parsed:
     logprobs: bool = False  # the answer carries a ``logprobs`` object
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     tools: ToolCalling | None = None  # chat: what the request asked of its tools (``openai_tools``)
-    # Chat, vLLM's include_reasoning: false leaves the thinking out of the answer, and a structured
-    # output constrains the output from its start.
+    # Chat, vLLM's include_reasoning: false leaves the thinking out of the answer.
     include_reasoning: bool = True
     token_ids: bool = False  # vLLM's return_token_ids: the prompt's and each choice's token ids
     # stream_options.continuous_usage_stats (vLLM's), with include_usage: every chunk says the usage so far.

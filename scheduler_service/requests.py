@@ -30,6 +30,9 @@ class NewRequest:
     # What salts its prefix cache: its own cache_salt, with its tenant where each tenant has a
     # cache of its own; the record keeps only the root it names (common/block_hashing.py).
     cache_salt: str = ""
+    # Its max_tokens is the context's room (``SamplingParams.fill_context``), not a length the
+    # client expects: scoring predicts its output as a default request's.
+    open_ended: bool = False
 
 
 @dataclass(frozen=True)

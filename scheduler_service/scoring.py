@@ -89,7 +89,10 @@ class RequestScorer:
     def score(self, req: NewRequest) -> Scored:
         rl = self.config.scheduler.request_level
         prompt = len(req.prompt_ids)
-        expected = self.predict(req.tenant, prompt, req.params.max_tokens)
+        # An open-ended request's bound is the context's room: before its estimate, expect what a
+        # request that set no length is given.
+        bound = min(req.params.max_tokens, rl.default_max_tokens) if req.open_ended else req.params.max_tokens
+        expected = self.predict(req.tenant, prompt, bound)
         step_ms = self.fleet.step_ms
         prefill_steps = math.ceil(prompt / self.config.scheduler.token_level.max_prefill_chunk)
         inputs = ScoreInputs(

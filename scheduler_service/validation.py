@@ -207,4 +207,5 @@ def validate(
         ttft_target_ms=msg.ttft_target_ms,
         n=n,
         cache_salt=salt,
+        open_ended=msg.params.fill_context and not msg.params.HasField("max_tokens"),
     )

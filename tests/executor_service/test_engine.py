@@ -365,3 +365,24 @@ def test_the_end_of_sequence_token_names_no_stop_reason(tiny_model_dir: Path) ->
     while engine.has_work:
         finished += engine.step().finished
     assert [(f.reason, f.stop_reason) for f in finished] == [(FinishReason.STOP, None)]
+
+
+def test_a_stop_token_is_named_before_the_stop_string_its_own_text_completes(tiny_model_dir: Path) -> None:
+    """With include_stop_str_in_output the stop token's text is pushed, and may complete a stop
+    string too: vLLM checks stop tokens first, so the token is the stop_reason."""
+    engine = make_engine(tiny_model_dir)
+    prompt = prompts(1, seed=5)[0]
+    free = run_to_end(engine, {0: [admit("f", prompt, 10)]})["f"]
+    decode = engine.tokenizer.decode  # type: ignore[attr-defined]
+    at = next(i for i in range(1, len(free)) if free[i] not in free[:i] and decode([free[i]]).strip())
+    text = decode([free[at]])
+    if text in decode(free[:at]):
+        pytest.skip("the stop token's text comes earlier in the output")
+    params = SamplingParams(
+        max_tokens=10, ignore_eos=True, stop_token_ids=(free[at],), stop=(text,), include_stop_str_in_output=True
+    )
+    engine.apply(PlanUpdate(seq=9, admit=(AdmitSpec("s", tuple(prompt), (), params, 0.0),)))
+    finished: list[FinishOut] = []
+    while engine.has_work:
+        finished += engine.step().finished
+    assert [(f.reason, f.stop_reason) for f in finished] == [(FinishReason.STOP, free[at])]

@@ -188,3 +188,14 @@ def test_a_failed_stream_ends_with_response_failed() -> None:
     assert error["type"] == "error" and error["message"] == "boom"
     last = events.end()[-1]
     assert last["type"] == "response.failed" and last["response"]["error"] == {"code": "x", "message": "boom"}
+
+
+def test_null_fields_read_as_left_out_and_a_cancelled_stream_ends_as_completed_events_do() -> None:
+    chat, echo = chat_body({"input": "Hi", "truncation": None, "previous_response_id": None, "include": None})
+    assert chat["messages"] == [{"role": "user", "content": "Hi"}]
+    events = ResponseEvents(echo)
+    events.feed(_chunk({"content": "Hel"}))
+    events.feed(_chunk({}, finish="abort"))
+    last = events.end()[-1]
+    # The API has no event of its own for a cancelled response: its status says so.
+    assert last["type"] == "response.completed" and last["response"]["status"] == "cancelled"

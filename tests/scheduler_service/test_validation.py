@@ -402,3 +402,9 @@ def test_a_truncated_prompt_leaves_room_for_the_output() -> None:
 def test_max_tokens_zero_scores_the_prompt() -> None:
     p = run(make(params={"max_tokens": 0, "prompt_logprobs": 1})).params
     assert p.max_tokens == 0 and p.prompt_logprobs == 1
+
+
+def test_only_a_request_that_fills_the_context_unasked_is_open_ended() -> None:
+    assert run(make(prompt="hi", params={"fill_context": True})).open_ended
+    assert not run(make(prompt="hi", params={"fill_context": True, "max_tokens": 9})).open_ended
+    assert not run(make(prompt="hi")).open_ended
