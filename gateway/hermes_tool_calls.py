@@ -3,6 +3,9 @@ calls (and the generated models' chat template renders them): each call is
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in the output, and the text before the
 first call is the message's content. vLLM's ``hermes`` parser reads the same syntax.
 
+Qwen3-Coder's syntax puts other bodies between the same tags (``qwen3_coder_tool_calls``): both
+read a body with ``read_call``.
+
 ``parse`` reads a whole output. ``HermesStream`` reads one as it streams: text goes out as content
 until the first call opens (a tail that may be the start of the opening tag is held back), and
 each call goes out once it closes, or at the end if what is left parses, since its arguments are
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.split_tags import tag_prefix_len
@@ -30,15 +34,20 @@ class ParsedCall:
     arguments: str  # JSON text
 
 
-def parse(text: str) -> tuple[str | None, list[ParsedCall]]:
+# One call's body, between the tags, as a call (None: it is not one).
+ReadCall = Callable[[str], "ParsedCall | None"]
+
+
+def parse(text: str, read_call: ReadCall | None = None) -> tuple[str | None, list[ParsedCall]]:
     """The content before the first call (None if empty) and the calls; ``(text, [])`` where the
     output makes no call, or something between the tags is not one."""
+    read_call = read_call or _call
     start = text.find(OPEN)
     if start < 0:
         return text, []
     calls = []
     for body in _CALLS.findall(text, start):
-        call = _call(body)
+        call = read_call(body)
         if call is None:
             return text, []
         calls.append(call)
@@ -59,7 +68,8 @@ def _call(body: str) -> ParsedCall | None:
 class HermesStream:
     """One streamed output, read piece by piece."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_call: ReadCall | None = None) -> None:
+        self._read_call = read_call or _call
         self._pending = ""  # text not sent yet: a possible start of OPEN, or an open call's body
         self._in_call = False
         self.calls = 0  # calls sent so far
@@ -90,7 +100,7 @@ class HermesStream:
             body = self._pending if end < 0 else self._pending[:end]
             self._pending = "" if end < 0 else self._pending[end + len(CLOSE) :]
             self._in_call = False
-            call = _call(body)
+            call = self._read_call(body)
             if call is not None:
                 calls.append(call)
             elif before_calls:  # not a call after all: text

@@ -14,7 +14,8 @@ OpenAI's ``tool_calls`` shape.
 - ``"auto"``, the default once tools are given: whether to call is the model's, written in a
   syntax of its own that the gateway must parse: ``baton gateway --tool-call-parser`` ``hermes``
   (``hermes_tool_calls``), ``llama3_json`` (``llama3_tool_calls``), ``mistral``
-  (``mistral_tool_calls``) or ``pythonic`` (``pythonic_tool_calls``), as vLLM's
+  (``mistral_tool_calls``), ``pythonic`` (``pythonic_tool_calls``) or ``qwen3_coder``
+  (``qwen3_coder_tool_calls``), as vLLM's
   ``--enable-auto-tool-choice --tool-call-parser``. The
   answer's content is the text before the first call, and ``finish_reason`` is ``"tool_calls"``
   where it calls. Without a parser, ``"auto"`` is a 400, as vLLM answers without its flags. The
@@ -37,11 +38,17 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from common.pb import generate_pb2 as pb
-from gateway import hermes_tool_calls, llama3_tool_calls, mistral_tool_calls, pythonic_tool_calls
+from gateway import (
+    hermes_tool_calls,
+    llama3_tool_calls,
+    mistral_tool_calls,
+    pythonic_tool_calls,
+    qwen3_coder_tool_calls,
+)
 from gateway.errors import BadRequest
 from gateway.hermes_tool_calls import ParsedCall
 
@@ -64,22 +71,36 @@ def openai_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+Schemas = Mapping[str, Mapping[str, Any]]  # each tool's parameters' JSON schema, by name
+
+
 @dataclass(frozen=True)
 class ToolSyntax:
-    """A model family's tool-call syntax: how to read a whole output and a streamed one, and the
-    ids its calls get (some templates accept only their own kind)."""
+    """A model family's tool-call syntax: how to read a whole output and a streamed one (given the
+    tools' schemas, which a syntax of untyped values reads its values by), and the ids its calls
+    get (some templates accept only their own kind)."""
 
-    parse: Callable[[str], tuple[str | None, list[ParsedCall]]]
-    stream: Callable[[], CallStream]
+    parse: Callable[[str, Schemas], tuple[str | None, list[ParsedCall]]]
+    stream: Callable[[Schemas], CallStream]
     call_id: Callable[[], str] = openai_call_id
+
+
+def _untyped(
+    parse: Callable[[str], tuple[str | None, list[ParsedCall]]],
+    stream: Callable[[], CallStream],
+    call_id: Callable[[], str] = openai_call_id,
+) -> ToolSyntax:
+    """A syntax whose arguments are JSON already: it reads no schemas."""
+    return ToolSyntax(lambda text, _schemas: parse(text), lambda _schemas: stream(), call_id)
 
 
 # The tool-call syntaxes the gateway can read, for "auto" (``--tool-call-parser``).
 _SYNTAXES = {
-    "hermes": ToolSyntax(hermes_tool_calls.parse, hermes_tool_calls.HermesStream),
-    "llama3_json": ToolSyntax(llama3_tool_calls.parse, llama3_tool_calls.Llama3Stream),
-    "mistral": ToolSyntax(mistral_tool_calls.parse, mistral_tool_calls.MistralStream, mistral_tool_calls.call_id),
-    "pythonic": ToolSyntax(pythonic_tool_calls.parse, pythonic_tool_calls.PythonicStream),
+    "hermes": _untyped(hermes_tool_calls.parse, hermes_tool_calls.HermesStream),
+    "llama3_json": _untyped(llama3_tool_calls.parse, llama3_tool_calls.Llama3Stream),
+    "mistral": _untyped(mistral_tool_calls.parse, mistral_tool_calls.MistralStream, mistral_tool_calls.call_id),
+    "pythonic": _untyped(pythonic_tool_calls.parse, pythonic_tool_calls.PythonicStream),
+    "qwen3_coder": ToolSyntax(qwen3_coder_tool_calls.parse, qwen3_coder_tool_calls.Qwen3CoderStream),
 }
 TOOL_CALL_PARSERS = tuple(_SYNTAXES)
 
@@ -94,6 +115,8 @@ class ToolCalling:
     # parallel_tool_calls: false keeps "auto" to the first call the model writes ("required"'s
     # schema allows only one), as vLLM does.
     parallel: bool = True
+    # "auto": the tools' parameter schemas, for a syntax that types its values by them.
+    schemas: Schemas = field(default_factory=dict, compare=False)
 
     def call_id(self) -> str:
         """A new call's id, of the kind the model's template takes back."""
@@ -107,7 +130,7 @@ class ToolCalling:
     def whole_message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """The assistant message and finish reason of a whole answer whose output is ``text``."""
         if self.mode == AUTO:
-            content, parsed = _SYNTAXES[self.parser].parse(text)
+            content, parsed = _SYNTAXES[self.parser].parse(text, self.schemas)
             parsed = parsed if self.parallel else parsed[:1]
             if not parsed:
                 return {"role": "assistant", "content": text}, finish_reason
@@ -145,7 +168,7 @@ class ToolCallStream:
         self.calling = calling
         self._text = ""
         self._id = ""
-        self._written = _SYNTAXES[calling.parser].stream() if calling.mode == AUTO else None
+        self._written = _SYNTAXES[calling.parser].stream(calling.schemas) if calling.mode == AUTO else None
 
     def feed(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any] | None, str | None, str]:
         """``(tool_calls delta or None, finish reason to send, text to send as content)`` for one
@@ -197,7 +220,7 @@ def parse_tools(
     if choice == "none":
         return ToolCalling(NONE, parser=parser, parallel=parallel), tools_json, None
     if (choice is None or choice == "auto") and parser:
-        return ToolCalling(AUTO, parser=parser, parallel=parallel), tools_json, None
+        return ToolCalling(AUTO, parser=parser, parallel=parallel, schemas=functions), tools_json, None
     if choice is None or choice == "auto":
         raise BadRequest(
             'tool_choice "auto" (the default with tools) needs a parser of the model\'s own tool-call syntax, '

@@ -43,11 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tool-call-parser",
         default="",
-        choices=["", "hermes", "llama3_json", "mistral", "pythonic"],
+        choices=["", "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"],
         help='serve chat tool_choice "auto" (the default once a request brings tools), reading the calls the '
         "model writes in this syntax: hermes (<tool_call>{...}</tool_call>: Hermes 2 Pro and 3, Qwen 2.5 and later), "
         'llama3_json (a JSON call, {"name", "parameters"}: Llama 3.1 and later), mistral ([TOOL_CALLS]: Mistral\'s '
-        "instruct models) or pythonic ([f(x=1)]: Llama 3.2 and 4's pythonic templates); default: none, and "
+        "instruct models), pythonic ([f(x=1)]: Llama 3.2 and 4's pythonic templates) or qwen3_coder "
+        "(<tool_call><function=f><parameter=x>: Qwen3-Coder); default: none, and "
         '"auto" is a 400',
     )
     parser.add_argument(

@@ -953,6 +953,7 @@ async def test_return_token_ids_gives_the_prompts_and_the_outputs_ids(served: Se
         ("llama3_json", r'\{"name": "clock", "parameters": \{\}\}', None, r"call_[0-9a-f]{24}"),
         ("mistral", r"Checking\. \[TOOL_CALLS\]clock\[ARGS\]\{\}", "Checking. ", r"[A-Za-z0-9]{9}"),
         ("pythonic", r"\[clock\(\)\]", None, r"call_[0-9a-f]{24}"),
+        ("qwen3_coder", r"<tool_call>\n<function=clock>\n</function>\n</tool_call>", None, r"call_[0-9a-f]{24}"),
     ],
 )
 async def test_auto_tool_choice_reads_each_syntax(
