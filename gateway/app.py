@@ -278,7 +278,7 @@ class Gateway:
         """The Baton requests of an OpenAI request's ``body``, and how to answer it."""
         parsed = parse_chat(body, self.tool_call_parser) if chat else parse_completion(body)
         if chat and self.reasoning is not None:
-            self.reasoning.hold_off_constraint(parsed.request.params)
+            self.reasoning.prepare(parsed.request.params)
         apply_headers(parsed.request, request.headers)
         self.auth.scope(parsed.request, caller, request.headers.get(TENANT_HEADER, ""))
         model = await self.served.resolve(parsed.model, caller.metadata)
@@ -509,7 +509,7 @@ def create_app(
     ``max_body_bytes`` is answered 413. A request's ``model`` must name the served model, as the
     executors registered it or as one of ``model_aliases``. ``tool_call_parser`` (one of
     ``openai_tools.TOOL_CALL_PARSERS``) serves tool_choice "auto", reading the calls in the model's
-    syntax; empty, "auto" is refused. ``reasoning_parser`` (``deepseek_r1``, ``qwen3``) splits chat
+    syntax; empty, "auto" is refused. ``reasoning_parser`` (``reasoning.REASONING_PARSERS``) splits chat
     answers' thinking from them (``reasoning``). ``cors``: which web pages may call it (``gateway.cors``).
     """
     gateway = Gateway(

@@ -1,8 +1,10 @@
 """Reasoning models' thinking, split from their answers: ``<think>...</think>`` before the answer,
-as DeepSeek-R1, QwQ and Qwen3 write it, returned in the message's ``reasoning_content`` (and
-``reasoning``, the newer name) instead of ``content``, as vLLM's ``--reasoning-parser`` does.
+as DeepSeek-R1, QwQ and Qwen3 write it (``[THINK]...[/THINK]`` for Mistral's Magistral), returned
+in the message's ``reasoning_content`` (and ``reasoning``, the newer name) instead of
+``content``, as vLLM's ``--reasoning-parser`` does.
 
-Two parsers (``baton gateway --reasoning-parser``), differing where the output has no end tag:
+The parsers (``baton gateway --reasoning-parser``) differ in their tags and where the output has
+no end tag:
 
 - ``deepseek_r1``: the model's template opens the thinking in the prompt, so an output is
   reasoning until ``</think>`` (an output without one is all reasoning, cut short); a leading
@@ -10,6 +12,9 @@ Two parsers (``baton gateway --reasoning-parser``), differing where the output h
 - ``qwen3``: thinking can be switched off (``chat_template_kwargs: {"enable_thinking": false}``),
   so an output without ``</think>`` is all answer. Streamed, an output is reasoning until
   ``</think>`` only if it opens with ``<think>``.
+- ``mistral``: as ``qwen3``, with Magistral's ``[THINK]`` and ``[/THINK]``. They are special
+  tokens, whose text an output keeps only with ``skip_special_tokens`` false, so the parser asks
+  for it unless the request says otherwise, as vLLM's does.
 
 A tag split across two messages is held back until it is whole. Tool calls (``openai_tools``) are
 read from the answer alone. A structured output (``response_format``, a forced tool call) holds
@@ -26,7 +31,22 @@ from gateway.split_tags import tag_prefix_len
 
 START = "<think>"
 END = "</think>"
-REASONING_PARSERS = ("deepseek_r1", "qwen3")
+
+
+@dataclass(frozen=True)
+class _Tags:
+    start: str
+    end: str
+    opened_in_prompt: bool  # an output without the end tag is all thinking (else all answer)
+    special: bool = False  # the tags are special tokens: their text must be kept
+
+
+_PARSERS = {
+    "deepseek_r1": _Tags(START, END, opened_in_prompt=True),
+    "qwen3": _Tags(START, END, opened_in_prompt=False),
+    "mistral": _Tags("[THINK]", "[/THINK]", opened_in_prompt=False, special=True),
+}
+REASONING_PARSERS = tuple(_PARSERS)
 
 
 @dataclass(frozen=True)
@@ -39,24 +59,32 @@ class Reasoning:
         if self.parser not in REASONING_PARSERS:
             raise ValueError(f"unknown reasoning parser {self.parser!r}; choose one of {', '.join(REASONING_PARSERS)}")
 
-    def hold_off_constraint(self, params: pb.SamplingParams) -> None:
-        """A structured output of ``params`` constrains the answer: its grammar waits for the end
-        of the thinking."""
+    @property
+    def tags(self) -> _Tags:
+        return _PARSERS[self.parser]
+
+    def prepare(self, params: pb.SamplingParams) -> None:
+        """A request's ``params`` as its output's split needs them: a structured output constrains
+        the answer, its grammar waiting for the end of the thinking, and tags that are special
+        tokens are kept in the text, where they are split."""
         if params.HasField("structured_output"):
-            params.structured_output.starts_after = END
+            params.structured_output.starts_after = self.tags.end
+        if self.tags.special and not params.HasField("skip_special_tokens"):
+            params.skip_special_tokens = False
 
     def split(self, text: str) -> tuple[str | None, str | None]:
         """A whole output's reasoning and answer (None where there is none)."""
-        if END not in text:
-            if self.parser == "qwen3":
+        tags = self.tags
+        if tags.end not in text:
+            if not tags.opened_in_prompt:
                 return None, text
-            return _after_start(text) or None, None
-        reasoning, _, answer = text.partition(END)
-        return _after_start(reasoning) or None, answer or None
+            return self._after_start(text) or None, None
+        reasoning, _, answer = text.partition(tags.end)
+        return self._after_start(reasoning) or None, answer or None
 
-
-def _after_start(text: str) -> str:
-    return text[len(START) :] if text.startswith(START) else text
+    def _after_start(self, text: str) -> str:
+        start = self.tags.start
+        return text[len(start) :] if text.startswith(start) else text
 
 
 class ReasoningStream:
@@ -71,23 +99,24 @@ class ReasoningStream:
         """The reasoning and the answer that ``text`` adds (``final``: the output ends with it)."""
         self._pending += text
         thought = answered = ""
+        tags = self.reasoning.tags
         if self._state == "start":
-            if START.startswith(self._pending) and not final:
+            if tags.start.startswith(self._pending) and not final:
                 return "", ""  # it may yet open with the tag
-            if self._pending.startswith(START):
-                self._pending = self._pending[len(START) :]
+            if self._pending.startswith(tags.start):
+                self._pending = self._pending[len(tags.start) :]
                 self._state = "thinking"
             else:
-                self._state = "thinking" if self.reasoning.parser == "deepseek_r1" else "answer"
+                self._state = "thinking" if tags.opened_in_prompt else "answer"
         if self._state == "thinking":
-            end = self._pending.find(END)
+            end = self._pending.find(tags.end)
             if end < 0:
-                keep = 0 if final else tag_prefix_len(self._pending, END)
+                keep = 0 if final else tag_prefix_len(self._pending, tags.end)
                 thought = self._pending[: len(self._pending) - keep]
                 self._pending = self._pending[len(self._pending) - keep :]
                 return thought, ""
             thought = self._pending[:end]
-            self._pending = self._pending[end + len(END) :]
+            self._pending = self._pending[end + len(tags.end) :]
             self._state = "answer"
         answered, self._pending = self._pending, ""
         return thought, answered

@@ -54,10 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reasoning-parser",
         default="",
-        choices=["", "deepseek_r1", "qwen3"],
+        choices=["", "deepseek_r1", "qwen3", "mistral"],
         help="return a reasoning model's thinking (<think>...</think>) in chat answers' reasoning_content "
-        "instead of their content: deepseek_r1 (R1, QwQ: an answer without </think> is all thinking) or qwen3 "
-        "(an answer without </think> is all answer); default: none",
+        "instead of their content: deepseek_r1 (R1, QwQ: an answer without </think> is all thinking), qwen3 "
+        "(an answer without </think> is all answer) or mistral (Magistral's [THINK]...[/THINK], as qwen3); "
+        "default: none",
     )
     for flag, what in (("origins", "origins (web pages) that"), ("methods", "HTTP methods"), ("headers", "headers")):
         parser.add_argument(

@@ -20,6 +20,7 @@ from baton.cli import build_parser
 from common.pb import generate_pb2 as pb
 from gateway.app import create_app
 from gateway.openai_tools import TOOL_CALL_PARSERS
+from gateway.reasoning import REASONING_PARSERS
 from tests.conftest import free_port
 from tests.executor_service.reference import load_reference_model
 from tests.executor_service.test_token_logprobs import model_logprobs
@@ -539,6 +540,8 @@ def test_cli_has_gateway_subcommand() -> None:
     assert args.func is server.run
     for parser in TOOL_CALL_PARSERS:  # the flag offers every syntax the gateway reads
         assert build_parser().parse_args(["gateway", "--tool-call-parser", parser]).tool_call_parser == parser
+    for parser in REASONING_PARSERS:
+        assert build_parser().parse_args(["gateway", "--reasoning-parser", parser]).reasoning_parser == parser
 
 
 # ---- sampling controls and log probabilities ---------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 from common.pb import generate_pb2 as pb
 from gateway.reasoning import Reasoning, ReasoningStream
 
-R1, QWEN3 = Reasoning("deepseek_r1"), Reasoning("qwen3")
+R1, QWEN3, MISTRAL = Reasoning("deepseek_r1"), Reasoning("qwen3"), Reasoning("mistral")
 CASES = [
     (R1, "<think>Let me see.</think>It is 4.", ("Let me see.", "It is 4.")),
     (R1, "Let me see.</think>It is 4.", ("Let me see.", "It is 4.")),  # the prompt opened the thinking
@@ -19,6 +19,9 @@ CASES = [
     (QWEN3, "It is 4.", (None, "It is 4.")),  # enable_thinking false: no tags, all answer
     (QWEN3, "<think></think>It is 4.", (None, "It is 4.")),
     (QWEN3, "<thinking aloud> is no tag", (None, "<thinking aloud> is no tag")),
+    (MISTRAL, "[THINK]Hmm.[/THINK]It is 4.", ("Hmm.", "It is 4.")),  # Magistral's tags
+    (MISTRAL, "It is 4.", (None, "It is 4.")),
+    (MISTRAL, "<think>x</think>y", (None, "<think>x</think>y")),  # another family's tags are text
 ]
 
 
@@ -57,8 +60,14 @@ def test_an_unknown_parser_is_refused() -> None:
 
 def test_a_constrained_answer_waits_for_the_end_of_thinking() -> None:
     params = pb.SamplingParams(structured_output=pb.StructuredOutput(json_object=True))
-    QWEN3.hold_off_constraint(params)
+    QWEN3.prepare(params)
     assert params.structured_output.starts_after == "</think>"
     free = pb.SamplingParams()
-    R1.hold_off_constraint(free)
-    assert not free.HasField("structured_output")
+    R1.prepare(free)
+    assert not free.HasField("structured_output") and not free.HasField("skip_special_tokens")
+    magistral = pb.SamplingParams(structured_output=pb.StructuredOutput(json_object=True))
+    MISTRAL.prepare(magistral)  # its tags are special tokens: their text is kept, to be split
+    assert magistral.structured_output.starts_after == "[/THINK]" and not magistral.skip_special_tokens
+    asked = pb.SamplingParams(skip_special_tokens=True)
+    MISTRAL.prepare(asked)
+    assert asked.skip_special_tokens  # the request's own choice stands
