@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import BadRequest
+from gateway.output_blocks import CALL, REASONING, TEXT, Block, BlockEvent, OutputBlocks
 
 # Chat fields a Responses request may carry as they are: vLLM's sampling extensions among them.
 _PASSED = (
@@ -287,20 +288,15 @@ def _call_item(call_id: str, name: str, arguments: str, status: str = "completed
 
 class ResponseEvents:
     """The Responses API's stream events of one chat stream, chunk by chunk: each output item
-    (thinking, text, each call) opens, grows by deltas and closes in turn, and the last event
-    holds the whole response."""
+    (thinking, text, each call: ``output_blocks``) opens, grows by deltas and closes in turn, and
+    the last event holds the whole response."""
 
     def __init__(self, echo: ResponseEcho) -> None:
         self._echo = echo
+        self._blocks = OutputBlocks()
         self._sequence = 0
-        self._head: Mapping[str, Any] = {}  # the first chunk's id, created and model
         self._rid = ""
-        self._output: list[dict[str, Any]] = []  # closed items
-        self._open: dict[str, Any] | None = None  # the item growing now
-        self._open_key: Any = None  # what it is: "reasoning", "message", or ("call", index)
-        self._open_text = ""  # its text so far (reasoning, message)
-        self._finish: str | None = None
-        self._usage: Mapping[str, Any] | None = None
+        self._output: list[dict[str, Any]] = []  # the closed items
         self._error: Mapping[str, Any] | None = None  # what ended the stream, if it failed
 
     def feed(self, chunk: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -309,92 +305,69 @@ class ResponseEvents:
             error = self._error = chunk["error"]
             return [self._event("error", code=error.get("code"), message=error["message"], param=error.get("param"))]
         events = []
-        if not self._head:
-            self._head, self._rid = chunk, chunk["id"].removeprefix("chatcmpl-")
+        if not self._blocks.started:
+            self._rid = chunk["id"].removeprefix("chatcmpl-")
+            self._blocks.head = chunk  # the response's id, time and model, before any block
             started = self._snapshot(final=False)
             events.append(self._event("response.created", response=started))
             events.append(self._event("response.in_progress", response=started))
-        if chunk.get("usage"):
-            self._usage = chunk["usage"]
-        for choice in chunk.get("choices", ()):
-            delta = choice.get("delta", {})
-            if delta.get("reasoning"):
-                events += self._grow("reasoning", delta["reasoning"])
-            if delta.get("content"):
-                events += self._grow("message", delta["content"])
-            for call in delta.get("tool_calls", ()):
-                events += self._grow_call(call)
-            if choice.get("finish_reason") is not None:
-                self._finish = choice["finish_reason"]
+        for change in self._blocks.feed(chunk):
+            events += self._events_of(change)
         return events
 
     def end(self) -> list[dict[str, Any]]:
         """The closing events, once the chat stream has ended."""
-        if not self._head:
+        if not self._blocks.started:
             return []
-        events = self._close()
+        events = [event for change in self._blocks.end() for event in self._events_of(change)]
         response = self._snapshot(final=True)
         if self._error is not None:
             response.update(status="failed", error={"code": self._error.get("code"), "message": self._error["message"]})
         return [*events, self._event(_LAST_EVENT.get(response["status"], "response.completed"), response=response)]
 
     def _snapshot(self, final: bool) -> dict[str, Any]:
-        finish = (self._finish or "stop") if final else None
-        return _response(self._rid, self._head, finish, list(self._output), self._usage, self._echo)
+        blocks = self._blocks
+        finish = (blocks.finish_reason or "stop") if final else None
+        return _response(self._rid, blocks.head, finish, list(self._output), blocks.usage, self._echo)
 
-    def _grow(self, kind: str, text: str) -> list[dict[str, Any]]:
-        events = []
-        if self._open_key != kind:
-            events += self._close()
-            if kind == "reasoning":
-                events += self._start(kind, _reasoning_item(self._rid, "", "in_progress"))
-            else:
-                events += self._start(kind, _message_item(self._rid, "", "in_progress"))
-                events.append(self._item_event("response.content_part.added", content_index=0, part=_text_part("")))
-        self._open_text += text
-        name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-        return [*events, self._item_event(name, content_index=0, delta=text)]
-
-    def _grow_call(self, call: Mapping[str, Any]) -> list[dict[str, Any]]:
-        events = []
-        key = ("call", call.get("index", 0))
-        function = call.get("function", {})
-        if self._open_key != key:
-            events += self._close()
-            events += self._start(key, _call_item(call.get("id", ""), function.get("name", ""), "", "in_progress"))
-        arguments = function.get("arguments", "")
-        if arguments and self._open is not None:
-            self._open["arguments"] += arguments
-            events.append(self._item_event("response.function_call_arguments.delta", delta=arguments))
-        return events
-
-    def _start(self, key: Any, item: dict[str, Any]) -> list[dict[str, Any]]:
-        self._open, self._open_key, self._open_text = item, key, ""
-        return [self._event("response.output_item.added", output_index=len(self._output), item=dict(item))]
-
-    def _close(self) -> list[dict[str, Any]]:
-        item, text = self._open, self._open_text
-        if item is None:
-            return []
-        events = []
-        if item["type"] == "function_call":
-            events.append(self._item_event("response.function_call_arguments.done", arguments=item["arguments"]))
-            done = {**item, "status": "completed"}
-        elif item["type"] == "reasoning":
-            events.append(self._item_event("response.reasoning_text.done", content_index=0, text=text))
-            done = _reasoning_item(self._rid, text)
+    def _events_of(self, change: BlockEvent) -> list[dict[str, Any]]:
+        block = change.block
+        item_id = self._item(block, "in_progress")["id"]
+        at = {"item_id": item_id, "output_index": block.index}
+        if change.what == "open":
+            events = [
+                self._event(
+                    "response.output_item.added", output_index=block.index, item=self._item(block, "in_progress")
+                )
+            ]
+            if block.kind == TEXT:
+                events.append(self._event("response.content_part.added", **at, content_index=0, part=_text_part("")))
+            return events
+        if change.what == "delta":
+            if block.kind == CALL:
+                return [self._event("response.function_call_arguments.delta", **at, delta=change.delta)]
+            kind = "response.reasoning_text.delta" if block.kind == REASONING else "response.output_text.delta"
+            return [self._event(kind, **at, content_index=0, delta=change.delta)]
+        if block.kind == CALL:
+            events = [self._event("response.function_call_arguments.done", **at, arguments=block.text)]
+        elif block.kind == REASONING:
+            events = [self._event("response.reasoning_text.done", **at, content_index=0, text=block.text)]
         else:
-            events.append(self._item_event("response.output_text.done", content_index=0, text=text))
-            events.append(self._item_event("response.content_part.done", content_index=0, part=_text_part(text)))
-            done = _message_item(self._rid, text)
-        events.append(self._event("response.output_item.done", output_index=len(self._output), item=done))
+            events = [
+                self._event("response.output_text.done", **at, content_index=0, text=block.text),
+                self._event("response.content_part.done", **at, content_index=0, part=_text_part(block.text)),
+            ]
+        done = self._item(block, "completed")
         self._output.append(done)
-        self._open = self._open_key = None
-        return events
+        return [*events, self._event("response.output_item.done", output_index=block.index, item=done)]
 
-    def _item_event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        item_id = self._open["id"] if self._open is not None else ""
-        return self._event(kind, item_id=item_id, output_index=len(self._output), **fields)
+    def _item(self, block: Block, status: str) -> dict[str, Any]:
+        text = block.text if status == "completed" else ""
+        if block.kind == CALL:
+            return _call_item(block.call_id, block.name, text, status)
+        if block.kind == REASONING:
+            return _reasoning_item(self._rid, text, status)
+        return _message_item(self._rid, text, status)
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
