@@ -11,10 +11,10 @@ import importlib.metadata
 import json
 import logging
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -28,12 +28,15 @@ from common.keys import sample_id
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
 from common.tracing import client_interceptors
+from gateway.anthropic_messages import MessageEvents, message_of
+from gateway.anthropic_messages import chat_body as anthropic_chat_body
+from gateway.anthropic_messages import error_body as anthropic_error
 from gateway.auth import Caller, ClientAuth
 from gateway.choice_stream import ChoiceStream
 from gateway.cors import OPEN_TO_ANY_ORIGIN, CorsPolicy
 from gateway.errors import BadRequest, GatewayError, ModelNotFound, from_rpc_error
 from gateway.openai_logprobs import ChoiceLogprobs
-from gateway.openai_responses import ResponseEcho, ResponseEvents, chat_body, response_of
+from gateway.openai_responses import ResponseEvents, chat_body, response_of
 from gateway.openai_tokenize import parse_detokenize, parse_tokenize, tokenize_answer
 from gateway.openai_tools import TOOL_CALL_PARSERS
 from gateway.openai_types import (
@@ -69,12 +72,19 @@ async def _sse_stream(chunks: AsyncIterator[dict[str, Any] | None]) -> AsyncIter
         yield _DONE if chunk is None else _sse(chunk)
 
 
-async def _response_events(chunks: AsyncIterator[dict[str, Any] | None], echo: ResponseEcho) -> AsyncIterator[bytes]:
-    """A chat stream as the Responses API's typed events (``event:`` and ``data:`` lines), as OpenAI
-    sends them: no [DONE]."""
-    events = ResponseEvents(echo)
+class _EventEncoder(Protocol):
+    """Another API's stream events of a chat stream (``ResponseEvents``, ``MessageEvents``)."""
+
+    def feed(self, chunk: Mapping[str, Any]) -> list[dict[str, Any]]: ...
+
+    def end(self) -> list[dict[str, Any]]: ...
+
+
+async def _typed_events(chunks: AsyncIterator[dict[str, Any] | None], encoder: _EventEncoder) -> AsyncIterator[bytes]:
+    """A chat stream as another API's typed events (``event:`` and ``data:`` lines), as OpenAI's
+    Responses API and Anthropic's Messages API send them: no [DONE]."""
     async for chunk in chunks:
-        for event in events.end() if chunk is None else events.feed(chunk):
+        for event in encoder.end() if chunk is None else encoder.feed(chunk):
             yield b"event: " + event["type"].encode() + b"\n" + _sse(event)
 
 
@@ -249,30 +259,56 @@ class Gateway:
         """OpenAI's Responses API, served as the chat request it amounts to (``openai_responses``)."""
         caller = self.auth.caller(request.headers)
         body, echo = chat_body(await _json_body(request, self.max_body_bytes))
-        generation = await self._prepare(request, caller, body, chat=True)
-        if not generation.parsed.stream:
-            whole = await self._whole(request, caller, generation)
-            if isinstance(whole, Response):
-                return whole
-            return JSONResponse(response_of(whole, echo), headers=generation.headers)
-        chunks = await self._open_stream(request, caller, generation)
-        if isinstance(chunks, Response):
-            return chunks
-        return StreamingResponse(
-            _response_events(chunks, echo), media_type="text/event-stream", headers=generation.headers
+        return await self._answer(
+            request,
+            caller,
+            body,
+            chat=True,
+            whole_as=lambda whole: response_of(whole, echo),
+            stream_as=lambda chunks: _typed_events(chunks, ResponseEvents(echo)),
         )
+
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API, served as the chat request it amounts to
+        (``anthropic_messages``); its errors in Anthropic's shape."""
+        try:
+            caller = self.auth.caller(request.headers)
+            body = anthropic_chat_body(await _json_body(request, self.max_body_bytes))
+            return await self._answer(
+                request,
+                caller,
+                body,
+                chat=True,
+                whole_as=message_of,
+                stream_as=lambda chunks: _typed_events(chunks, MessageEvents()),
+            )
+        except GatewayError as error:
+            return JSONResponse(anthropic_error(error), status_code=error.status, headers=error.headers)
 
     async def _generate(self, request: Request, chat: bool) -> Response:
         caller = self.auth.caller(request.headers)  # before the body: an unknown caller learns nothing
         body = await _json_body(request, self.max_body_bytes)
+        return await self._answer(request, caller, body, chat)
+
+    async def _answer(
+        self,
+        request: Request,
+        caller: Caller,
+        body: Mapping[str, Any],
+        chat: bool,
+        whole_as: Callable[[dict[str, Any]], dict[str, Any]] = lambda whole: whole,
+        stream_as: Callable[[AsyncIterator[dict[str, Any] | None]], AsyncIterator[bytes]] = _sse_stream,
+    ) -> Response:
+        """The answer to an OpenAI request's ``body``: a whole one in the shape ``whole_as`` gives
+        it, a stream encoded by ``stream_as`` (OpenAI's server-sent chunks by default)."""
         generation = await self._prepare(request, caller, body, chat)
         if not generation.parsed.stream:
             whole = await self._whole(request, caller, generation)
-            return whole if isinstance(whole, Response) else JSONResponse(whole, headers=generation.headers)
+            return whole if isinstance(whole, Response) else JSONResponse(whole_as(whole), headers=generation.headers)
         chunks = await self._open_stream(request, caller, generation)
         if isinstance(chunks, Response):
             return chunks
-        return StreamingResponse(_sse_stream(chunks), media_type="text/event-stream", headers=generation.headers)
+        return StreamingResponse(stream_as(chunks), media_type="text/event-stream", headers=generation.headers)
 
     async def _prepare(self, request: Request, caller: Caller, body: Mapping[str, Any], chat: bool) -> _Generation:
         """The Baton requests of an OpenAI request's ``body``, and how to answer it."""
@@ -519,6 +555,7 @@ def create_app(
         Route("/v1/completions", gateway.completions, methods=["POST"]),
         Route("/v1/chat/completions", gateway.chat_completions, methods=["POST"]),
         Route("/v1/responses", gateway.responses, methods=["POST"]),
+        Route("/v1/messages", gateway.messages, methods=["POST"]),
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/v1/models/{model:path}", gateway.model, methods=["GET"]),
         Route("/tokenize", gateway.tokenize, methods=["POST"]),

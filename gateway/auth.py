@@ -49,7 +49,8 @@ class ClientAuth:
 
     def caller(self, headers: Mapping[str, str]) -> Caller:
         """The caller of a request with these headers; a 401 when auth is on and the token is not valid."""
-        token = bearer_token(headers.get("authorization", ""))
+        # Anthropic's clients send their key as x-api-key.
+        token = bearer_token(headers.get("authorization", "")) or headers.get("x-api-key", "").strip()
         if not _TOKEN.fullmatch(token):
             token = ""
         if not self.enabled:
@@ -57,7 +58,7 @@ class ClientAuth:
         principal = self._tokens.principal(token)
         if principal is None:
             # OpenAI's answer to a bad key: 401, type invalid_request_error, code invalid_api_key.
-            raise Unauthenticated("a valid API key is required: send Authorization: Bearer KEY")
+            raise Unauthenticated("a valid API key is required: send Authorization: Bearer KEY (or x-api-key: KEY)")
         return Caller(token, principal)
 
     @staticmethod

@@ -1024,3 +1024,31 @@ async def test_the_responses_api_calls_tools(served: Served) -> None:
         answer = await ai.responses.create(**{**body, "input": follow_up, "max_output_tokens": 3})
         assert answer.output[0].type == "message" and answer.usage is not None and called.usage is not None
         assert answer.usage.input_tokens > called.usage.input_tokens  # the call and its result went back
+
+
+# ---- Anthropic's Messages API -------------------------------------------------------------------
+
+
+async def test_the_messages_api_answers_as_the_chat_route(served: Served, client: openai.AsyncOpenAI) -> None:
+    """Anthropic's Messages API, whole and streamed as its events, says what the chat route says."""
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ]
+    chat = await client.chat.completions.create(
+        model=ALIAS, messages=messages, temperature=0, max_tokens=6, extra_body=NO_EOS
+    )
+    body = {"model": ALIAS, "system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6}
+    body |= {"temperature": 0, **NO_EOS}
+    async with httpx.AsyncClient(base_url=served.base_url) as http:
+        whole = (await http.post("/v1/messages", json=body)).json()
+        assert whole["content"] == [{"type": "text", "text": chat.choices[0].message.content}]
+        assert whole["stop_reason"] == "max_tokens" and whole["usage"]["output_tokens"] == 6
+        async with http.stream("POST", "/v1/messages", json={**body, "stream": True}) as reply:
+            lines = [line async for line in reply.aiter_lines() if line.startswith("data: ")]
+        events = [json.loads(line.removeprefix("data: ")) for line in lines]
+        assert events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop"
+        text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+        assert text == whole["content"][0]["text"] and events[-2]["delta"]["stop_reason"] == "max_tokens"
+        refused = await http.post("/v1/messages", json={k: v for k, v in body.items() if k != "max_tokens"})
+    assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"

@@ -128,3 +128,14 @@ def test_an_empty_tokens_file_stops_the_gateway_instead_of_serving_everyone(tmp_
     empty.write_text("")
     args = build_parser().parse_args(["gateway", "--port", "0", "--auth-tokens-file", str(empty)])
     assert args.func(args) == 2
+
+
+async def test_anthropic_clients_send_their_key_as_x_api_key(gateways: Gateways) -> None:
+    body = {"model": gateways.model, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    for base_url in (gateways.checking, gateways.forwarding):
+        async with httpx.AsyncClient(base_url=base_url) as http:
+            keyed = await http.post("/v1/messages", json=body, headers={"x-api-key": "tok-bob"})
+            wrong = await http.post("/v1/messages", json=body, headers={"x-api-key": "nope"})
+        assert keyed.status_code == 200, keyed.text
+        assert await _tenant(gateways, keyed.json()["id"].removeprefix("msg_")) == "bob"
+        assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
