@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from gateway.hermes_tool_calls import ParsedCall
 from gateway.openai_tools import CallStream
@@ -26,3 +26,15 @@ def read_streamed(stream: CallStream, pieces: list[str]) -> tuple[str, list[Pars
         calls += made
     assert stream.calls == len(calls)
     return content, calls
+
+
+def assert_streamed_as_parsed(
+    make_stream: Callable[[], CallStream], text: str, expected: tuple[str | None, list[ParsedCall]]
+) -> None:
+    """However ``text`` is cut into messages, its stream reads as the whole output parses
+    (``expected``): the same calls, and the content before them (all the text where it makes none)."""
+    whole_content, whole_calls = expected
+    for pieces in random_pieces(text):
+        content, calls = read_streamed(make_stream(), pieces)
+        assert calls == whole_calls, pieces
+        assert content == ((whole_content or "") if whole_calls else text), pieces

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.hermes_tool_calls import HermesStream, ParsedCall, parse
-from tests.gateway.streamed_pieces import random_pieces, read_streamed
+from tests.gateway.streamed_pieces import assert_streamed_as_parsed
 
 WEATHER = '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
 CLOCK = '<tool_call>\n{"name": "clock"}\n</tool_call>'
@@ -31,11 +31,7 @@ def test_parse(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None
 
 @pytest.mark.parametrize(("text", "expected"), CASES)
 def test_streamed_in_any_pieces_as_parsed_whole(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None:
-    whole_content, whole_calls = expected
-    for pieces in random_pieces(text):
-        content, calls = read_streamed(HermesStream(), pieces)
-        assert calls == whole_calls, pieces
-        assert content == (whole_content or "" if whole_calls else text), pieces
+    assert_streamed_as_parsed(HermesStream, text, expected)
 
 
 def test_a_possible_tag_start_is_held_until_it_is_not() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from gateway.hermes_tool_calls import ParsedCall
 from gateway.llama3_tool_calls import Llama3Stream, parse
-from tests.gateway.streamed_pieces import random_pieces, read_streamed
+from tests.gateway.streamed_pieces import assert_streamed_as_parsed
 
 WEATHER = '{"name": "weather", "parameters": {"city": "Oslo"}}'
 CASES = [
@@ -32,9 +32,7 @@ def test_parse(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None
 
 @pytest.mark.parametrize(("text", "expected"), CASES)
 def test_streamed_in_any_pieces_as_parsed_whole(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None:
-    for pieces in random_pieces(text):
-        content, calls = read_streamed(Llama3Stream(), pieces)
-        assert (content or None, calls) == (expected[0] if expected[1] else text, expected[1]), pieces
+    assert_streamed_as_parsed(Llama3Stream, text, expected)
 
 
 def test_text_streams_as_it_comes_once_it_shows_no_call() -> None:

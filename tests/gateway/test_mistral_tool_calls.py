@@ -8,7 +8,7 @@ import pytest
 
 from gateway.hermes_tool_calls import ParsedCall
 from gateway.mistral_tool_calls import MistralStream, call_id, parse
-from tests.gateway.streamed_pieces import random_pieces, read_streamed
+from tests.gateway.streamed_pieces import assert_streamed_as_parsed
 
 WEATHER = ParsedCall("weather", '{"city": "Oslo"}')
 CLOCK = ParsedCall("clock", "{}")
@@ -35,11 +35,7 @@ def test_parse(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None
 
 @pytest.mark.parametrize(("text", "expected"), CASES)
 def test_streamed_in_any_pieces_as_parsed_whole(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None:
-    whole_content, whole_calls = expected
-    for pieces in random_pieces(text):
-        content, calls = read_streamed(MistralStream(), pieces)
-        assert calls == whole_calls, pieces
-        assert content == ((whole_content or "") if whole_calls else text), pieces
+    assert_streamed_as_parsed(MistralStream, text, expected)
 
 
 def test_content_streams_until_the_marker() -> None:

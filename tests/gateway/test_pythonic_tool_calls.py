@@ -6,7 +6,7 @@ import pytest
 
 from gateway.hermes_tool_calls import ParsedCall
 from gateway.pythonic_tool_calls import PythonicStream, parse
-from tests.gateway.streamed_pieces import random_pieces, read_streamed
+from tests.gateway.streamed_pieces import assert_streamed_as_parsed
 
 WEATHER = ParsedCall("weather", '{"city": "Oslo", "days": 3}')
 CASES = [
@@ -38,9 +38,7 @@ def test_parse(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None
 
 @pytest.mark.parametrize(("text", "expected"), CASES)
 def test_streamed_in_any_pieces_as_parsed_whole(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None:
-    for pieces in random_pieces(text):
-        content, calls = read_streamed(PythonicStream(), pieces)
-        assert (content or None, calls) == (expected[0] if expected[1] else text, expected[1]), pieces
+    assert_streamed_as_parsed(PythonicStream, text, expected)
 
 
 def test_text_streams_as_it_comes_once_it_shows_no_call() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.hermes_tool_calls import ParsedCall
 from gateway.qwen3_coder_tool_calls import Qwen3CoderStream, parse
-from tests.gateway.streamed_pieces import random_pieces, read_streamed
+from tests.gateway.streamed_pieces import assert_streamed_as_parsed
 
 SCHEMAS: dict[str, Any] = {
     "weather": {
@@ -62,8 +62,4 @@ def test_parse(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None
 
 @pytest.mark.parametrize(("text", "expected"), CASES)
 def test_streamed_in_any_pieces_as_parsed_whole(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None:
-    whole_content, whole_calls = expected
-    for pieces in random_pieces(text):
-        content, calls = read_streamed(Qwen3CoderStream(SCHEMAS), pieces)
-        assert calls == whole_calls, pieces
-        assert content == ((whole_content or "") if whole_calls else text), pieces
+    assert_streamed_as_parsed(lambda: Qwen3CoderStream(SCHEMAS), text, expected)
