@@ -11,6 +11,7 @@ chat route serves it; ``message_of`` and ``MessageEvents`` rewrite the answer ba
 ``stop_sequence`` with the sequence that matched, ``tool_use``), and the usage with the prompt
 tokens read from the prefix cache as ``cache_read_input_tokens``; streamed, Anthropic's events from
 ``message_start`` to ``message_stop``. Errors take Anthropic's shape (``error_body``).
+``count_body`` is the ``/tokenize`` request of ``/v1/messages/count_tokens``.
 """
 
 from __future__ import annotations
@@ -47,29 +48,41 @@ def chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     max_tokens = body.get("max_tokens")
     if max_tokens is None:
         raise BadRequest("max_tokens is required", param="max_tokens")
-    chat: dict[str, Any] = {name: body[name] for name in _PASSED if name in body}
+    chat = _conversation(body)
+    chat.update({name: body[name] for name in _PASSED if name in body})
     chat["max_tokens"] = max_tokens
-    chat["messages"] = _system(body.get("system")) + _messages(body.get("messages"))
     stops = body.get("stop_sequences")
     if stops:
         chat["stop"] = stops
     user = (body.get("metadata") or {}).get("user_id") if isinstance(body.get("metadata"), dict) else None
     if user is not None:
         chat["user"] = user
-    tools = body.get("tools")
-    if tools:
-        chat["tools"] = [_chat_tool(tool) for tool in _list(tools, "tools")]
     choice = body.get("tool_choice")
     if choice is not None:
         chat.update(_chat_tool_choice(choice))
+    if chat.get("stream"):
+        chat["stream_options"] = {"include_usage": True}  # message_delta carries the output's usage
+    return chat
+
+
+def count_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``/tokenize`` renders for a ``count_tokens`` request: the prompt a Messages request
+    with its model, system, messages, tools and thinking would have."""
+    return {"model": body.get("model", ""), **_conversation(body)}
+
+
+def _conversation(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The chat fields that make a Messages request's prompt: messages, tools, template variables."""
+    chat: dict[str, Any] = {"messages": _system(body.get("system")) + _messages(body.get("messages"))}
+    tools = body.get("tools")
+    if tools:
+        chat["tools"] = [_chat_tool(tool) for tool in _list(tools, "tools")]
     thinking = body.get("thinking")
     if thinking is not None:
         kind = thinking.get("type") if isinstance(thinking, dict) else None
         if kind not in ("enabled", "disabled", "adaptive"):
             raise BadRequest('thinking must be {"type": "enabled"} or {"type": "disabled"}', param="thinking")
         chat["chat_template_kwargs"] = {"enable_thinking": kind != "disabled"}
-    if chat.get("stream"):
-        chat["stream_options"] = {"include_usage": True}  # message_delta carries the output's usage
     return chat
 
 

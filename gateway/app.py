@@ -30,6 +30,7 @@ from common.pb import generate_pb2_grpc
 from common.tracing import client_interceptors
 from gateway.anthropic_messages import MessageEvents, message_of
 from gateway.anthropic_messages import chat_body as anthropic_chat_body
+from gateway.anthropic_messages import count_body as anthropic_count_body
 from gateway.anthropic_messages import error_body as anthropic_error
 from gateway.auth import Caller, ClientAuth
 from gateway.choice_stream import ChoiceStream
@@ -284,6 +285,17 @@ class Gateway:
             )
         except GatewayError as error:
             return JSONResponse(anthropic_error(error), status_code=error.status, headers=error.headers)
+
+    async def count_message_tokens(self, request: Request) -> Response:
+        """Anthropic's ``/v1/messages/count_tokens``: the tokens of the prompt a Messages request
+        would have, as ``/tokenize`` renders it."""
+        try:
+            caller = self.auth.caller(request.headers)
+            model, call = parse_tokenize(anthropic_count_body(await _json_body(request, self.max_body_bytes)))
+            out = await self._tokenizer_call(self.stub.Tokenize, call, model, caller)
+        except GatewayError as error:
+            return JSONResponse(anthropic_error(error), status_code=error.status, headers=error.headers)
+        return JSONResponse({"input_tokens": len(out.token_ids)})
 
     async def _generate(self, request: Request, chat: bool) -> Response:
         caller = self.auth.caller(request.headers)  # before the body: an unknown caller learns nothing
@@ -556,6 +568,7 @@ def create_app(
         Route("/v1/chat/completions", gateway.chat_completions, methods=["POST"]),
         Route("/v1/responses", gateway.responses, methods=["POST"]),
         Route("/v1/messages", gateway.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", gateway.count_message_tokens, methods=["POST"]),
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/v1/models/{model:path}", gateway.model, methods=["GET"]),
         Route("/tokenize", gateway.tokenize, methods=["POST"]),

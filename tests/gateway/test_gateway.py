@@ -1051,4 +1051,9 @@ async def test_the_messages_api_answers_as_the_chat_route(served: Served, client
         text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
         assert text == whole["content"][0]["text"] and events[-2]["delta"]["stop_reason"] == "max_tokens"
         refused = await http.post("/v1/messages", json={k: v for k, v in body.items() if k != "max_tokens"})
+        counted = (
+            await http.post("/v1/messages/count_tokens", json={k: body[k] for k in ("model", "system", "messages")})
+        ).json()
     assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+    # count_tokens counts the prompt the request had: the tokens it read from the cache and the rest.
+    assert counted == {"input_tokens": whole["usage"]["input_tokens"] + whole["usage"]["cache_read_input_tokens"]}
