@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -36,6 +37,7 @@ from gateway.auth import Caller, ClientAuth
 from gateway.choice_stream import ChoiceStream
 from gateway.cors import OPEN_TO_ANY_ORIGIN, CorsPolicy
 from gateway.errors import BadRequest, GatewayError, ModelNotFound, from_rpc_error
+from gateway.metrics import GatewayMetrics, HttpMetrics
 from gateway.openai_logprobs import ChoiceLogprobs
 from gateway.openai_responses import ResponseEvents, chat_body, response_of
 from gateway.openai_tokenize import parse_detokenize, parse_tokenize, tokenize_answer
@@ -200,8 +202,8 @@ def _client_gone(watcher: asyncio.Task[None]) -> bool:
 class Gateway:
     """The route handlers, sharing one channel to ``target`` (a scheduler, or a balancer in front of several).
 
-    Every route but ``/health`` and ``/version`` identifies its caller first (``ClientAuth``) and
-    makes its calls to the scheduler with the caller's own credential.
+    Every route but ``/health``, ``/version`` and ``/metrics`` identifies its caller first
+    (``ClientAuth``) and makes its calls to the scheduler with the caller's own credential.
     """
 
     def __init__(
@@ -553,8 +555,8 @@ def create_app(
 
     With ``tracing``, each call to the scheduler carries the trace context (OpenTelemetry). With
     ``auth_tokens`` (bearer token -> tenant, as the scheduler's ``auth_tokens_file``), every route
-    but ``/health`` and ``/version`` needs one of those tokens (see ``gateway.auth``). A body over
-    ``max_body_bytes`` is answered 413. A request's ``model`` must name the served model, as the
+    but ``/health``, ``/version`` and ``/metrics`` needs one of those tokens (see ``gateway.auth``). A
+    body over ``max_body_bytes`` is answered 413. A request's ``model`` must name the served model, as the
     executors registered it or as one of ``model_aliases``. ``tool_call_parser`` (one of
     ``openai_tools.TOOL_CALL_PARSERS``) serves tool_choice "auto", reading the calls in the model's
     syntax; empty, "auto" is refused. ``reasoning_parser`` (``reasoning.REASONING_PARSERS``) splits chat
@@ -576,9 +578,14 @@ def create_app(
         Route("/health", gateway.health, methods=["GET"]),
         Route("/version", _version, methods=["GET"]),
     ]
+    metrics = GatewayMetrics(routes)
+    routes.append(Route("/metrics", metrics.endpoint, methods=["GET"]))
     handlers = {GatewayError: _gateway_error, HTTPException: _http_error, Exception: _unexpected}
     app = Starlette(
-        routes=routes, exception_handlers=handlers, lifespan=gateway.lifespan, middleware=[cors.middleware()]
+        routes=routes,
+        exception_handlers=handlers,
+        lifespan=gateway.lifespan,
+        middleware=[cors.middleware(), Middleware(HttpMetrics, metrics=metrics)],
     )
     app.state.gateway = gateway
     return app

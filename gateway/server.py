@@ -23,8 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--auth-tokens-file",
         default="",
         help="YAML file mapping API keys (bearer tokens) to tenants, as the scheduler's security.auth_tokens_file "
-        '("*" = admin); when set, every route but /health and /version needs "Authorization: Bearer KEY" and the '
-        "key sets the tenant (default: off; the client's key is still forwarded to the scheduler)",
+        '("*" = admin); when set, every route but /health, /version and /metrics needs "Authorization: Bearer KEY" '
+        "(or x-api-key: KEY) and the key sets the tenant (default: off; the client's key is still forwarded to the "
+        "scheduler)",
     )
     parser.add_argument(
         "--max-body-bytes",

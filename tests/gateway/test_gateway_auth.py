@@ -76,6 +76,8 @@ async def test_no_or_unknown_key_is_401_and_health_stays_open(gateways: Gateways
             tokenize = await http.post("/tokenize", json={"prompt": "Hi"})
             detokenize = await http.post("/detokenize", json={"tokens": [5]}, headers={"authorization": "Bearer nope"})
             health = await http.get("/health")
+            metrics = await http.get("/metrics")  # open as /health is: counts, nothing a request said
+        assert metrics.status_code == 200 and "baton:gateway_requests_total" in metrics.text
         for reply in (anonymous, wrong, models, tokenize, detokenize):
             assert reply.status_code == 401, (base_url, reply.text)
             assert reply.headers["www-authenticate"] == "Bearer"
