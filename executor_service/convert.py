@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from common.pb import executor_pb2 as pb
 from common.sampling_params import SamplingParams
+from common.stop_reason import write_stop_reason
 from executor_service.engine_io import AdmitSpec, FinishOut, KvCacheEvents, PlanUpdate, StepOutput, TokenOut
 from executor_service.load_metrics import DeviceLoad
 
@@ -43,10 +44,7 @@ def _delta_pb(out: TokenOut) -> pb.TokenDelta:
 
 def _finish_pb(out: FinishOut) -> pb.FinishedRequest:
     msg = pb.FinishedRequest(request_id=out.request_id, finish_reason=int(out.reason), text=out.text, error=out.error)
-    if isinstance(out.stop_reason, str):
-        msg.stop_string = out.stop_reason
-    elif out.stop_reason is not None:
-        msg.stop_token_id = out.stop_reason
+    write_stop_reason(msg, out.stop_reason)
     return msg
 
 

@@ -65,6 +65,7 @@ import xxhash
 from common.keys import MAX_NAME_CHARS, is_safe_name
 from common.logprobs import MAX_LOGPROBS
 from common.pb import generate_pb2 as pb
+from common.stop_reason import read_stop_reason
 from gateway.errors import BadRequest
 from gateway.openai_structured import structured_output
 from gateway.openai_tools import AUTO, ToolCalling, chat_messages, parse_tools
@@ -549,12 +550,6 @@ def apply_headers(request: pb.GenerateRequest, headers: Mapping[str, str]) -> No
     request.request_id = headers.get(REQUEST_ID_HEADER) or request.request_id or uuid.uuid4().hex
 
 
-def stop_reason(out: pb.GenerateResponse | pb.CompleteResponse) -> str | int | None:
-    """vLLM's ``stop_reason``: the stop string or stop token that ended ``out``, if one did."""
-    which = out.WhichOneof("stop_reason")
-    return getattr(out, which) if which is not None else None
-
-
 def usage_dict(usage: pb.Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": usage.prompt_tokens,
@@ -684,7 +679,7 @@ class Reply:
             "index": index,
             "logprobs": logprobs,
             "finish_reason": finish,
-            "stop_reason": stop_reason(sample),
+            "stop_reason": read_stop_reason(sample),
         }
         if self.token_ids:
             choice["token_ids"] = list(sample.token_ids)
@@ -736,7 +731,7 @@ class Reply:
             "finish_reason": finish or FINISH_REASON.get(finish_reason),
         }
         if choice["finish_reason"] is not None:
-            choice["stop_reason"] = stop_reason(stopped_by) if stopped_by is not None else None
+            choice["stop_reason"] = read_stop_reason(stopped_by) if stopped_by is not None else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:

@@ -15,6 +15,7 @@ from common.clock import now_ms
 from common.lifecycle import FinishReason
 from common.logprobs import Logprobs
 from common.pb import executor_pb2 as pb
+from common.stop_reason import read_stop_reason
 from scheduler_service.linked_requests import LinkedRequest
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.requests import TokenEvent
@@ -99,9 +100,8 @@ class ReportWrites:
         if req.deadline_ms:
             self._metrics.deadlines.labels("met" if now_ms() <= req.deadline_ms else "missed").inc()
         self._metrics.observe_finish(reason.name, usage, (now_ms() - req.arrival_ms) / 1000)
-        which = fin.WhichOneof("stop_reason")
-        stop_reason = getattr(fin, which) if which is not None else None
-        final = replace(event, text=event.text + fin.text, finish_reason=reason, usage=usage, stop_reason=stop_reason)
+        stop = read_stop_reason(fin)
+        final = replace(event, text=event.text + fin.text, finish_reason=reason, usage=usage, stop_reason=stop)
         return StepWrite(req.request_id, final, fin.error)
 
 

@@ -14,6 +14,7 @@ from common.lifecycle import FinishReason
 from common.logprobs import Logprobs
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
+from common.stop_reason import read_stop_reason, write_stop_reason
 from scheduler_service.batch_stream import BatchStream
 from scheduler_service.chat import Chat
 from scheduler_service.frontend import Frontend, RequestStatus
@@ -38,10 +39,7 @@ def response_pb(
     )
     if event.finish_reason is not FinishReason.NONE:
         msg.usage.CopyFrom(usage_pb(event.usage))
-    if isinstance(event.stop_reason, str):
-        msg.stop_string = event.stop_reason
-    elif event.stop_reason is not None:
-        msg.stop_token_id = event.stop_reason
+    write_stop_reason(msg, event.stop_reason)
     if event.logprobs is not None or event.prompt_logprobs is not None:
         if texts is None:
             raise ValueError("an event with log probabilities needs the tokenizer's texts")
@@ -111,8 +109,7 @@ def complete_pb(request_id: str, chunks: list[pb.GenerateResponse]) -> pb.Comple
         if chunk.finish_reason:
             out.finish_reason = chunk.finish_reason
             out.usage.CopyFrom(chunk.usage)
-            if (which := chunk.WhichOneof("stop_reason")) is not None:
-                setattr(out, which, getattr(chunk, which))
+            write_stop_reason(out, read_stop_reason(chunk))
     for k, out in by_sample.items():
         out.text = "".join(text[k])
     whole = pb.CompleteResponse()
