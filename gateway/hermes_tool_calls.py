@@ -32,6 +32,7 @@ _CALLS = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", 
 class ParsedCall:
     name: str
     arguments: str  # JSON text
+    call_id: str = ""  # the model's own id for the call, in a syntax that writes one (Kimi K2's)
 
 
 # One call's body, between the tags, as a call (None: it is not one).
@@ -57,12 +58,24 @@ def parse(text: str, read_call: ReadCall | None = None) -> tuple[str | None, lis
 def _call(body: str) -> ParsedCall | None:
     try:
         value = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     arguments = value.get("arguments", {})
-    return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False))
+    try:
+        return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False, allow_nan=False))
+    except ValueError:  # NaN or an infinity, which JSON has no form for
+        return None
+
+
+def json_object(text: str) -> str | None:
+    """``text`` as the JSON text of an object, the arguments of a call (None: it is not one)."""
+    try:
+        value = json.loads(text)
+        return json.dumps(value, ensure_ascii=False, allow_nan=False) if isinstance(value, dict) else None
+    except (ValueError, RecursionError):  # not JSON, NaN or an infinity, or nested past the parser's depth
+        return None
 
 
 class HermesStream:

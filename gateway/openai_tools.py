@@ -14,8 +14,9 @@ OpenAI's ``tool_calls`` shape.
 - ``"auto"``, the default once tools are given: whether to call is the model's, written in a
   syntax of its own that the gateway must parse: ``baton gateway --tool-call-parser`` ``hermes``
   (``hermes_tool_calls``), ``llama3_json`` (``llama3_tool_calls``), ``mistral``
-  (``mistral_tool_calls``), ``pythonic`` (``pythonic_tool_calls``) or ``qwen3_coder``
-  (``qwen3_coder_tool_calls``), as vLLM's
+  (``mistral_tool_calls``), ``pythonic`` (``pythonic_tool_calls``), ``qwen3_coder``
+  (``qwen3_coder_tool_calls``), ``glm45``/``glm47`` (``glm_tool_calls``),
+  ``deepseek_v3``/``deepseek_v31`` (``deepseek_tool_calls``) or ``kimi_k2`` (``kimi_k2_tool_calls``), as vLLM's
   ``--enable-auto-tool-choice --tool-call-parser``. The
   answer's content is the text before the first call, and ``finish_reason`` is ``"tool_calls"``
   where it calls. Without a parser, ``"auto"`` is a 400, as vLLM answers without its flags. The
@@ -43,7 +44,10 @@ from typing import Any, Protocol
 
 from common.pb import generate_pb2 as pb
 from gateway import (
+    deepseek_tool_calls,
+    glm_tool_calls,
     hermes_tool_calls,
+    kimi_k2_tool_calls,
     llama3_tool_calls,
     mistral_tool_calls,
     pythonic_tool_calls,
@@ -101,6 +105,12 @@ _SYNTAXES = {
     "mistral": _untyped(mistral_tool_calls.parse, mistral_tool_calls.MistralStream, mistral_tool_calls.call_id),
     "pythonic": _untyped(pythonic_tool_calls.parse, pythonic_tool_calls.PythonicStream),
     "qwen3_coder": ToolSyntax(qwen3_coder_tool_calls.parse, qwen3_coder_tool_calls.Qwen3CoderStream),
+    # vLLM names a parser for each form of DeepSeek's calls; one reads both.
+    "deepseek_v3": _untyped(deepseek_tool_calls.parse, deepseek_tool_calls.DeepSeekStream),
+    "deepseek_v31": _untyped(deepseek_tool_calls.parse, deepseek_tool_calls.DeepSeekStream),
+    "glm45": ToolSyntax(glm_tool_calls.parse, glm_tool_calls.GlmStream),
+    "glm47": ToolSyntax(glm_tool_calls.parse, glm_tool_calls.GlmStream),
+    "kimi_k2": _untyped(kimi_k2_tool_calls.parse, kimi_k2_tool_calls.KimiK2Stream),
 }
 TOOL_CALL_PARSERS = tuple(_SYNTAXES)
 
@@ -134,7 +144,7 @@ class ToolCalling:
             parsed = parsed if self.parallel else parsed[:1]
             if not parsed:
                 return {"role": "assistant", "content": text}, finish_reason
-            made = [self.call(found.name, found.arguments) for found in parsed]
+            made = [self.call(found.name, found.arguments, found.call_id) for found in parsed]
             return {"role": "assistant", "content": content, "tool_calls": made}, "tool_calls"
         calls = self.forced_calls(text, finish_reason)
         if calls is None:
@@ -155,9 +165,9 @@ class ToolCalling:
             return None
         return [self.call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
 
-    def call(self, name: str, arguments: str) -> dict[str, Any]:
-        """One call in OpenAI's ``tool_calls`` shape, with a new id."""
-        return {"id": self.call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+    def call(self, name: str, arguments: str, call_id: str = "") -> dict[str, Any]:
+        """One call in OpenAI's ``tool_calls`` shape, with the id the model wrote for it or a new one."""
+        return {"id": call_id or self.call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 class ToolCallStream:
@@ -178,7 +188,9 @@ class ToolCallStream:
             content, parsed = self._written.feed(text, final=finish_reason is not None)
             if not self.calling.parallel:
                 parsed = parsed[: max(0, 1 - sent)]
-            deltas = [{"index": sent + i, **self.calling.call(c.name, c.arguments)} for i, c in enumerate(parsed)]
+            deltas = [
+                {"index": sent + i, **self.calling.call(c.name, c.arguments, c.call_id)} for i, c in enumerate(parsed)
+            ]
             finish = "tool_calls" if finish_reason is not None and self._written.calls else finish_reason
             return ({"tool_calls": deltas} if deltas else None), finish, content
         self._text += text

@@ -44,12 +44,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tool-call-parser",
         default="",
-        choices=["", "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"],
+        choices=[
+            "",
+            "hermes",
+            "llama3_json",
+            "mistral",
+            "pythonic",
+            "qwen3_coder",
+            "glm45",
+            "glm47",
+            "deepseek_v3",
+            "deepseek_v31",
+            "kimi_k2",
+        ],
         help='serve chat tool_choice "auto" (the default once a request brings tools), reading the calls the '
         "model writes in this syntax: hermes (<tool_call>{...}</tool_call>: Hermes 2 Pro and 3, Qwen 2.5 and later), "
         'llama3_json (a JSON call, {"name", "parameters"}: Llama 3.1 and later), mistral ([TOOL_CALLS]: Mistral\'s '
-        "instruct models), pythonic ([f(x=1)]: Llama 3.2 and 4's pythonic templates) or qwen3_coder "
-        "(<tool_call><function=f><parameter=x>: Qwen3-Coder); default: none, and "
+        "instruct models), pythonic ([f(x=1)]: Llama 3.2 and 4's pythonic templates), qwen3_coder "
+        "(<tool_call><function=f><parameter=x>: Qwen3-Coder), glm45 or glm47 (<tool_call>f<arg_key>x</arg_key>: "
+        "GLM-4.5 to 4.7), deepseek_v3 or deepseek_v31 (<｜tool▁calls▁begin｜>: DeepSeek-V3, R1 and V3.1, either "
+        "reads both forms) or kimi_k2 (<|tool_calls_section_begin|>: Kimi K2); default: none, and "
         '"auto" is a 400',
     )
     parser.add_argument(

@@ -957,13 +957,28 @@ async def test_return_token_ids_gives_the_prompts_and_the_outputs_ids(served: Se
         ("mistral", r"Checking\. \[TOOL_CALLS\]clock\[ARGS\]\{\}", "Checking. ", r"[A-Za-z0-9]{9}"),
         ("pythonic", r"\[clock\(\)\]", None, r"call_[0-9a-f]{24}"),
         ("qwen3_coder", r"<tool_call>\n<function=clock>\n</function>\n</tool_call>", None, r"call_[0-9a-f]{24}"),
+        ("glm45", r"<tool_call>clock\n</tool_call>", None, r"call_[0-9a-f]{24}"),
+        (
+            "deepseek_v31",
+            "<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin\uff5c>clock"
+            "<\uff5ctool\u2581sep\uff5c>\\{\\}<\uff5ctool\u2581call\u2581end\uff5c><\uff5ctool\u2581calls\u2581end\uff5c>",
+            None,
+            r"call_[0-9a-f]{24}",
+        ),
+        (
+            "kimi_k2",
+            r"Checking\. <\|tool_calls_section_begin\|><\|tool_call_begin\|>functions\.clock:0"
+            r"<\|tool_call_argument_begin\|>\{\}<\|tool_call_end\|><\|tool_calls_section_end\|>",
+            "Checking. ",
+            r"functions\.clock:0",
+        ),
     ],
 )
 async def test_auto_tool_choice_reads_each_syntax(
     served: Served, parser: str, written: str, content: str | None, id_pattern: str
 ) -> None:
     """The same in the other syntaxes, whole and streamed, with the ids each family's template takes
-    back (Mistral's: nine letters and digits)."""
+    back (Mistral's: nine letters and digits; Kimi's: the one the model wrote)."""
     ask = _written("What time is it?", written)
     gateway = serve_gateway(served.stack.target, model_aliases=(ALIAS,), tool_call_parser=parser)
     async with gateway as base_url, httpx.AsyncClient(base_url=base_url) as http:
