@@ -85,8 +85,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 # Architectures ``--arch`` builds at every size: a transformers model type, and what its config
 # needs beyond the shared shape. Each exercises a feature the executor must serve exactly, or
 # refuse: Qwen2's q/k/v biases, Qwen3's QK-norm and a head_dim other than hidden / heads, Mistral's
-# sliding window (each layer reads only its window), Phi-3's fused projections, and Gemma 2's
-# soft-capped attention logits and final logits.
+# sliding window (each layer reads only its window), Phi-3's fused projections, Gemma 2's
+# soft-capped attention logits and final logits, and gpt-oss's learned attention sinks, mixture of
+# experts and alternating windowed and full layers (with YaRN RoPE, its original context a 32nd).
 ARCHS: dict[str, tuple[str, dict[str, object]]] = {
     "llama": ("llama", {}),
     "qwen2": ("qwen2", {}),
@@ -94,7 +95,10 @@ ARCHS: dict[str, tuple[str, dict[str, object]]] = {
     "mistral": ("mistral", {"sliding_window": 512}),
     "phi3": ("phi3", {}),
     "gemma2": ("gemma2", {"head_dim": 32}),
+    "gpt_oss": ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 64}),
 }
+
+_GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "rope_theta": 150000.0}
 
 _PARAGRAPHS = """\
 The river ran quietly past the old mill, where the wheel had not turned for many years. In the morning the fog
@@ -213,6 +217,9 @@ def _build_model(
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     model_type, extra = ARCHS[arch]
+    if model_type == "gpt_oss":  # YaRN as gpt-oss's own config sets it, scaled to this context
+        original = spec.max_position_embeddings // 32
+        extra = {**extra, "rope_parameters": {**_GPT_OSS_YARN, "original_max_position_embeddings": original}}
     config = AutoConfig.for_model(
         model_type,
         **dataclasses.asdict(spec),
@@ -231,6 +238,9 @@ def _build_model(
         with torch.no_grad():
             # Large logit gaps: greedy comparisons against model.generate then almost never meet a near-tie.
             model.lm_head.weight.normal_(0.0, 3.0 / math.sqrt(spec.hidden_size))
+            for name, parameter in model.named_parameters():
+                if name.endswith(".sinks"):  # near zero as initialised: sinks of weight, which a wrong softmax shows
+                    parameter.normal_(0.0, 1.0)
     # Initialised in float32 whatever the dtype, so a bf16 model is the float32 one rounded.
     model.to(getattr(torch, dtype)).eval()
     model.generation_config = GenerationConfig(

@@ -156,13 +156,12 @@ def paged_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """query [1, H, N, d], key/value [1, Hkv, N, d] -> output [1, N, H, d]."""
-    # Causal softmax attention, tanh soft-capped where the model asks (Gemma 2). A model that asks for
-    # more must never get less, silently (no backend declares such models, so the registry refuses
-    # them at load; this catches any that slip past it).
-    for feature in ("s_aux", "sinks"):
-        if kwargs.get(feature) is not None:
-            raise UnsupportedModel(f"the model's attention asks for {feature!r}, which Baton does not compute")
+    # Causal softmax attention, tanh soft-capped where the model asks (Gemma 2), with learned sinks
+    # where it has them (gpt-oss passes them as ``s_aux``). A path that cannot compute what the model
+    # asks raises rather than compute less (the registry gives such models a backend whose every path
+    # can; this catches any that slip past it).
     softcap: float | None = kwargs.get("softcap")
+    sinks: torch.Tensor | None = kwargs.get("s_aux")
     batch: AttentionBatch | None = kwargs.get("baton_batch")
     if batch is None:  # its layers drop the keyword arguments the model's forward was given
         raise UnsupportedModel("the model's layers do not pass the step's attention arguments on to the attention")
@@ -174,7 +173,11 @@ def paged_attention(
         values[batch.slot_mapping] = value[0].transpose(0, 1)
     out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [N, H, d]
     for seg in reads.prefills:
-        out[seg.start : seg.end] = _prefill(query, key, value, keys, values, seg, scaling, softcap)
+        out[seg.start : seg.end] = _prefill(query, key, value, keys, values, seg, scaling, softcap, sinks)
+    if (reads.native_prefills is not None or reads.native_decodes is not None or reads.paged_decodes is not None) and (
+        sinks is not None
+    ):
+        raise UnsupportedModel("the native and in-place paged attention kernels do not compute attention sinks")
     if reads.native_prefills is not None:
         if softcap is not None or reads.window is not None:
             raise UnsupportedModel("the native prefill kernel serves full attention without soft-capping only")
@@ -187,9 +190,9 @@ def paged_attention(
         block_size = batch.pool.block_size
         decode_attention(query, keys, values, reads.native_decodes, block_size, scale, out, reads.window or 0)
     if reads.decode_views:
-        _decode_views(query, keys, values, reads.decode_views, scaling, softcap, out)
+        _decode_views(query, keys, values, reads.decode_views, scaling, softcap, sinks, out)
     if reads.decodes is not None:
-        _decode_group(query, keys, values, reads.decodes, batch.pool.block_size, scaling, softcap, out)
+        _decode_group(query, keys, values, reads.decodes, batch.pool.block_size, scaling, softcap, sinks, out)
     if reads.paged_decodes is not None:
         if softcap is not None or reads.window is not None:
             raise UnsupportedModel("in-place paged decode reads serve full attention without soft-capping only")
@@ -209,13 +212,15 @@ def _prefill(
     seg: PrefillSegment,
     scaling: float | None,
     softcap: float | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     """The chunk's output rows, [chunk, H, d]."""
     q = query[:, :, seg.start : seg.end]
     gqa = query.shape[1] != key.shape[1]
+    head_sinks = None if sinks is None else sinks.view(-1, 1, 1)  # one per query head: [H, 1, 1]
     if seg.context is None:
         k, v = key[:, :, seg.start : seg.end], value[:, :, seg.start : seg.end]
-        o = attend(q, k, v, scaling, softcap, mask=seg.mask, is_causal=seg.mask is None, enable_gqa=gqa)
+        o = attend(q, k, v, scaling, softcap, seg.mask, seg.mask is None, gqa, head_sinks)
         return o[0].transpose(0, 1)
     if isinstance(seg.context, int):
         ctx = slice(seg.context, seg.context + seg.context_len)
@@ -223,7 +228,7 @@ def _prefill(
     else:
         k, v = seg.context.gather(keys, seg.context_len), seg.context.gather(values, seg.context_len)
     k, v = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
-    o = attend(q, k, v, scaling, softcap, mask=seg.mask, enable_gqa=gqa)
+    o = attend(q, k, v, scaling, softcap, seg.mask, enable_gqa=gqa, sinks=head_sinks)
     return o[0].transpose(0, 1)
 
 
@@ -234,16 +239,18 @@ def _decode_views(
     views: tuple[DecodeView, ...],
     scaling: float | None,
     softcap: float | None,
+    sinks: torch.Tensor | None,
     out: torch.Tensor,
 ) -> None:
     heads, kv_heads, dim = query.shape[1], keys.shape[1], query.shape[3]
     rows = query[0].transpose(0, 1)  # [N, H, d]
+    grouped_sinks = _grouped(sinks, kv_heads)
     for view in views:
         q = rows[view.row].view(1, kv_heads, heads // kv_heads, dim)
         ctx = slice(view.first_slot, view.first_slot + view.length)
         k = keys[ctx].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, d], a view
         v = values[ctx].transpose(0, 1).unsqueeze(0)
-        out[view.row] = attend(q, k, v, scaling, softcap).view(heads, dim)
+        out[view.row] = attend(q, k, v, scaling, softcap, sinks=grouped_sinks).view(heads, dim)
 
 
 def _decode_group(
@@ -254,6 +261,7 @@ def _decode_group(
     block_size: int,
     scaling: float | None,
     softcap: float | None,
+    sinks: torch.Tensor | None,
     out: torch.Tensor,
 ) -> None:
     heads, kv_heads, dim = query.shape[1], keys.shape[1], query.shape[3]
@@ -264,8 +272,14 @@ def _decode_group(
     k = keys.view(-1, block_size, kv_heads, dim).index_select(0, tables).view(shape).transpose(1, 2)
     v = values.view(-1, block_size, kv_heads, dim).index_select(0, tables).view(shape).transpose(1, 2)
     q = query[0, :, group.rows].transpose(0, 1).reshape(count, kv_heads, heads // kv_heads, dim)
-    o = attend(q, k, v, scaling, softcap, mask=group.mask)
+    o = attend(q, k, v, scaling, softcap, mask=group.mask, sinks=_grouped(sinks, kv_heads))
     out[group.rows] = o.reshape(count, heads, dim)
+
+
+def _grouped(sinks: torch.Tensor | None, kv_heads: int) -> torch.Tensor | None:
+    """The sinks laid out as a decode's grouped queries are, [Hkv, H / Hkv, 1]: query head h reads
+    key head h // (H / Hkv), as transformers' ``repeat_kv`` pairs them."""
+    return None if sinks is None else sinks.view(kv_heads, -1, 1)
 
 
 def attend(
@@ -277,13 +291,18 @@ def attend(
     mask: torch.Tensor | None = None,
     is_causal: bool = False,
     enable_gqa: bool = False,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax attention, SDPA's arguments and result (``mask``: True where a key is seen).
 
     SDPA has no soft-capping, so a soft-capped model's attention is computed as transformers'
     eager Gemma 2 attention does: scores * scale, then cap * tanh(scores / cap), the mask, a float32
-    softmax, and the weighted values.
+    softmax, and the weighted values. Nor has it sinks: ``sinks`` (one logit per query row's head,
+    shaped to broadcast over the scores' heads and rows) are computed as gpt-oss's eager attention
+    does, a column every query attends to that takes its share of the softmax and adds no value.
     """
+    if sinks is not None:
+        return _attend_with_sinks(q, k, v, scaling, mask, is_causal, enable_gqa, sinks)
     if softcap is None:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=enable_gqa
@@ -300,6 +319,36 @@ def attend(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)
+
+
+def _attend_with_sinks(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scaling: float | None,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    enable_gqa: bool,
+    sinks: torch.Tensor,
+) -> torch.Tensor:
+    """``attend`` with a sink logit per head, in transformers' gpt-oss order: scores * scale, the
+    mask, the sinks as one more column, the row's maximum subtracted, a softmax in the scores'
+    dtype, and the sinks' column dropped before the values are weighted."""
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if is_causal:
+        length = scores.shape[-1]
+        mask = torch.ones(scores.shape[-2], length, dtype=torch.bool, device=q.device).tril(length - scores.shape[-2])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    column = sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)
+    combined = torch.cat([scores, column], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    weights = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
     return torch.matmul(weights, v)
 
 

@@ -29,6 +29,7 @@ class TorchBackend(Backend):
         dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}),
         sliding_window=True,
         attn_logit_softcapping=True,  # paged_attention.attend computes it, as transformers' eager attention
+        attention_sinks=True,  # and these, as gpt-oss's eager attention
     )
 
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, private_torch: bool = True) -> None:

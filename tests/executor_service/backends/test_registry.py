@@ -67,10 +67,15 @@ def test_soft_capped_attention_takes_the_reference_and_is_refused_by_the_others(
             select_backend(gemma2, device, F32, requested=name)
 
 
-def test_attention_sinks_are_refused_by_name() -> None:
+@pytest.mark.parametrize("device", [CPU, CUDA])
+def test_attention_sinks_take_the_reference_and_are_refused_by_name_by_the_others(device: torch.device) -> None:
     sinky = ModelTraits.from_config(SimpleNamespace(model_type="sinky", attention_sinks=True, hidden_act="silu"))
-    with pytest.raises(UnsupportedModel, match="uses attention sinks, which no backend computes"):
-        select_backend(sinky, CPU, F32)
+    assert select_backend(sinky, device, F32).name == "torch"  # the only one that computes them
+    for name in backend_names():
+        if name == "torch" or device.type not in next(b for b in BACKENDS if b.name == name).support.devices:
+            continue
+        with pytest.raises(UnsupportedModel, match="the model uses attention sinks"):
+            select_backend(sinky, device, F32, requested=name)
 
 
 def test_a_model_refused_only_for_the_host_names_each_backends_reason() -> None:
@@ -121,7 +126,7 @@ def test_the_registry_is_ordered_with_the_reference_last_and_cuda_only_on_cuda()
         elif backend.name == "cuda":
             assert backend.support.devices == {"cuda"}
         assert backend.support.attn_logit_softcapping == (backend is TorchBackend)
-        assert not backend.support.attention_sinks
+        assert backend.support.attention_sinks == (backend is TorchBackend)
 
 
 def test_the_executor_refuses_at_load_a_backend_that_cannot_serve(tiny_model_dir: Path) -> None:
