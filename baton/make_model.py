@@ -98,7 +98,14 @@ ARCHS: dict[str, tuple[str, dict[str, object]]] = {
     "gpt_oss": ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 64}),
 }
 
-_GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "rope_theta": 150000.0}
+_GPT_OSS_YARN = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "rope_theta": 150000.0,
+}
 
 _PARAGRAPHS = """\
 The river ran quietly past the old mill, where the wheel had not turned for many years. In the morning the fog

@@ -302,6 +302,8 @@ def attend(
     does, a column every query attends to that takes its share of the softmax and adds no value.
     """
     if sinks is not None:
+        if softcap is not None:  # no model has both; computing one of them would be wrong
+            raise UnsupportedModel("attention with both sinks and soft-capped logits is not computed")
         return _attend_with_sinks(q, k, v, scaling, mask, is_causal, enable_gqa, sinks)
     if softcap is None:
         return F.scaled_dot_product_attention(

@@ -222,6 +222,12 @@ class Gateway:
             raise ValueError(
                 f"unknown tool-call parser {tool_call_parser!r}; choose one of {', '.join(TOOL_CALL_PARSERS)}"
             )
+        if tool_call_parser == "openai" and reasoning_parser != "openai_gptoss":
+            # gpt-oss's calls are harmony messages, which only that reasoning parser splits out.
+            raise ValueError(
+                "the openai tool-call parser reads gpt-oss's harmony output: it needs the openai_gptoss "
+                "reasoning parser beside it (--reasoning-parser openai_gptoss)"
+            )
         self.tool_call_parser = tool_call_parser
         self.reasoning = Reasoning(reasoning_parser) if reasoning_parser else None
         self.target = target

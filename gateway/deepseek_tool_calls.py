@@ -22,7 +22,7 @@ from gateway.sectioned_tool_calls import parse as parse_sectioned
 
 # DeepSeek's special tokens are written with fullwidth bars (U+FF5C) and the block "▁" (U+2581).
 TAGS = SectionTags(
-    section="<\uff5ctool\u2581calls\u2581begin\uff5c>",
+    sections=("<\uff5ctool\u2581calls\u2581begin\uff5c>",),
     call="<\uff5ctool\u2581call\u2581begin\uff5c>",
     end="<\uff5ctool\u2581call\u2581end\uff5c>",
 )

@@ -11,10 +11,12 @@ each argument as a key and a value between tags of their own,
 (GLM-4.7 may write the first ``<arg_key>`` right after the name). The text before the first call is
 the message's content. A value is read as vLLM's ``glm45`` parser reads it: a parameter the tool's
 JSON schema types as a string keeps its text as written; any other value is read as JSON, then as a
-Python literal (``ast.literal_eval``: never run), and stays the text where neither reads.
+Python literal (``ast.literal_eval``: never run), and stays the text where neither reads (or has no
+JSON form: NaN, the infinities, sets, bytes). As in vLLM, a body that is not a call, or is cut short
+by the end of the output, is dropped and the other calls stand.
 
-``parse`` reads a whole output, ``GlmStream`` one as it streams (``hermes_tool_calls``'s reading:
-each call once it closes).
+``parse`` reads a whole output, ``GlmStream`` one as it streams (``sectioned_tool_calls``: each
+call once it closes).
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.hermes_tool_calls import HermesStream, ParsedCall
-from gateway.hermes_tool_calls import parse as parse_tagged
+from gateway.hermes_tool_calls import ParsedCall
+from gateway.sectioned_tool_calls import SectionedStream, SectionTags
+from gateway.sectioned_tool_calls import parse as parse_sectioned
 
 Schemas = Mapping[str, Mapping[str, Any]]  # each function's parameters' JSON schema
+TAGS = SectionTags(sections=("<tool_call>",), call="<tool_call>", end="</tool_call>")
 _NAME = re.compile(r"\s*([^\s<>{}]+)\s*")
 # A key or a value ends at its first closing tag, so a body reads one way only.
 _ARGUMENT = re.compile(
@@ -38,15 +42,15 @@ _ARGUMENT = re.compile(
 
 def parse(text: str, schemas: Schemas) -> tuple[str | None, list[ParsedCall]]:
     """The content before the first call (None if empty) and the calls; ``(text, [])`` where the
-    output makes no call, or a body between the tags is not one."""
-    return parse_tagged(text, lambda body: read_call(body, schemas))
+    output makes none."""
+    return parse_sectioned(text, TAGS, lambda body: read_call(body, schemas))
 
 
-class GlmStream(HermesStream):
+class GlmStream(SectionedStream):
     """One streamed output, read piece by piece."""
 
     def __init__(self, schemas: Schemas) -> None:
-        super().__init__(lambda body: read_call(body, schemas))
+        super().__init__(TAGS, lambda body: read_call(body, schemas))
 
 
 def read_call(body: str, schemas: Schemas) -> ParsedCall | None:
@@ -71,18 +75,13 @@ def read_call(body: str, schemas: Schemas) -> ParsedCall | None:
 
 
 def _value(text: str) -> Any:
-    """``text`` as JSON, else as a Python literal with a JSON form, else the text itself."""
-    try:
-        return json.loads(text, parse_constant=_not_json)
-    except (ValueError, RecursionError):
-        pass
-    try:
-        value = ast.literal_eval(text)
-        json.dumps(value, allow_nan=False)  # a set, bytes, a complex or an infinity has no JSON form
-        return value
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return text
-
-
-def _not_json(constant: str) -> Any:
-    raise ValueError(f"{constant} is not JSON")  # Python's json reads NaN and the infinities; JSON has no form for them
+    """``text`` as JSON, else as a Python literal, where it reads as one with a JSON form; else the
+    text itself."""
+    for read in (json.loads, ast.literal_eval):
+        try:
+            value = read(text)
+            json.dumps(value, allow_nan=False)  # NaN, an infinity, a set, bytes or a complex: no JSON form
+            return value
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+    return text

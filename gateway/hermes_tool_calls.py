@@ -85,6 +85,7 @@ class HermesStream:
         self._read_call = read_call or _call
         self._pending = ""  # text not sent yet: a possible start of OPEN, or an open call's body
         self._in_call = False
+        self._scanned = 0  # how far the open call's body is known to hold no CLOSE
         self.calls = 0  # calls sent so far
 
     def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
@@ -105,10 +106,13 @@ class HermesStream:
                 if before_calls:
                     content += self._pending[:start]
                 self._pending = self._pending[start + len(OPEN) :]
-                self._in_call = True
+                self._in_call, self._scanned = True, 0
                 continue
-            end = self._pending.find(CLOSE)
+            # Resumed where the last search stopped: a long call costs its length once, however
+            # many pieces it streams in.
+            end = self._pending.find(CLOSE, self._scanned)
             if end < 0 and not final:
+                self._scanned = max(0, len(self._pending) - len(CLOSE) + 1)
                 break
             body = self._pending if end < 0 else self._pending[:end]
             self._pending = "" if end < 0 else self._pending[end + len(CLOSE) :]

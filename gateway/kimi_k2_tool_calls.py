@@ -17,7 +17,12 @@ from gateway.hermes_tool_calls import ParsedCall, json_object
 from gateway.sectioned_tool_calls import SectionedStream, SectionTags
 from gateway.sectioned_tool_calls import parse as parse_sectioned
 
-TAGS = SectionTags(section="<|tool_calls_section_begin|>", call="<|tool_call_begin|>", end="<|tool_call_end|>")
+# Kimi models sometimes open the section with the singular spelling, which vLLM reads too.
+TAGS = SectionTags(
+    sections=("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>"),
+    call="<|tool_call_begin|>",
+    end="<|tool_call_end|>",
+)
 ARGUMENTS = "<|tool_call_argument_begin|>"
 _ID = re.compile(r"(?:functions\.)?([^\s:<>]+):\d+")
 
@@ -32,6 +37,12 @@ class KimiK2Stream(SectionedStream):
 
     def __init__(self) -> None:
         super().__init__(TAGS, read_call)
+
+
+def call_id(name: str, index: int) -> str:
+    """An id in Kimi's form for a call the gateway makes (a forced one): ``functions.NAME:INDEX``,
+    the call's index counted over the whole conversation, as vLLM numbers them."""
+    return f"functions.{name}:{index}"
 
 
 def read_call(body: str) -> ParsedCall | None:

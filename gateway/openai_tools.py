@@ -46,6 +46,7 @@ from common.pb import generate_pb2 as pb
 from gateway import (
     deepseek_tool_calls,
     glm_tool_calls,
+    harmony_tool_calls,
     hermes_tool_calls,
     kimi_k2_tool_calls,
     llama3_tool_calls,
@@ -70,7 +71,7 @@ class CallStream(Protocol):
     def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]: ...
 
 
-def openai_call_id() -> str:
+def openai_call_id(_name: str = "", _index: int = 0) -> str:
     """A call id in OpenAI's form."""
     return f"call_{uuid.uuid4().hex[:24]}"
 
@@ -82,17 +83,18 @@ Schemas = Mapping[str, Mapping[str, Any]]  # each tool's parameters' JSON schema
 class ToolSyntax:
     """A model family's tool-call syntax: how to read a whole output and a streamed one (given the
     tools' schemas, which a syntax of untyped values reads its values by), and the ids its calls
-    get (some templates accept only their own kind)."""
+    get where the model writes none (some templates accept only their own kind), from the called
+    function's name and the call's index in the conversation."""
 
     parse: Callable[[str, Schemas], tuple[str | None, list[ParsedCall]]]
     stream: Callable[[Schemas], CallStream]
-    call_id: Callable[[], str] = openai_call_id
+    call_id: Callable[[str, int], str] = openai_call_id
 
 
 def _untyped(
     parse: Callable[[str], tuple[str | None, list[ParsedCall]]],
     stream: Callable[[], CallStream],
-    call_id: Callable[[], str] = openai_call_id,
+    call_id: Callable[[str, int], str] = openai_call_id,
 ) -> ToolSyntax:
     """A syntax whose arguments are JSON already: it reads no schemas."""
     return ToolSyntax(lambda text, _schemas: parse(text), lambda _schemas: stream(), call_id)
@@ -102,7 +104,9 @@ def _untyped(
 _SYNTAXES = {
     "hermes": _untyped(hermes_tool_calls.parse, hermes_tool_calls.HermesStream),
     "llama3_json": _untyped(llama3_tool_calls.parse, llama3_tool_calls.Llama3Stream),
-    "mistral": _untyped(mistral_tool_calls.parse, mistral_tool_calls.MistralStream, mistral_tool_calls.call_id),
+    "mistral": _untyped(
+        mistral_tool_calls.parse, mistral_tool_calls.MistralStream, lambda _name, _index: mistral_tool_calls.call_id()
+    ),
     "pythonic": _untyped(pythonic_tool_calls.parse, pythonic_tool_calls.PythonicStream),
     "qwen3_coder": ToolSyntax(qwen3_coder_tool_calls.parse, qwen3_coder_tool_calls.Qwen3CoderStream),
     # vLLM names a parser for each form of DeepSeek's calls; one reads both.
@@ -110,7 +114,10 @@ _SYNTAXES = {
     "deepseek_v31": _untyped(deepseek_tool_calls.parse, deepseek_tool_calls.DeepSeekStream),
     "glm45": ToolSyntax(glm_tool_calls.parse, glm_tool_calls.GlmStream),
     "glm47": ToolSyntax(glm_tool_calls.parse, glm_tool_calls.GlmStream),
-    "kimi_k2": _untyped(kimi_k2_tool_calls.parse, kimi_k2_tool_calls.KimiK2Stream),
+    "kimi_k2": _untyped(kimi_k2_tool_calls.parse, kimi_k2_tool_calls.KimiK2Stream, kimi_k2_tool_calls.call_id),
+    # gpt-oss: reads the calls the openai_gptoss reasoning parser leaves in the answer (the gateway
+    # refuses the one without the other).
+    "openai": _untyped(harmony_tool_calls.parse, harmony_tool_calls.HarmonyCallStream),
 }
 TOOL_CALL_PARSERS = tuple(_SYNTAXES)
 
@@ -127,10 +134,13 @@ class ToolCalling:
     parallel: bool = True
     # "auto": the tools' parameter schemas, for a syntax that types its values by them.
     schemas: Schemas = field(default_factory=dict, compare=False)
+    earlier_calls: int = 0  # the calls the conversation's messages already hold (Kimi's ids count them)
 
-    def call_id(self) -> str:
-        """A new call's id, of the kind the model's template takes back."""
-        return _SYNTAXES[self.parser].call_id() if self.parser else openai_call_id()
+    def call_id(self, name: str, position: int = 0) -> str:
+        """A new id for the answer's ``position``-th call, of ``name``, of the kind the model's
+        template takes back."""
+        make = _SYNTAXES[self.parser].call_id if self.parser else openai_call_id
+        return make(name, self.earlier_calls + position)
 
     @property
     def shapes_answer(self) -> bool:
@@ -144,7 +154,7 @@ class ToolCalling:
             parsed = parsed if self.parallel else parsed[:1]
             if not parsed:
                 return {"role": "assistant", "content": text}, finish_reason
-            made = [self.call(found.name, found.arguments, found.call_id) for found in parsed]
+            made = [self.call(found.name, found.arguments, found.call_id, i) for i, found in enumerate(parsed)]
             return {"role": "assistant", "content": content, "tool_calls": made}, "tool_calls"
         calls = self.forced_calls(text, finish_reason)
         if calls is None:
@@ -163,11 +173,16 @@ class ToolCalling:
             items = json.loads(text)
         except ValueError:  # the grammar held it to the schema, so only a cut could break it
             return None
-        return [self.call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
+        return [
+            self.call(item["name"], json.dumps(item["parameters"], ensure_ascii=False), position=i)
+            for i, item in enumerate(items)
+        ]
 
-    def call(self, name: str, arguments: str, call_id: str = "") -> dict[str, Any]:
-        """One call in OpenAI's ``tool_calls`` shape, with the id the model wrote for it or a new one."""
-        return {"id": call_id or self.call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+    def call(self, name: str, arguments: str, call_id: str = "", position: int = 0) -> dict[str, Any]:
+        """The answer's ``position``-th call in OpenAI's ``tool_calls`` shape, with the id the model
+        wrote for it or a new one."""
+        made = call_id or self.call_id(name, position)
+        return {"id": made, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 class ToolCallStream:
@@ -189,7 +204,8 @@ class ToolCallStream:
             if not self.calling.parallel:
                 parsed = parsed[: max(0, 1 - sent)]
             deltas = [
-                {"index": sent + i, **self.calling.call(c.name, c.arguments, c.call_id)} for i, c in enumerate(parsed)
+                {"index": sent + i, **self.calling.call(c.name, c.arguments, c.call_id, sent + i)}
+                for i, c in enumerate(parsed)
             ]
             finish = "tool_calls" if finish_reason is not None and self._written.calls else finish_reason
             return ({"tool_calls": deltas} if deltas else None), finish, content
@@ -200,7 +216,7 @@ class ToolCallStream:
             function: dict[str, Any] = {"arguments": text}
             delta: dict[str, Any] = {"index": 0, "function": function}
             if not self._id:  # the call's first delta names it
-                self._id = self.calling.call_id()
+                self._id = self.calling.call_id(self.calling.name)
                 delta.update(id=self._id, type="function")
                 function["name"] = self.calling.name
             return {"tool_calls": [delta]}, finish_reason, ""
@@ -229,10 +245,15 @@ def parse_tools(
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise BadRequest("parallel_tool_calls must be true or false", param="parallel_tool_calls")
+    messages = body.get("messages")
+    earlier = sum(
+        len(m["tool_calls"]) for m in messages or () if isinstance(m, dict) and isinstance(m.get("tool_calls"), list)
+    )
     if choice == "none":
-        return ToolCalling(NONE, parser=parser, parallel=parallel), tools_json, None
+        return ToolCalling(NONE, parser=parser, parallel=parallel, earlier_calls=earlier), tools_json, None
     if (choice is None or choice == "auto") and parser:
-        return ToolCalling(AUTO, parser=parser, parallel=parallel, schemas=functions), tools_json, None
+        calling = ToolCalling(AUTO, parser=parser, parallel=parallel, schemas=functions, earlier_calls=earlier)
+        return calling, tools_json, None
     if choice is None or choice == "auto":
         raise BadRequest(
             'tool_choice "auto" (the default with tools) needs a parser of the model\'s own tool-call syntax, '
@@ -241,12 +262,12 @@ def parse_tools(
             param="tool_choice",
         )
     if choice == "required":
-        calling = ToolCalling(REQUIRED, parser=parser, parallel=parallel)
+        calling = ToolCalling(REQUIRED, parser=parser, parallel=parallel, earlier_calls=earlier)
         return calling, tools_json, _schema(_required_schema(functions, parallel))
     name = _named(choice)
     if name not in functions:
         raise BadRequest(f"tool_choice names {name!r}, which is not one of the tools", param="tool_choice")
-    return ToolCalling(NAMED, name, parser, parallel), tools_json, _schema(functions[name])
+    return ToolCalling(NAMED, name, parser, parallel, earlier_calls=earlier), tools_json, _schema(functions[name])
 
 
 def template_tools(body: Mapping[str, Any]) -> str:

@@ -15,6 +15,9 @@ no end tag:
 - ``mistral``: as ``qwen3``, with Magistral's ``[THINK]`` and ``[/THINK]``. They are special
   tokens, whose text an output keeps only with ``skip_special_tokens`` false, so the parser asks
   for it unless the request says otherwise, as vLLM's does.
+- ``openai_gptoss``: gpt-oss's harmony messages (``harmony``): the ``analysis`` channel is the
+  thinking, the rest the answer, where its calls stay for the ``openai`` tool-call parser. Its
+  tags are special tokens too, and a structured output holds the ``final`` channel's body.
 
 A tag split across two messages is held back until it is whole. Tool calls (``openai_tools``) are
 read from the answer alone. A structured output (``response_format``, a forced tool call) holds
@@ -27,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.pb import generate_pb2 as pb
+from gateway import harmony
 from gateway.split_tags import tag_prefix_len
 
 START = "<think>"
@@ -39,12 +43,14 @@ class _Tags:
     end: str
     opened_in_prompt: bool  # an output without the end tag is all thinking (else all answer)
     special: bool = False  # the tags are special tokens: their text must be kept
+    harmony: bool = False  # messages with channels (gpt-oss), which ``harmony`` splits; ``end`` opens the answer
 
 
 _PARSERS = {
     "deepseek_r1": _Tags(START, END, opened_in_prompt=True),
     "qwen3": _Tags(START, END, opened_in_prompt=False),
     "mistral": _Tags("[THINK]", "[/THINK]", opened_in_prompt=False, special=True),
+    "openai_gptoss": _Tags("", harmony.FINAL_BODY, opened_in_prompt=False, special=True, harmony=True),
 }
 REASONING_PARSERS = tuple(_PARSERS)
 
@@ -75,6 +81,8 @@ class Reasoning:
     def split(self, text: str) -> tuple[str | None, str | None]:
         """A whole output's reasoning and answer (None where there is none)."""
         tags = self.tags
+        if tags.harmony:
+            return harmony.split(text)
         if tags.end not in text:
             if not tags.opened_in_prompt:
                 return None, text
@@ -94,9 +102,12 @@ class ReasoningStream:
         self.reasoning = reasoning
         self._pending = ""  # text held back: the start of the output, or a possible start of a tag
         self._state = "start"  # "start" (before the output shows whether it thinks), "thinking", "answer"
+        self._harmony = harmony.HarmonySplit() if reasoning.tags.harmony else None
 
     def feed(self, text: str, final: bool) -> tuple[str, str]:
         """The reasoning and the answer that ``text`` adds (``final``: the output ends with it)."""
+        if self._harmony is not None:
+            return self._harmony.feed(text, final)
         self._pending += text
         thought = answered = ""
         tags = self.reasoning.tags

@@ -3,10 +3,11 @@ as DeepSeek's and Kimi K2's templates write them:
 
     content<section><call>body<end>…<call>body<end></section>
 
-The text before the section is the message's content; what a body holds is the family's
-(``deepseek_tool_calls``, ``kimi_k2_tool_calls``). A body that does not read as a call is dropped,
-as vLLM's parsers of these families skip what their patterns do not match; an output whose section
-holds no call at all is text.
+and GLM-4.5's, whose calls have no section tag: the first call's tag opens the section. The text
+before the section is the message's content; what a body holds is the family's
+(``deepseek_tool_calls``, ``kimi_k2_tool_calls``, ``glm_tool_calls``). A body that does not read as
+a call (or is cut short) is dropped, as vLLM's parsers of these families skip what their patterns
+do not match; an output whose section holds no call at all is text.
 
 ``parse`` reads a whole output. ``SectionedStream`` reads one as it streams: content goes out until
 the section opens (a tail that may be the start of its tag is held back), and each call once its end
@@ -24,25 +25,40 @@ from gateway.split_tags import tag_prefix_len
 
 @dataclass(frozen=True)
 class SectionTags:
-    section: str  # opens the calls' section
-    call: str  # opens one call
+    sections: tuple[str, ...]  # what opens the calls' section, each spelling the model may write
+    call: str  # opens one call; it may be the section's opener too (GLM's calls have no section tag)
     end: str  # closes one call
+
+    def opening(self, text: str) -> tuple[int, str] | None:
+        """Where the section opens in ``text``, and the tag that opens it (None: it does not)."""
+        found = [(at, tag) for tag in self.sections if (at := text.find(tag)) >= 0]
+        return min(found) if found else None
+
+    def held_back(self, text: str) -> int:
+        """How many of ``text``'s last characters may begin a section tag."""
+        return max(tag_prefix_len(text, tag) for tag in self.sections)
+
+    def first_call(self, tag: str) -> int:
+        """Where, from the section's tag on, the first call's tag is looked for: at the section's
+        tag itself where that is a call's tag."""
+        return 0 if tag == self.call else len(tag)
 
 
 def parse(text: str, tags: SectionTags, read_call: ReadCall) -> tuple[str | None, list[ParsedCall]]:
     """The content before the section (None if empty) and its calls; ``(text, [])`` where the output
     has no section or its section no call."""
-    start = text.find(tags.section)
-    if start < 0:
+    opening = tags.opening(text)
+    if opening is None:
         return text, []
-    calls = [call for body in _bodies(text[start + len(tags.section) :], tags) if (call := read_call(body))]
+    start, tag = opening
+    calls = [call for body in _bodies(text[start:], tags, tags.first_call(tag)) if (call := read_call(body))]
     return (text[:start] or None, calls) if calls else (text, [])
 
 
-def _bodies(section: str, tags: SectionTags) -> list[str]:
-    """Each call's body in the section; the last may be cut short (no end tag)."""
+def _bodies(section: str, tags: SectionTags, at: int) -> list[str]:
+    """Each call's body in the section from ``at`` on; the last may be cut short (no end tag)."""
     bodies = []
-    at = section.find(tags.call)
+    at = section.find(tags.call, at)
     while at >= 0:
         start = at + len(tags.call)
         end = section.find(tags.end, start)
@@ -59,7 +75,8 @@ class SectionedStream:
         self._read_call = read_call
         self._pending = ""  # before the section: a possible start of its tag
         self._section: str | None = None  # the output from the section's tag on, once it opens
-        self._read = 0  # how much of the section has been read into calls
+        self._read = 0  # where in the section the next call's tag is looked for
+        self._scanned = 0  # how far an open call's text is known to hold no end tag
         self.calls = 0  # calls sent so far
 
     def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
@@ -67,15 +84,20 @@ class SectionedStream:
         content = ""
         if self._section is None:
             self._pending += text
-            start = self._pending.find(self._tags.section)
-            if start < 0:
-                keep = 0 if final else tag_prefix_len(self._pending, self._tags.section)
+            opening = self._tags.opening(self._pending)
+            if opening is None:
+                keep = 0 if final else self._tags.held_back(self._pending)
                 content, self._pending = (
                     self._pending[: len(self._pending) - keep],
                     self._pending[len(self._pending) - keep :],
                 )
                 return content, []
-            content, self._section, self._read = self._pending[:start], self._pending[start:], len(self._tags.section)
+            start, tag = opening
+            content, self._section, self._read = (
+                self._pending[:start],
+                self._pending[start:],
+                self._tags.first_call(tag),
+            )
             self._pending = ""
         else:
             self._section += text
@@ -86,15 +108,23 @@ class SectionedStream:
         return content, calls
 
     def _complete_calls(self, section: str, final: bool) -> list[ParsedCall]:
-        """The calls whose end tag has arrived since the last read (at the end, a cut-short one too)."""
+        """The calls whose end tag has arrived since the last read (at the end, a cut-short one too).
+        Each search resumes where the last stopped, so a long call costs its length once, however
+        many pieces it streams in."""
         calls = []
-        while (at := section.find(self._tags.call, self._read)) >= 0:
-            start = at + len(self._tags.call)
-            end = section.find(self._tags.end, start)
+        call_tag, end_tag = self._tags.call, self._tags.end
+        while True:
+            at = section.find(call_tag, self._read)
+            if at < 0:
+                self._read = max(self._read, len(section) - len(call_tag) + 1)
+                break
+            start = at + len(call_tag)
+            end = section.find(end_tag, max(start, self._scanned))
             if end < 0 and not final:
+                self._read, self._scanned = at, max(start, len(section) - len(end_tag) + 1)
                 break
             body = section[start:] if end < 0 else section[start:end]
-            self._read = len(section) if end < 0 else end + len(self._tags.end)
+            self._read, self._scanned = (len(section) if end < 0 else end + len(end_tag)), 0
             if (call := self._read_call(body)) is not None:
                 calls.append(call)
         return calls

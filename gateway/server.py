@@ -56,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "deepseek_v3",
             "deepseek_v31",
             "kimi_k2",
+            "openai",
         ],
         help='serve chat tool_choice "auto" (the default once a request brings tools), reading the calls the '
         "model writes in this syntax: hermes (<tool_call>{...}</tool_call>: Hermes 2 Pro and 3, Qwen 2.5 and later), "
@@ -63,17 +64,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "instruct models), pythonic ([f(x=1)]: Llama 3.2 and 4's pythonic templates), qwen3_coder "
         "(<tool_call><function=f><parameter=x>: Qwen3-Coder), glm45 or glm47 (<tool_call>f<arg_key>x</arg_key>: "
         "GLM-4.5 to 4.7), deepseek_v3 or deepseek_v31 (<｜tool▁calls▁begin｜>: DeepSeek-V3, R1 and V3.1, either "
-        "reads both forms) or kimi_k2 (<|tool_calls_section_begin|>: Kimi K2); default: none, and "
+        "reads both forms), kimi_k2 (<|tool_calls_section_begin|>: Kimi K2) or openai (gpt-oss's harmony "
+        "messages to functions.NAME; needs --reasoning-parser openai_gptoss); default: none, and "
         '"auto" is a 400',
     )
     parser.add_argument(
         "--reasoning-parser",
         default="",
-        choices=["", "deepseek_r1", "qwen3", "mistral"],
+        choices=["", "deepseek_r1", "qwen3", "mistral", "openai_gptoss"],
         help="return a reasoning model's thinking (<think>...</think>) in chat answers' reasoning_content "
         "instead of their content: deepseek_r1 (R1, QwQ: an answer without </think> is all thinking), qwen3 "
-        "(an answer without </think> is all answer) or mistral (Magistral's [THINK]...[/THINK], as qwen3); "
-        "default: none",
+        "(an answer without </think> is all answer), mistral (Magistral's [THINK]...[/THINK], as qwen3) or "
+        "openai_gptoss (gpt-oss's harmony messages: the analysis channel is the thinking); default: none",
     )
     for flag, what in (("origins", "origins (web pages) that"), ("methods", "HTTP methods"), ("headers", "headers")):
         parser.add_argument(

@@ -87,3 +87,41 @@ def test_reasoning_effort_is_a_template_variable() -> None:
     assert json.loads(told.request.chat.chat_template_kwargs) == {"reasoning_effort": "none", "enable_thinking": True}
     with pytest.raises(BadRequest):
         parse_chat({**ask, "reasoning_effort": "extreme"})
+
+
+GPT_OSS_OUTPUT = (
+    "<|channel|>analysis<|message|>Need the time.<|end|><|start|>assistant<|channel|>commentary<|message|>"
+    "Checking.<|end|><|start|>assistant<|channel|>commentary to=functions.clock <|constrain|>json<|message|>{}"
+)
+
+
+def test_gpt_oss_harmony_thinks_answers_and_calls_streamed_and_whole() -> None:
+    """gpt-oss's analysis channel is the thinking, its preamble the content, its message to
+    functions.clock the call, streamed in pieces and read whole alike."""
+    reply = Reply(
+        chat=True,
+        request_id="r",
+        model="m",
+        created=0,
+        tools=ToolCalling(AUTO, parser="openai"),
+        reasoning=Reasoning("openai_gptoss"),
+    )
+    stream = _stream(reply)
+    deltas = []
+    for at in range(0, len(GPT_OSS_OUTPUT), 7):
+        message = pb.GenerateResponse(text=GPT_OSS_OUTPUT[at : at + 7])
+        deltas += [c["choices"][0]["delta"] for c in stream.chunks(message, None)]
+    # The call ends with the output (its <|call|> is the stop token, which the text does not show).
+    last = stream.chunks(pb.GenerateResponse(finish_reason=pb.FINISH_REASON_STOP), {"completion_tokens": 3})
+    deltas += [c["choices"][0]["delta"] for c in last if c["choices"]]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == "Need the time."
+    assert "".join(d.get("content") or "" for d in deltas) == "Checking."
+    assert [(c["function"]["name"], c["function"]["arguments"]) for d in deltas for c in d.get("tool_calls", [])] == [
+        ("clock", "{}")
+    ]
+    assert last[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    whole = reply.whole(pb.CompleteResponse(text=GPT_OSS_OUTPUT, finish_reason=pb.FINISH_REASON_STOP))
+    (choice,) = whole["choices"]
+    assert choice["message"]["reasoning_content"] == "Need the time." and choice["message"]["content"] == "Checking."
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["clock"]
+    assert choice["finish_reason"] == "tool_calls"

@@ -24,31 +24,31 @@ def _v31(name: str, arguments: str) -> str:
 CASES = [
     ("Just text, no call.", ("Just text, no call.", [])),
     (
-        f"Let me look.{TAGS.section}{_v3('weather', OSLO)}{END}",
+        f"Let me look.{TAGS.sections[0]}{_v3('weather', OSLO)}{END}",
         ("Let me look.", [ParsedCall("weather", '{"city": "Oslo"}')]),
     ),
     (
-        f"{TAGS.section}{_v31('weather', OSLO_3)}\n{_v31('clock', '{}')}{END}",
+        f"{TAGS.sections[0]}{_v31('weather', OSLO_3)}\n{_v31('clock', '{}')}{END}",
         (None, [ParsedCall("weather", '{"city": "Oslo", "days": 3}'), ParsedCall("clock", "{}")]),
     ),
     (  # a V3.1 call of a function named "function"
-        f"{TAGS.section}{_v31('function', '{}')}{END}",
+        f"{TAGS.sections[0]}{_v31('function', '{}')}{END}",
         (None, [ParsedCall("function", "{}")]),
     ),
     (  # a body that is not a call is dropped, as vLLM's pattern skips it; the rest are calls
-        f"{TAGS.section}{_v31('clock', '[1]')}{_v31('clock', '{}')}{END}",
+        f"{TAGS.sections[0]}{_v31('clock', '[1]')}{_v31('clock', '{}')}{END}",
         (None, [ParsedCall("clock", "{}")]),
     ),
     (  # no call in the section: all text
-        f"Hm.{TAGS.section}{_v31('clock', 'NaN')}{END}",
-        (f"Hm.{TAGS.section}{_v31('clock', 'NaN')}{END}", []),
+        f"Hm.{TAGS.sections[0]}{_v31('clock', 'NaN')}{END}",
+        (f"Hm.{TAGS.sections[0]}{_v31('clock', 'NaN')}{END}", []),
     ),
     (  # cut short inside the arguments
-        f'{TAGS.section}{TAGS.call}clock{SEPARATOR}{{"a',
-        (f'{TAGS.section}{TAGS.call}clock{SEPARATOR}{{"a', []),
+        f'{TAGS.sections[0]}{TAGS.call}clock{SEPARATOR}{{"a',
+        (f'{TAGS.sections[0]}{TAGS.call}clock{SEPARATOR}{{"a', []),
     ),
     (  # cut short after a whole call
-        f"{TAGS.section}{_v31('clock', '{}')}{TAGS.call}wea",
+        f"{TAGS.sections[0]}{_v31('clock', '{}')}{TAGS.call}wea",
         (None, [ParsedCall("clock", "{}")]),
     ),
 ]
@@ -66,6 +66,6 @@ def test_streamed_in_any_pieces_as_parsed_whole(text: str, expected: tuple[str |
 
 def test_each_call_goes_out_once_its_end_tag_arrives() -> None:
     stream = DeepSeekStream()
-    assert stream.feed(f"Sure.{TAGS.section}{TAGS.call}clock{SEPARATOR}{{}}", final=False) == ("Sure.", [])
+    assert stream.feed(f"Sure.{TAGS.sections[0]}{TAGS.call}clock{SEPARATOR}{{}}", final=False) == ("Sure.", [])
     assert stream.feed(f"{TAGS.end}{TAGS.call}wea", final=False) == ("", [ParsedCall("clock", "{}")])
     assert stream.feed(f"ther{SEPARATOR}{{}}{TAGS.end}{END}", final=True) == ("", [ParsedCall("weather", "{}")])

@@ -544,6 +544,13 @@ def test_cli_has_gateway_subcommand() -> None:
         assert build_parser().parse_args(["gateway", "--reasoning-parser", parser]).reasoning_parser == parser
 
 
+def test_gpt_oss_s_tool_call_parser_needs_its_reasoning_parser() -> None:
+    """The openai parser reads the calls the openai_gptoss split leaves in the answer: alone, it would
+    read raw harmony, so the gateway refuses to start so."""
+    with pytest.raises(ValueError, match="needs the openai_gptoss reasoning parser"):
+        create_app(f"127.0.0.1:{free_port()}", tool_call_parser="openai")
+
+
 # ---- sampling controls and log probabilities ---------------------------------------------------
 
 

@@ -44,6 +44,12 @@ CASES = [
         ("<tool_call>weather\n<arg_key>city</arg_key>\n<arg_value>Os", []),
     ),
     ('<tool_call>{"name": "clock"}</tool_call>', ('<tool_call>{"name": "clock"}</tool_call>', [])),
+    (  # a call cut short by max_tokens is dropped, as one that is not a call: the others stand (vLLM's reading)
+        _call("clock") + "<tool_call>weather\n<arg_key>city</arg_key>\n<arg_value>Os",
+        (None, [ParsedCall("clock", "{}")]),
+    ),
+    ("<tool_call></tool_call> and <tool_call>clock</tool_call>", (None, [ParsedCall("clock", "{}")])),
+    (_call("other", ("big", "1e999")), (None, [ParsedCall("other", '{"big": "1e999"}')])),  # inf: no JSON form
     ("<tool_call>clock and more</tool_call>", ("<tool_call>clock and more</tool_call>", [])),
 ]
 

@@ -20,20 +20,24 @@ def _call(call_id: str, arguments: str) -> str:
 CASES = [
     ("Just text, no call.", ("Just text, no call.", [])),
     (
-        f"Let me look.{TAGS.section}{_call('functions.weather:0', OSLO)}{END}",
+        f"Let me look.{TAGS.sections[0]}{_call('functions.weather:0', OSLO)}{END}",
         ("Let me look.", [ParsedCall("weather", '{"city": "Oslo"}', "functions.weather:0")]),
     ),
     (
-        f"{TAGS.section}{_call(' functions.weather:3 ', '{}')}{_call('clock:4', '{}')}{END}",
+        f"{TAGS.sections[0]}{_call(' functions.weather:3 ', '{}')}{_call('clock:4', '{}')}{END}",
         (None, [ParsedCall("weather", "{}", "functions.weather:3"), ParsedCall("clock", "{}", "clock:4")]),
     ),
+    (  # the singular spelling of the section's tag, which Kimi models sometimes write
+        f"<|tool_call_section_begin|>{_call('functions.clock:1', '{}')}<|tool_call_section_end|>",
+        (None, [ParsedCall("clock", "{}", "functions.clock:1")]),
+    ),
     (  # an id without its index is not a call
-        f"{TAGS.section}{_call('functions.weather', '{}')}{END}",
-        (f"{TAGS.section}{_call('functions.weather', '{}')}{END}", []),
+        f"{TAGS.sections[0]}{_call('functions.weather', '{}')}{END}",
+        (f"{TAGS.sections[0]}{_call('functions.weather', '{}')}{END}", []),
     ),
     (
-        f"{TAGS.section}{TAGS.call}functions.clock:0{ARGUMENTS}{{",
-        (f"{TAGS.section}{TAGS.call}functions.clock:0{ARGUMENTS}{{", []),
+        f"{TAGS.sections[0]}{TAGS.call}functions.clock:0{ARGUMENTS}{{",
+        (f"{TAGS.sections[0]}{TAGS.call}functions.clock:0{ARGUMENTS}{{", []),
     ),
 ]
 

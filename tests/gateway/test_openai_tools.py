@@ -229,6 +229,33 @@ def test_every_call_takes_the_ids_of_the_model_family_s_syntax() -> None:
     assert re.fullmatch(r"call_[0-9a-f]{24}", openai_style)
 
 
+def test_kimi_s_forced_calls_are_numbered_over_the_conversation() -> None:
+    """Kimi's template writes a call and its result back by ids ``functions.NAME:INDEX``, the index
+    counting every call of the conversation: a forced call continues after those of earlier turns."""
+    earlier = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": None, "tool_calls": [_call("functions.clock:0"), _call("functions.clock:1")]},
+        {"role": "tool", "tool_call_id": "functions.clock:1", "content": "noon"},
+    ]
+    named, _, _ = parse_tools(
+        {"messages": earlier, "tools": [CLOCK], "tool_choice": {"type": "function", "function": {"name": "clock"}}},
+        parser="kimi_k2",
+    )
+    assert named is not None
+    assert named.whole_message("{}", "stop")[0]["tool_calls"][0]["id"] == "functions.clock:2"
+    stream_delta, _, _ = ToolCallStream(named).feed("{}", "stop")
+    assert stream_delta is not None and stream_delta["tool_calls"][0]["id"] == "functions.clock:2"
+    required, _, _ = parse_tools({"messages": earlier, "tools": [CLOCK, WEATHER], "tool_choice": "required"}, "kimi_k2")
+    assert required is not None
+    both = json.dumps([{"name": "weather", "parameters": {"city": "Oslo"}}, {"name": "clock", "parameters": {}}])
+    calls = required.whole_message(both, "stop")[0]["tool_calls"]
+    assert [c["id"] for c in calls] == ["functions.weather:2", "functions.clock:3"]
+
+
+def _call(call_id: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": "clock", "arguments": "{}"}}
+
+
 def test_parallel_tool_calls_false_keeps_auto_to_the_first_call() -> None:
     calls = '<tool_call>{"name": "clock"}</tool_call><tool_call>{"name": "weather", "arguments": {}}</tool_call>'
     single, _, _ = parse_tools({"tools": [WEATHER, CLOCK], "parallel_tool_calls": False}, parser="hermes")

@@ -71,3 +71,10 @@ def test_a_constrained_answer_waits_for_the_end_of_thinking() -> None:
     asked = pb.SamplingParams(skip_special_tokens=True)
     MISTRAL.prepare(asked)
     assert asked.skip_special_tokens  # the request's own choice stands
+
+
+def test_gpt_oss_s_constraint_holds_its_final_channel_and_its_tags_are_kept() -> None:
+    params = pb.SamplingParams(structured_output=pb.StructuredOutput(json_object=True))
+    Reasoning("openai_gptoss").prepare(params)
+    assert params.structured_output.starts_after == "<|channel|>final<|message|>" and not params.skip_special_tokens
+    assert Reasoning("openai_gptoss").split("<|channel|>analysis<|message|>Hm.<|end|>") == ("Hm.", None)

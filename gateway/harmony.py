@@ -1,0 +1,106 @@
+"""gpt-oss's output, written in OpenAI's harmony format, split into its thinking, its visible answer
+and its calls. The chat template ends the prompt with ``<|start|>assistant``, so an output is one
+or more messages, each a header, ``<|message|>`` and a body:
+
+    <|channel|>analysis<|message|>Let me check.<|end|>
+    <|start|>assistant<|channel|>commentary to=functions.weather <|constrain|>json<|message|>{"city": "Oslo"}
+
+(on two lines here, on one in an output). A message's channel says who reads it: ``analysis`` is
+the thinking; ``final``, and ``commentary`` without a recipient (a preamble), are the answer; a
+message to ``functions.NAME`` (the recipient, ``to=``, in the header before or after the channel)
+calls that function with the body as its arguments. A body ends at ``<|end|>``, at ``<|call|>`` or
+``<|return|>`` (the stop tokens, which the output may not show), or at the next ``<|start|>``.
+Messages to other recipients (the built-in ``browser`` and ``python`` tools) are dropped, as vLLM's
+chat API drops them.
+
+``HarmonySplit`` reads an output as it streams and returns its thinking and its answer: the
+visible bodies as they are, and each call as ``<|start|>functions.NAME<|message|>ARGS<|call|>``,
+which ``harmony_tool_calls`` reads (the reasoning parser ``openai_gptoss`` and the tool-call parser
+``openai``, as vLLM names them). An output that never completes a header is not harmony: it is
+all answer, as written.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gateway.split_tags import tag_prefix_len
+
+START = "<|start|>"
+MESSAGE = "<|message|>"
+CALL = "<|call|>"
+_ENDS = ("<|end|>", CALL, "<|return|>", START)  # what ends a body
+_CHANNEL = re.compile(r"<\|channel\|>\s*([^\s<]+)")
+_RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+FINAL_BODY = "<|channel|>final<|message|>"  # where the final answer's body starts
+
+
+class HarmonySplit:
+    """One output, read piece by piece (or whole, fed once as final)."""
+
+    def __init__(self) -> None:
+        self._text = ""  # what is not read yet: a header, or a body's tail that may begin a tag
+        self._in_header = True
+        self._kind = ""  # the open body's: "thought", "answer", "call" or "drop"
+        self._messages = 0  # headers read
+
+    def feed(self, text: str, final: bool) -> tuple[str, str]:
+        """The thinking and the answer ``text`` adds (``final``: the output ends with it)."""
+        self._text += text
+        thought: list[str] = []
+        answer: list[str] = []
+        while True:
+            if self._in_header:
+                at = self._text.find(MESSAGE)
+                if at < 0:
+                    if final:  # a header cut short is dropped; an output with none is not harmony
+                        answer.append("" if self._messages else self._text)
+                        self._text = ""
+                    break
+                self._kind, recipient = _classify(self._text[:at])
+                if self._kind == "call":
+                    answer.append(f"{START}{recipient}{MESSAGE}")
+                self._text, self._in_header = self._text[at + len(MESSAGE) :], False
+                self._messages += 1
+                continue
+            found = [(i, tag) for tag in _ENDS if (i := self._text.find(tag)) >= 0]
+            end, tag = min(found) if found else (-1, "")
+            if end < 0:
+                keep = 0 if final else max(tag_prefix_len(self._text, t) for t in _ENDS)
+                self._body(self._text[: len(self._text) - keep], thought, answer)
+                self._text = self._text[len(self._text) - keep :]
+                if final:
+                    self._close(answer)
+                break
+            self._body(self._text[:end], thought, answer)
+            self._close(answer)
+            self._text = self._text[end:] if tag == START else self._text[end + len(tag) :]
+            self._in_header = True
+        return "".join(thought), "".join(answer)
+
+    def _body(self, text: str, thought: list[str], answer: list[str]) -> None:
+        if self._kind == "thought":
+            thought.append(text)
+        elif self._kind in ("answer", "call"):
+            answer.append(text)
+
+    def _close(self, answer: list[str]) -> None:
+        if self._kind == "call":
+            answer.append(CALL)
+        self._kind = ""
+
+
+def split(text: str) -> tuple[str | None, str | None]:
+    """A whole output's thinking and answer (None where there is none)."""
+    thought, answer = HarmonySplit().feed(text, final=True)
+    return thought or None, answer or None
+
+
+def _classify(header: str) -> tuple[str, str]:
+    """A header's kind of body, and its recipient where it calls a function."""
+    recipient = _RECIPIENT.search(header)
+    if recipient is not None:
+        name = recipient.group(1)
+        return ("call", name) if name.startswith("functions.") and len(name) > len("functions.") else ("drop", "")
+    channel = _CHANNEL.search(header)
+    return ("thought", "") if channel is not None and channel.group(1) == "analysis" else ("answer", "")

@@ -1,0 +1,62 @@
+"""gpt-oss's harmony messages split into thinking, answer and calls, whole and as they stream in
+pieces of any size; the ``openai`` tool-call parser reading the calls the split leaves."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway import harmony_tool_calls
+from gateway.harmony import HarmonySplit, split
+from gateway.harmony_tool_calls import HarmonyCallStream
+from gateway.hermes_tool_calls import ParsedCall
+from tests.gateway.streamed_pieces import assert_streamed_as_parsed, random_pieces
+
+THINK = "<|channel|>analysis<|message|>Let me check the weather.<|end|>"
+NEXT = "<|start|>assistant"
+CALL_AFTER = '<|channel|>commentary to=functions.weather <|constrain|>json<|message|>{"city": "Oslo"}'
+CALL_BEFORE = " to=functions.clock<|channel|>commentary json<|message|>{}<|call|>"
+WEATHER = '<|start|>functions.weather<|message|>{"city": "Oslo"}<|call|>'
+
+SPLITS = [
+    (THINK + NEXT + "<|channel|>final<|message|>Sunny.<|return|>", ("Let me check the weather.", "Sunny.")),
+    (THINK + NEXT + CALL_AFTER, ("Let me check the weather.", WEATHER)),
+    (  # a preamble, then a call with its recipient in the role's part of the header
+        NEXT + "<|channel|>commentary<|message|>On it.<|end|>" + NEXT + CALL_BEFORE,
+        (None, "On it.<|start|>functions.clock<|message|>{}<|call|>"),
+    ),
+    (  # two analysis messages, a call to a built-in tool (dropped), the final answer without its stop token
+        THINK
+        + NEXT
+        + "<|channel|>analysis to=browser.search<|message|>{}<|call|>"
+        + THINK
+        + NEXT
+        + "<|channel|>final<|message|>Done",
+        ("Let me check the weather." * 2, "Done"),
+    ),
+    ("Just text, no harmony.", (None, "Just text, no harmony.")),
+    (THINK + NEXT + "<|channel|>fin", ("Let me check the weather.", None)),  # a header cut short
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), SPLITS)
+def test_split_whole_and_streamed_in_any_pieces(text: str, expected: tuple[str | None, str | None]) -> None:
+    assert split(text) == expected
+    for pieces in random_pieces(text):
+        stream = HarmonySplit()
+        parts = [stream.feed(piece, final=i == len(pieces) - 1) for i, piece in enumerate(pieces)]
+        thought, answer = "".join(p[0] for p in parts), "".join(p[1] for p in parts)
+        assert (thought or None, answer or None) == expected, pieces
+
+
+CALLS = [
+    ("Sunny.", ("Sunny.", [])),
+    (WEATHER, (None, [ParsedCall("weather", '{"city": "Oslo"}')])),
+    ("On it." + WEATHER + WEATHER, ("On it.", [ParsedCall("weather", '{"city": "Oslo"}')] * 2)),
+    ("<|start|>functions.clock<|message|>[1]<|call|>", ("<|start|>functions.clock<|message|>[1]<|call|>", [])),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), CALLS)
+def test_calls_whole_and_streamed(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None:
+    assert harmony_tool_calls.parse(text) == expected
+    assert_streamed_as_parsed(HarmonyCallStream, text, expected)
