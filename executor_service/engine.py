@@ -273,22 +273,15 @@ class Engine:
 
     def _constraint_begins(self, spec: AdmitSpec) -> int | None:
         """Where in the output a structured output's constraint begins: 0 without ``starts_after`` or
-        with the prompt ending in its text (a template that switched the thinking off; blank text may
-        follow it), else right after the text's last occurrence in the output; None while the output
-        has not written it. An earlier turn's text in the prompt does not count: gpt-oss's template
-        writes every earlier answer after ``<|channel|>final<|message|>``, which its constraint waits for."""
+        with its text already in the prompt (a template that switched the thinking off), else right
+        after the text's last occurrence in the output; None while the output has not written it."""
         waited = self._waited_ids(spec.params)
         if not waited:
             return 0
         end = _last_end(spec.output_ids, waited)
         if end is not None:
             return end
-        in_prompt = _last_end(spec.prompt_ids, waited)
-        return 0 if in_prompt is not None and self._blank(spec.prompt_ids[in_prompt:]) else None
-
-    def _blank(self, ids: Seq[int]) -> bool:
-        """Whether token ids write nothing but whitespace."""
-        return not ids or not self.tokenizer.decode(list(ids), skip_special_tokens=False).strip()  # type: ignore[attr-defined]
+        return 0 if _last_end(spec.prompt_ids, waited) is not None else None
 
     def _drop(self, seq: Sequence) -> None:
         self.allocator.release(seq.block_table)

@@ -8,7 +8,7 @@ from typing import Any
 
 from common.pb import generate_pb2 as pb
 from gateway.openai_logprobs import ChoiceLogprobs
-from gateway.openai_tools import ToolCallStream
+from gateway.openai_tools import AUTO, ToolCallStream
 from gateway.openai_types import FINISH_REASON, Reply
 from gateway.reasoning import ReasoningStream
 
@@ -21,7 +21,11 @@ class ChoiceStream:
         self._shape = shape
         tools = reply.tools
         self._tools = ToolCallStream(tools) if tools is not None and tools.shapes_answer else None
-        self._thinking = ReasoningStream(reply.reasoning) if reply.reasoning is not None else None
+        self._thinking = (
+            ReasoningStream(reply.reasoning, keep_calls=tools is not None and tools.mode == AUTO)
+            if reply.reasoning is not None
+            else None
+        )
 
     def chunks(self, message: pb.GenerateResponse, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
         """The chunks one of Baton's messages for this choice makes (none where its text is held back

@@ -14,7 +14,8 @@ Messages to other recipients (the built-in ``browser`` and ``python`` tools) are
 chat API drops them.
 
 ``HarmonySplit`` reads an output as it streams and returns its thinking and its answer: the
-visible bodies as they are, and each call as ``<|start|>functions.NAME<|message|>ARGS<|call|>``,
+visible bodies (each message after the first of its kind on a line of its own), and each call, unless
+the request's tools may not be called, as ``<|start|>functions.NAME<|message|>ARGS<|call|>``,
 which ``harmony_tool_calls`` reads (the reasoning parser ``openai_gptoss`` and the tool-call parser
 ``openai``, as vLLM names them). An output that never completes a header is not harmony: it is
 all answer, as written.
@@ -38,11 +39,14 @@ FINAL_BODY = "<|channel|>final<|message|>"  # where the final answer's body star
 class HarmonySplit:
     """One output, read piece by piece (or whole, fed once as final)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_calls: bool = True) -> None:
+        self._keep_calls = keep_calls  # False: calls are dropped (a request whose tools may not be called)
         self._text = ""  # what is not read yet: a header, or a body's tail that may begin a tag
         self._in_header = True
         self._kind = ""  # the open body's: "thought", "answer", "call" or "drop"
         self._messages = 0  # headers read
+        self._said = {"thought": False, "answer": False}  # whether each has text yet
+        self._new_body = False  # the open body has written nothing yet
 
     def feed(self, text: str, final: bool) -> tuple[str, str]:
         """The thinking and the answer ``text`` adds (``final``: the output ends with it)."""
@@ -58,8 +62,11 @@ class HarmonySplit:
                         self._text = ""
                     break
                 self._kind, recipient = _classify(self._text[:at])
+                if self._kind == "call" and not self._keep_calls:
+                    self._kind = "drop"
                 if self._kind == "call":
                     answer.append(f"{START}{recipient}{MESSAGE}")
+                self._new_body = True
                 self._text, self._in_header = self._text[at + len(MESSAGE) :], False
                 self._messages += 1
                 continue
@@ -79,10 +86,16 @@ class HarmonySplit:
         return "".join(thought), "".join(answer)
 
     def _body(self, text: str, thought: list[str], answer: list[str]) -> None:
-        if self._kind == "thought":
-            thought.append(text)
-        elif self._kind in ("answer", "call"):
+        if not text or self._kind == "drop":
+            return
+        if self._kind == "call":
             answer.append(text)
+            return
+        # Messages of the same kind are joined by a line, as vLLM joins them.
+        if self._new_body and self._said[self._kind]:
+            text = "\n" + text
+        self._new_body, self._said[self._kind] = False, True
+        (thought if self._kind == "thought" else answer).append(text)
 
     def _close(self, answer: list[str]) -> None:
         if self._kind == "call":
@@ -90,9 +103,9 @@ class HarmonySplit:
         self._kind = ""
 
 
-def split(text: str) -> tuple[str | None, str | None]:
+def split(text: str, keep_calls: bool = True) -> tuple[str | None, str | None]:
     """A whole output's thinking and answer (None where there is none)."""
-    thought, answer = HarmonySplit().feed(text, final=True)
+    thought, answer = HarmonySplit(keep_calls).feed(text, final=True)
     return thought or None, answer or None
 
 

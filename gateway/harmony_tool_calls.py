@@ -1,6 +1,7 @@
 """gpt-oss's calls (the tool-call parser ``openai``, as vLLM names it), as ``harmony.HarmonySplit``
-leaves them in the answer: each ``<|start|>functions.NAME<|message|>ARGS<|call|>``, the arguments a
-JSON object; the text before the first is the answer's content (a preamble). It reads the answer
+leaves them in the answer: each ``<|start|>functions.NAME<|message|>ARGS<|call|>``, the arguments
+JSON (passed on as written where they are not); the text before the first is the answer's content
+(a preamble). It reads the answer
 of the ``openai_gptoss`` reasoning parser, which the gateway requires beside it.
 """
 
@@ -28,8 +29,10 @@ class HarmonyCallStream(SectionedStream):
 
 
 def read_call(body: str) -> ParsedCall | None:
-    """One call (None: not a call, or its arguments are not a JSON object)."""
+    """One call (None: not one). Arguments that are not a JSON object are passed on as written, as
+    vLLM's ``openai`` parser passes them: the call stands, and its caller sees what the model wrote."""
     recipient, separator, arguments = body.partition(MESSAGE)
     name = recipient.removeprefix(_FUNCTIONS)
-    parsed = json_object(arguments) if separator and recipient.startswith(_FUNCTIONS) and name else None
-    return ParsedCall(name, parsed) if parsed is not None else None
+    if not separator or not recipient.startswith(_FUNCTIONS) or not name:
+        return None
+    return ParsedCall(name, json_object(arguments) or arguments.strip())

@@ -120,6 +120,10 @@ _SYNTAXES = {
     "openai": _untyped(harmony_tool_calls.parse, harmony_tool_calls.HarmonyCallStream),
 }
 TOOL_CALL_PARSERS = tuple(_SYNTAXES)
+# Syntaxes whose calls no grammar here can force: gpt-oss writes its calls as harmony messages,
+# whose answer a structured output cannot hold (``reasoning``), so a named or "required" choice is
+# read as "auto" is, from the calls the model writes.
+_UNFORCED = frozenset({"openai"})
 
 
 @dataclass(frozen=True)
@@ -261,6 +265,13 @@ def parse_tools(
             "or a named function",
             param="tool_choice",
         )
+    if parser in _UNFORCED:  # named or "required": read as the model writes its calls
+        if choice != "required" and _named(choice) not in functions:
+            raise BadRequest(
+                f"tool_choice names {_named(choice)!r}, which is not one of the tools", param="tool_choice"
+            )
+        calling = ToolCalling(AUTO, parser=parser, parallel=parallel, schemas=functions, earlier_calls=earlier)
+        return calling, tools_json, None
     if choice == "required":
         calling = ToolCalling(REQUIRED, parser=parser, parallel=parallel, earlier_calls=earlier)
         return calling, tools_json, _schema(_required_schema(functions, parallel))

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from common.pb import generate_pb2 as pb
 from gateway import harmony
+from gateway.errors import BadRequest
 from gateway.split_tags import tag_prefix_len
 
 START = "<think>"
@@ -73,16 +74,24 @@ class Reasoning:
         """A request's ``params`` as its output's split needs them: a structured output constrains
         the answer, its grammar waiting for the end of the thinking, and tags that are special
         tokens are kept in the text, where they are split."""
+        if self.tags.harmony and params.HasField("structured_output"):
+            # Its final message's header varies (``<|constrain|>`` may sit in it) and an earlier
+            # turn's final header is in the prompt: no one text marks where the answer starts.
+            raise BadRequest(
+                "structured output is not served with the openai_gptoss reasoning parser: gpt-oss's "
+                "harmony messages give no one text after which to constrain its answer"
+            )
         if params.HasField("structured_output"):
             params.structured_output.starts_after = self.tags.end
         if self.tags.special and not params.HasField("skip_special_tokens"):
             params.skip_special_tokens = False
 
-    def split(self, text: str) -> tuple[str | None, str | None]:
-        """A whole output's reasoning and answer (None where there is none)."""
+    def split(self, text: str, keep_calls: bool = True) -> tuple[str | None, str | None]:
+        """A whole output's reasoning and answer (None where there is none); ``keep_calls`` False
+        drops the calls a harmony output makes (its request's tools may not be called)."""
         tags = self.tags
         if tags.harmony:
-            return harmony.split(text)
+            return harmony.split(text, keep_calls)
         if tags.end not in text:
             if not tags.opened_in_prompt:
                 return None, text
@@ -98,11 +107,11 @@ class Reasoning:
 class ReasoningStream:
     """One streamed output, read message by message."""
 
-    def __init__(self, reasoning: Reasoning) -> None:
+    def __init__(self, reasoning: Reasoning, keep_calls: bool = True) -> None:
         self.reasoning = reasoning
         self._pending = ""  # text held back: the start of the output, or a possible start of a tag
         self._state = "start"  # "start" (before the output shows whether it thinks), "thinking", "answer"
-        self._harmony = harmony.HarmonySplit() if reasoning.tags.harmony else None
+        self._harmony = harmony.HarmonySplit(keep_calls) if reasoning.tags.harmony else None
 
     def feed(self, text: str, final: bool) -> tuple[str, str]:
         """The reasoning and the answer that ``text`` adds (``final``: the output ends with it)."""

@@ -31,7 +31,7 @@ SPLITS = [
         + THINK
         + NEXT
         + "<|channel|>final<|message|>Done",
-        ("Let me check the weather." * 2, "Done"),
+        ("Let me check the weather.\nLet me check the weather.", "Done"),  # a line between messages
     ),
     ("Just text, no harmony.", (None, "Just text, no harmony.")),
     (THINK + NEXT + "<|channel|>fin", ("Let me check the weather.", None)),  # a header cut short
@@ -52,7 +52,9 @@ CALLS = [
     ("Sunny.", ("Sunny.", [])),
     (WEATHER, (None, [ParsedCall("weather", '{"city": "Oslo"}')])),
     ("On it." + WEATHER + WEATHER, ("On it.", [ParsedCall("weather", '{"city": "Oslo"}')] * 2)),
-    ("<|start|>functions.clock<|message|>[1]<|call|>", ("<|start|>functions.clock<|message|>[1]<|call|>", [])),
+    # Arguments that are not a JSON object are passed on as written, as vLLM's parser passes them.
+    ("<|start|>functions.clock<|message|>[1]<|call|>", (None, [ParsedCall("clock", "[1]")])),
+    ("<|start|>clock<|message|>{}<|call|>", ("<|start|>clock<|message|>{}<|call|>", [])),  # no function's name
 ]
 
 
@@ -60,3 +62,8 @@ CALLS = [
 def test_calls_whole_and_streamed(text: str, expected: tuple[str | None, list[ParsedCall]]) -> None:
     assert harmony_tool_calls.parse(text) == expected
     assert_streamed_as_parsed(HarmonyCallStream, text, expected)
+
+
+def test_calls_are_dropped_where_the_request_s_tools_may_not_be_called() -> None:
+    text = THINK + NEXT + "<|channel|>commentary<|message|>On it.<|end|>" + NEXT + CALL_BEFORE
+    assert split(text, keep_calls=False) == ("Let me check the weather.", "On it.")

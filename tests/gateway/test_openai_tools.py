@@ -252,6 +252,15 @@ def test_kimi_s_forced_calls_are_numbered_over_the_conversation() -> None:
     assert [c["id"] for c in calls] == ["functions.weather:2", "functions.clock:3"]
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "clock"}}])
+def test_gpt_oss_s_calls_are_read_as_written_whatever_the_choice(choice: Any) -> None:
+    """No grammar here holds a harmony answer, so a forced choice is read as "auto" is."""
+    calling, _, forced = parse_tools({"tools": [CLOCK], "tool_choice": choice}, parser="openai")
+    assert calling is not None and calling.mode == AUTO and forced is None
+    with pytest.raises(BadRequest, match="names 'weather', which is not one of the tools"):
+        parse_tools({"tools": [CLOCK], "tool_choice": {"type": "function", "function": {"name": "weather"}}}, "openai")
+
+
 def _call(call_id: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": "clock", "arguments": "{}"}}
 

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from common.pb import generate_pb2 as pb
+from gateway.errors import BadRequest
 from gateway.reasoning import Reasoning, ReasoningStream
 
 R1, QWEN3, MISTRAL = Reasoning("deepseek_r1"), Reasoning("qwen3"), Reasoning("mistral")
@@ -73,8 +74,12 @@ def test_a_constrained_answer_waits_for_the_end_of_thinking() -> None:
     assert asked.skip_special_tokens  # the request's own choice stands
 
 
-def test_gpt_oss_s_constraint_holds_its_final_channel_and_its_tags_are_kept() -> None:
-    params = pb.SamplingParams(structured_output=pb.StructuredOutput(json_object=True))
+def test_gpt_oss_s_tags_are_kept_and_its_answer_is_not_constrained() -> None:
+    """Harmony's final header varies and an earlier turn's is in the prompt: a structured output
+    would constrain the wrong text, so it is refused with the reason."""
+    params = pb.SamplingParams()
     Reasoning("openai_gptoss").prepare(params)
-    assert params.structured_output.starts_after == "<|channel|>final<|message|>" and not params.skip_special_tokens
+    assert params.HasField("skip_special_tokens") and not params.skip_special_tokens
+    with pytest.raises(BadRequest, match="structured output is not served with the openai_gptoss"):
+        Reasoning("openai_gptoss").prepare(pb.SamplingParams(structured_output=pb.StructuredOutput(json_object=True)))
     assert Reasoning("openai_gptoss").split("<|channel|>analysis<|message|>Hm.<|end|>") == ("Hm.", None)
