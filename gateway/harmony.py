@@ -17,8 +17,8 @@ chat API drops them.
 visible bodies (each message after the first of its kind on a line of its own), and each call, unless
 the request's tools may not be called, as ``<|start|>functions.NAME<|message|>ARGS<|call|>``,
 which ``harmony_tool_calls`` reads (the reasoning parser ``openai_gptoss`` and the tool-call parser
-``openai``, as vLLM names them). An output that never completes a header is not harmony: it is
-all answer, as written.
+``openai``, as vLLM names them). An output whose first header is not complete within its first
+512 characters is not harmony: it is all answer, as written, and streams as it comes.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ _ENDS = ("<|end|>", CALL, "<|return|>", START)  # what ends a body
 _CHANNEL = re.compile(r"<\|channel\|>\s*([^\s<]+)")
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 FINAL_BODY = "<|channel|>final<|message|>"  # where the final answer's body starts
+_FIRST_HEADER = 512 + len(MESSAGE) - 1  # a first header's longest text, its MESSAGE included
 
 
 class HarmonySplit:
@@ -47,18 +48,25 @@ class HarmonySplit:
         self._messages = 0  # headers read
         self._said = {"thought": False, "answer": False}  # whether each has text yet
         self._new_body = False  # the open body has written nothing yet
+        self._plain = False  # the output is not harmony: all answer
 
     def feed(self, text: str, final: bool) -> tuple[str, str]:
         """The thinking and the answer ``text`` adds (``final``: the output ends with it)."""
+        if self._plain:
+            return "", text
         self._text += text
         thought: list[str] = []
         answer: list[str] = []
         while True:
             if self._in_header:
-                at = self._text.find(MESSAGE)
+                first = not self._messages
+                at = self._text.find(MESSAGE, 0, _FIRST_HEADER) if first else self._text.find(MESSAGE)
                 if at < 0:
-                    if final:  # a header cut short is dropped; an output with none is not harmony
-                        answer.append("" if self._messages else self._text)
+                    if first and (final or len(self._text) >= _FIRST_HEADER):  # not harmony
+                        self._plain = True
+                        answer.append(self._text)
+                        self._text = ""
+                    elif final:  # a later header cut short is dropped
                         self._text = ""
                     break
                 self._kind, recipient = _classify(self._text[:at])

@@ -34,6 +34,7 @@ SPLITS = [
         ("Let me check the weather.\nLet me check the weather.", "Done"),  # a line between messages
     ),
     ("Just text, no harmony.", (None, "Just text, no harmony.")),
+    ("x" * 600 + "<|message|>y", (None, "x" * 600 + "<|message|>y")),  # no header so long: not harmony
     (THINK + NEXT + "<|channel|>fin", ("Let me check the weather.", None)),  # a header cut short
 ]
 
@@ -67,3 +68,10 @@ def test_calls_whole_and_streamed(text: str, expected: tuple[str | None, list[Pa
 def test_calls_are_dropped_where_the_request_s_tools_may_not_be_called() -> None:
     text = THINK + NEXT + "<|channel|>commentary<|message|>On it.<|end|>" + NEXT + CALL_BEFORE
     assert split(text, keep_calls=False) == ("Let me check the weather.", "On it.")
+
+
+def test_an_output_that_is_not_harmony_streams_as_it_comes() -> None:
+    stream = HarmonySplit()
+    assert stream.feed("Plain", final=False) == ("", "")  # it may yet be a header
+    assert stream.feed(" text " * 100, final=False) == ("", "Plain" + " text " * 100)
+    assert stream.feed("more", final=False) == ("", "more")
