@@ -333,15 +333,17 @@ class Gateway:
     async def _prepare(self, request: Request, caller: Caller, body: Mapping[str, Any], chat: bool) -> _Generation:
         """The Baton requests of an OpenAI request's ``body``, and how to answer it."""
         parsed = parse_chat(body, self.tool_call_parser) if chat else parse_completion(body)
+        reasoning = None
         if chat and self.reasoning is not None:
-            self.reasoning.prepare(parsed.request.params)
+            reasoning = self.reasoning.for_request(json.loads(parsed.request.chat.chat_template_kwargs or "{}"))
+            reasoning.prepare(parsed.request.params)
         apply_headers(parsed.request, request.headers)
         self.auth.scope(parsed.request, caller, request.headers.get(TENANT_HEADER, ""))
         model = await self.served.resolve(parsed.model, caller.metadata)
         if (served := self.served.latest) is not None:
             apply_model_defaults(parsed.request.params, body, served.sampling_defaults)
         requests = parsed.requests()  # one per prompt: a completion may list several
-        reply = Reply.for_request(chat, parsed, model, self.reasoning)
+        reply = Reply.for_request(chat, parsed, model, reasoning)
         log.debug("request %s: %s, stream=%s", reply.request_id, request.url.path, parsed.stream)
         return _Generation(parsed, requests, reply, {REQUEST_ID_HEADER: reply.request_id})
 

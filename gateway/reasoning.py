@@ -15,6 +15,12 @@ no end tag:
 - ``mistral``: as ``qwen3``, with Magistral's ``[THINK]`` and ``[/THINK]``. They are special
   tokens, whose text an output keeps only with ``skip_special_tokens`` false, so the parser asks
   for it unless the request says otherwise, as vLLM's does.
+- ``deepseek_v3``: DeepSeek V3.1 and later, whose thinking is off unless the request's template
+  variables switch it on (``thinking`` or ``enable_thinking``): then as ``deepseek_r1``, else the
+  output is all answer.
+- ``kimi_k2``: Kimi K2's thinking models, on unless the template variable ``thinking`` is false:
+  as ``deepseek_r1``, except that the section of tool calls (``<|tool_calls_section_begin|>``)
+  ends the thinking too, and begins the answer.
 - ``openai_gptoss``: gpt-oss's harmony messages (``harmony``): the ``analysis`` channel is the
   thinking, the rest the answer, where its calls stay for the ``openai`` tool-call parser. Its
   tags are special tokens too, and a structured output holds the ``final`` channel's body.
@@ -27,7 +33,9 @@ or holds from the start where the prompt already closed the thinking, as vLLM co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
 from common.pb import generate_pb2 as pb
 from gateway import harmony
@@ -45,6 +53,11 @@ class _Tags:
     opened_in_prompt: bool  # an output without the end tag is all thinking (else all answer)
     special: bool = False  # the tags are special tokens: their text must be kept
     harmony: bool = False  # messages with channels (gpt-oss), which ``harmony`` splits; ``end`` opens the answer
+    # Whether the model thinks when the request's template variables do not say (None: always);
+    # ``switch``: the variables that say (any of them true switches it on).
+    thinks_by_default: bool | None = None
+    switch: tuple[str, ...] = ()
+    implicit_end: str = ""  # a text that ends the thinking and begins the answer (a section of calls)
 
 
 _PARSERS = {
@@ -52,6 +65,10 @@ _PARSERS = {
     "qwen3": _Tags(START, END, opened_in_prompt=False),
     "mistral": _Tags("[THINK]", "[/THINK]", opened_in_prompt=False, special=True),
     "openai_gptoss": _Tags("", harmony.FINAL_BODY, opened_in_prompt=False, special=True, harmony=True),
+    "deepseek_v3": _Tags(START, END, True, thinks_by_default=False, switch=("thinking", "enable_thinking")),
+    "kimi_k2": _Tags(
+        START, END, True, thinks_by_default=True, switch=("thinking",), implicit_end="<|tool_calls_section_begin|>"
+    ),
 }
 REASONING_PARSERS = tuple(_PARSERS)
 
@@ -61,6 +78,7 @@ class Reasoning:
     """One of ``REASONING_PARSERS``."""
 
     parser: str
+    thinking: bool = True  # False: this request's template variables switched the thinking off
 
     def __post_init__(self) -> None:
         if self.parser not in REASONING_PARSERS:
@@ -69,6 +87,15 @@ class Reasoning:
     @property
     def tags(self) -> _Tags:
         return _PARSERS[self.parser]
+
+    def for_request(self, variables: Mapping[str, Any]) -> Reasoning:
+        """This parser as one request's chat template variables set it: a model whose thinking they
+        switch off (``thinking: false``) writes none, and its whole output is the answer."""
+        tags = self.tags
+        if tags.thinks_by_default is None:
+            return self
+        said = [variables[key] for key in tags.switch if key in variables]
+        return replace(self, thinking=any(bool(v) for v in said) if said else tags.thinks_by_default)
 
     def prepare(self, params: pb.SamplingParams) -> None:
         """A request's ``params`` as its output's split needs them: a structured output constrains
@@ -81,7 +108,7 @@ class Reasoning:
                 "structured output is not served with the openai_gptoss reasoning parser: gpt-oss's "
                 "harmony messages give no one text after which to constrain its answer"
             )
-        if params.HasField("structured_output"):
+        if params.HasField("structured_output") and self.thinking:
             params.structured_output.starts_after = self.tags.end
         if self.tags.special and not params.HasField("skip_special_tokens"):
             params.skip_special_tokens = False
@@ -92,6 +119,11 @@ class Reasoning:
         tags = self.tags
         if tags.harmony:
             return harmony.split(text, keep_calls)
+        if not self.thinking:
+            return None, text or None
+        implicit = text.find(tags.implicit_end) if tags.implicit_end else -1
+        if implicit >= 0 and (tags.end not in text or implicit < text.find(tags.end)):
+            return self._after_start(text[:implicit]) or None, text[implicit:]
         if tags.end not in text:
             if not tags.opened_in_prompt:
                 return None, text
@@ -117,6 +149,8 @@ class ReasoningStream:
         """The reasoning and the answer that ``text`` adds (``final``: the output ends with it)."""
         if self._harmony is not None:
             return self._harmony.feed(text, final)
+        if not self.reasoning.thinking:
+            return "", text
         self._pending += text
         thought = answered = ""
         tags = self.reasoning.tags
@@ -129,14 +163,16 @@ class ReasoningStream:
             else:
                 self._state = "thinking" if tags.opened_in_prompt else "answer"
         if self._state == "thinking":
-            end = self._pending.find(tags.end)
-            if end < 0:
-                keep = 0 if final else tag_prefix_len(self._pending, tags.end)
+            ends = [(at, tag) for tag in (tags.end, tags.implicit_end) if tag and (at := self._pending.find(tag)) >= 0]
+            if not ends:
+                keep = 0 if final else max(tag_prefix_len(self._pending, t) for t in (tags.end, tags.implicit_end) if t)
                 thought = self._pending[: len(self._pending) - keep]
                 self._pending = self._pending[len(self._pending) - keep :]
                 return thought, ""
+            end, tag = min(ends)
             thought = self._pending[:end]
-            self._pending = self._pending[end + len(tags.end) :]
+            # The end tag is dropped; a section of calls that ends the thinking is the answer's start.
+            self._pending = self._pending[end + len(tag) :] if tag == tags.end else self._pending[end:]
             self._state = "answer"
         answered, self._pending = self._pending, ""
         return thought, answered

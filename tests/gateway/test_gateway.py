@@ -928,6 +928,19 @@ async def test_a_reasoning_parser_splits_thinking_from_the_answer(served: Served
         assert answer["message"]["reasoning_content"] is None  # qwen3: no tags, all answer
 
 
+async def test_template_variables_switch_the_thinking_the_parser_reads(served: Served) -> None:
+    """DeepSeek V3.1 thinks only where the request's template variables say so: without them its
+    output is all answer, with them (as R1's) all thinking until a ``</think>`` it never writes here."""
+    ask = {"model": ALIAS, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0, **NO_EOS}
+    gateway = serve_gateway(served.stack.target, model_aliases=(ALIAS,), reasoning_parser="deepseek_v3")
+    async with gateway as base_url, httpx.AsyncClient(base_url=base_url) as http:
+        plain = (await http.post("/v1/chat/completions", json=ask)).json()["choices"][0]["message"]
+        thinking = {**ask, "chat_template_kwargs": {"thinking": True}}
+        thought = (await http.post("/v1/chat/completions", json=thinking)).json()["choices"][0]["message"]
+    assert plain["content"] and plain["reasoning_content"] is None
+    assert thought["content"] is None and thought["reasoning_content"]
+
+
 async def test_return_token_ids_gives_the_prompts_and_the_outputs_ids(served: Served) -> None:
     tokenizer = AutoTokenizer.from_pretrained(served.model_dir)
     body: dict[str, Any] = {"model": ALIAS, "max_tokens": 5, "temperature": 0, "return_token_ids": True, **NO_EOS}

@@ -11,6 +11,8 @@ from gateway.errors import BadRequest
 from gateway.reasoning import Reasoning, ReasoningStream
 
 R1, QWEN3, MISTRAL = Reasoning("deepseek_r1"), Reasoning("qwen3"), Reasoning("mistral")
+KIMI = Reasoning("kimi_k2")
+SECTION = "<|tool_calls_section_begin|>"
 CASES = [
     (R1, "<think>Let me see.</think>It is 4.", ("Let me see.", "It is 4.")),
     (R1, "Let me see.</think>It is 4.", ("Let me see.", "It is 4.")),  # the prompt opened the thinking
@@ -23,6 +25,11 @@ CASES = [
     (MISTRAL, "[THINK]Hmm.[/THINK]It is 4.", ("Hmm.", "It is 4.")),  # Magistral's tags
     (MISTRAL, "It is 4.", (None, "It is 4.")),
     (MISTRAL, "<think>x</think>y", (None, "<think>x</think>y")),  # another family's tags are text
+    (KIMI, "Hmm.</think>It is 4.", ("Hmm.", "It is 4.")),
+    (KIMI, f"Need the clock.{SECTION}<|tool_call_begin|>", ("Need the clock.", f"{SECTION}<|tool_call_begin|>")),
+    (KIMI, f"<think>A</think>B{SECTION}", ("A", f"B{SECTION}")),
+    (KIMI, "Still thinking", ("Still thinking", None)),
+    (Reasoning("deepseek_v3", thinking=False), "It is 4.</think>", (None, "It is 4.</think>")),
 ]
 
 
@@ -83,3 +90,25 @@ def test_gpt_oss_s_tags_are_kept_and_its_answer_is_not_constrained() -> None:
     with pytest.raises(BadRequest, match="structured output is not served with the openai_gptoss"):
         Reasoning("openai_gptoss").prepare(pb.SamplingParams(structured_output=pb.StructuredOutput(json_object=True)))
     assert Reasoning("openai_gptoss").split("<|channel|>analysis<|message|>Hm.<|end|>") == ("Hm.", None)
+
+
+@pytest.mark.parametrize(
+    ("parser", "variables", "thinks"),
+    [
+        ("deepseek_v3", {}, False),  # V3.1 thinks only when asked
+        ("deepseek_v3", {"thinking": True}, True),
+        ("deepseek_v3", {"enable_thinking": True}, True),
+        ("kimi_k2", {}, True),  # Kimi's thinking models think unless told not to
+        ("kimi_k2", {"thinking": False}, False),
+        ("qwen3", {"enable_thinking": False}, True),  # qwen3 reads the output itself
+    ],
+)
+def test_template_variables_switch_a_model_s_thinking(parser: str, variables: dict[str, bool], thinks: bool) -> None:
+    reasoning = Reasoning(parser).for_request(variables)
+    assert reasoning.thinking is thinks
+    params = pb.SamplingParams(structured_output=pb.StructuredOutput(json_object=True))
+    reasoning.prepare(params)
+    assert params.structured_output.starts_after == ("</think>" if thinks else "")  # without thinking: from the start
+    if not thinks:
+        assert reasoning.split("It is 4.") == (None, "It is 4.")
+        assert ReasoningStream(reasoning).feed("It is", final=False) == ("", "It is")
