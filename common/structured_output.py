@@ -45,6 +45,9 @@ class StructuredOutput:
     choices: tuple[str, ...] = ()
     # Text the constraint waits for (a reasoning model's end of thinking); empty: none.
     starts_after: str = ""
+    # The text that opens what starts_after closes ("<think>"): in the prompt after starts_after's
+    # last occurrence, the prompt has not closed it. Empty: any occurrence of starts_after counts.
+    reopened_by: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", StructuredKind(self.kind))
@@ -60,18 +63,19 @@ class StructuredOutput:
                 raise InvalidRequest("structured output choices must be strings")
         elif self.choices:
             raise InvalidRequest(f"structured output {self.kind} takes no choices")
-        if len(self.starts_after) > MAX_STARTS_AFTER_CHARS:
-            raise InvalidRequest(f"structured output starts_after has at most {MAX_STARTS_AFTER_CHARS} characters")
+        for name, text in (("starts_after", self.starts_after), ("reopened_by", self.reopened_by)):
+            if len(text) > MAX_STARTS_AFTER_CHARS:
+                raise InvalidRequest(f"structured output {name} has at most {MAX_STARTS_AFTER_CHARS} characters")
 
     @property
     def size(self) -> int:
         """Characters of specification (for the request's limit)."""
-        return len(self.spec) + sum(len(c) for c in self.choices) + len(self.starts_after)
+        return len(self.spec) + sum(len(c) for c in self.choices) + len(self.starts_after) + len(self.reopened_by)
 
     @property
     def grammar(self) -> StructuredOutput:
         """The constraint without its ``starts_after``: what compiles, and so the caches' key."""
-        return replace(self, starts_after="") if self.starts_after else self
+        return replace(self, starts_after="", reopened_by="") if self.starts_after or self.reopened_by else self
 
     # ---- Redis (inside the sampling parameters' JSON) ----------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -82,12 +86,18 @@ class StructuredOutput:
             out["choices"] = list(self.choices)
         if self.starts_after:
             out["starts_after"] = self.starts_after
+        if self.reopened_by:
+            out["reopened_by"] = self.reopened_by
         return out
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> StructuredOutput:
         return cls(
-            StructuredKind(raw["kind"]), raw.get("spec", ""), tuple(raw.get("choices", ())), raw.get("starts_after", "")
+            StructuredKind(raw["kind"]),
+            raw.get("spec", ""),
+            tuple(raw.get("choices", ())),
+            raw.get("starts_after", ""),
+            raw.get("reopened_by", ""),
         )
 
     # ---- the wire (the public message, which ExecSampling carries as it is) --------------
@@ -100,6 +110,7 @@ class StructuredOutput:
         else:
             setattr(msg, self.kind.value, self.spec)
         msg.starts_after = self.starts_after
+        msg.reopened_by = self.reopened_by
         return msg
 
     @classmethod
@@ -109,11 +120,11 @@ class StructuredOutput:
         if which is None:
             return None
         kind = StructuredKind(which)
-        after = msg.starts_after
+        after, reopened = msg.starts_after, msg.reopened_by
         if kind is StructuredKind.JSON_OBJECT:
             if not msg.json_object:
                 raise InvalidRequest("structured_output.json_object must be true when set")
-            return cls(kind, starts_after=after)
+            return cls(kind, starts_after=after, reopened_by=reopened)
         if kind is StructuredKind.CHOICE:
-            return cls(kind, choices=tuple(msg.choice.choices), starts_after=after)
-        return cls(kind, getattr(msg, which), starts_after=after)
+            return cls(kind, choices=tuple(msg.choice.choices), starts_after=after, reopened_by=reopened)
+        return cls(kind, getattr(msg, which), starts_after=after, reopened_by=reopened)

@@ -260,10 +260,11 @@ class Engine:
             if self.releasing is not None:  # cached blocks its window has already passed
                 self.releasing.release_passed(seq, self.allocator)
 
-    def _waited_ids(self, params: SamplingParams) -> tuple[int, ...]:
-        """The token ids of the text a constraint waits for, as the tokenizer writes it alone."""
+    def _waited_ids(self, params: SamplingParams, reopening: bool = False) -> tuple[int, ...]:
+        """The token ids of the text a constraint waits for (``reopening``: of the text that opens
+        what it closes), as the tokenizer writes it alone."""
         structured = params.structured_output
-        text = structured.starts_after if structured is not None else ""
+        text = "" if structured is None else structured.reopened_by if reopening else structured.starts_after
         if not text:
             return ()
         ids = self._waited.get(text)
@@ -273,15 +274,22 @@ class Engine:
 
     def _constraint_begins(self, spec: AdmitSpec) -> int | None:
         """Where in the output a structured output's constraint begins: 0 without ``starts_after`` or
-        with its text already in the prompt (a template that switched the thinking off), else right
-        after the text's last occurrence in the output; None while the output has not written it."""
+        with its text already in the prompt (a template that switched the thinking off) and not
+        reopened after it there (``reopened_by``: earlier turns closed their thinking, this one's is
+        open), else right after the text's last occurrence in the output; None while the output has
+        not written it."""
         waited = self._waited_ids(spec.params)
         if not waited:
             return 0
         end = _last_end(spec.output_ids, waited)
         if end is not None:
             return end
-        return 0 if _last_end(spec.prompt_ids, waited) is not None else None
+        closed = _last_end(spec.prompt_ids, waited)
+        if closed is None:
+            return None
+        reopening = self._waited_ids(spec.params, reopening=True)
+        opened = _last_end(spec.prompt_ids, reopening) if reopening else None
+        return None if opened is not None and opened > closed else 0
 
     def _drop(self, seq: Sequence) -> None:
         self.allocator.release(seq.block_table)

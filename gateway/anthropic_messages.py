@@ -5,7 +5,7 @@ A Messages request is a chat in other words: its ``system`` is a system message,
 content blocks are text, earlier ``tool_use`` calls (an assistant message's tool calls) and
 ``tool_result`` answers (tool messages), its tools (``name``, ``description``, ``input_schema``)
 and ``tool_choice`` (``auto``, ``any``, ``tool``, ``none``) the chat's, ``stop_sequences`` its
-stop strings, ``thinking`` its template's ``enable_thinking``. ``chat_body`` rewrites it so; the
+stop strings, ``thinking`` its template's ``enable_thinking`` and ``thinking``. ``chat_body`` rewrites it so; the
 chat route serves it; ``message_of`` and ``MessageEvents`` rewrite the answer back: content blocks
 (``thinking``, ``text``, ``tool_use``), a ``stop_reason`` (``end_turn``, ``max_tokens``,
 ``stop_sequence`` with the sequence that matched, ``tool_use``), and the usage with the prompt
@@ -82,7 +82,8 @@ def _conversation(body: Mapping[str, Any]) -> dict[str, Any]:
         kind = thinking.get("type") if isinstance(thinking, dict) else None
         if kind not in ("enabled", "disabled", "adaptive"):
             raise BadRequest('thinking must be {"type": "enabled"} or {"type": "disabled"}', param="thinking")
-        chat["chat_template_kwargs"] = {"enable_thinking": kind != "disabled"}
+        thinks = kind != "disabled"  # told by both names templates read (as reasoning_effort tells them)
+        chat["chat_template_kwargs"] = {"enable_thinking": thinks, "thinking": thinks}
     return chat
 
 

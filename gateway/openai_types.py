@@ -493,8 +493,11 @@ def chat_options(body: Mapping[str, Any], chat: pb.Chat) -> None:
                 f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}", param="reasoning_effort"
             )
         # As vLLM: the template reads the effort, and a template that asks whether to think at all
-        # is told so, unless the request's own template variables say.
-        variables = {"enable_thinking": effort != "none", **variables, "reasoning_effort": effort}
+        # is told so, unless the request's own template variables say: by the name Qwen3's and
+        # most templates read, and by the one DeepSeek V3.1's and Kimi K2's read (either name the
+        # request sets speaks for both).
+        thinks = variables.get("enable_thinking", variables.get("thinking", effort != "none"))
+        variables = {"enable_thinking": thinks, "thinking": thinks, **variables, "reasoning_effort": effort}
     if variables:
         chat.chat_template_kwargs = json.dumps(variables, ensure_ascii=False)
 

@@ -105,11 +105,13 @@ class Reasoning:
             # Its final message's header varies (``<|constrain|>`` may sit in it) and an earlier
             # turn's final header is in the prompt: no one text marks where the answer starts.
             raise BadRequest(
-                "structured output is not served with the openai_gptoss reasoning parser: gpt-oss's "
-                "harmony messages give no one text after which to constrain its answer"
+                "structured output (response_format, structured_outputs, or a named or required tool_choice "
+                "without --tool-call-parser openai) is not served with the openai_gptoss reasoning parser: "
+                "gpt-oss's harmony messages give no one text after which to constrain its answer"
             )
         if params.HasField("structured_output") and self.thinking:
             params.structured_output.starts_after = self.tags.end
+            params.structured_output.reopened_by = self.tags.start
         if self.tags.special and not params.HasField("skip_special_tokens"):
             params.skip_special_tokens = False
 

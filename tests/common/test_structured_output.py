@@ -24,6 +24,7 @@ EVERY_KIND = [
     StructuredOutput(StructuredKind.JSON_OBJECT, starts_after="</think>"),
     StructuredOutput(StructuredKind.CHOICE, choices=("a",), starts_after="</think>"),
     StructuredOutput(StructuredKind.REGEX, "[0-9]", starts_after="</think>"),
+    StructuredOutput(StructuredKind.REGEX, "[0-9]", starts_after="</think>", reopened_by="<think>"),
 ]
 
 
@@ -39,6 +40,7 @@ EVERY_KIND = [
         {"kind": StructuredKind.REGEX, "spec": "a", "choices": ("a",)},
         {"kind": "xml", "spec": "a"},
         {"kind": StructuredKind.JSON_OBJECT, "starts_after": "x" * 65},
+        {"kind": StructuredKind.JSON_OBJECT, "reopened_by": "x" * 65},
     ],
 )
 def test_malformed_constraints_raise(kwargs: dict[str, object]) -> None:
@@ -58,9 +60,9 @@ def test_encodings_round_trip(spec: StructuredOutput) -> None:
 
 
 def test_what_a_constraint_waits_for_is_not_part_of_its_grammar() -> None:
-    waiting = StructuredOutput(StructuredKind.REGEX, "[0-9]", starts_after="</think>")
+    waiting = StructuredOutput(StructuredKind.REGEX, "[0-9]", starts_after="</think>", reopened_by="<think>")
     assert waiting.grammar == StructuredOutput(StructuredKind.REGEX, "[0-9]") != waiting
-    assert waiting.size == len("[0-9]") + len("</think>")
+    assert waiting.size == len("[0-9]") + len("</think>") + len("<think>")
 
 
 def test_unset_constraint_is_none_everywhere() -> None:

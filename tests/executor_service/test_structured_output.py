@@ -394,7 +394,7 @@ def test_a_constraint_waiting_for_the_end_of_thinking_holds_only_after_it(engine
     tokenizer = engine.tokenizer
     end = tuple(tokenizer.encode("</think>", add_special_tokens=False))  # type: ignore[attr-defined]
     assert len(end) > 1  # several tokens here, so a step can write the last of them
-    waiting = StructuredOutput(StructuredKind.REGEX, "[0-9]{3}", starts_after="</think>")
+    waiting = StructuredOutput(StructuredKind.REGEX, "[0-9]{3}", starts_after="</think>", reopened_by="<think>")
     prompt = prompts(1, seed=7)[0]
 
     def spec(request_id: str, prompt: list[int], output: tuple[int, ...] = (), **params: object) -> AdmitSpec:
@@ -402,16 +402,22 @@ def test_a_constraint_waiting_for_the_end_of_thinking_holds_only_after_it(engine
         return AdmitSpec(request_id, tuple(prompt), output, sampling, 0.0)
 
     thinking = (*prompt[:3], *end[:-1])  # the output so far stops one token short of the end tag
+    start = tuple(tokenizer.encode("<think>", add_special_tokens=False))  # type: ignore[attr-defined]
     results = generate(
         engine,
         [
             spec("closed-in-prompt", [*prompt, *end]),  # a template that switched the thinking off
+            spec("closed-then-reopened", [*end, *prompt, *start]),  # earlier turns closed theirs; this one opens
+            spec("reopened-then-closed", [*prompt, *start, *end]),  # a template that wrote an empty thinking
             spec("thought-before", prompt, (*prompt[:4], *end)),  # re-admitted after its thinking
             spec("thinking", prompt),  # never writes the tag: free text to max_tokens
             spec("ends-thinking", prompt, thinking, logit_bias=((end[-1], 100.0),)),  # writes the last tag token
         ],
     )
     assert re.fullmatch("[0-9]{3}", results["closed-in-prompt"].text)
+    assert re.fullmatch("[0-9]{3}", results["reopened-then-closed"].text)
+    reopened = results["closed-then-reopened"]
+    assert reopened.reason is FinishReason.LENGTH and not re.fullmatch("[0-9]{3}", reopened.text)
     assert re.fullmatch("[0-9]{3}", results["thought-before"].text)
     assert results["thinking"].reason is FinishReason.LENGTH and len(results["thinking"].tokens) == 12
     assert not re.fullmatch("[0-9]{3}", results["thinking"].text)

@@ -59,7 +59,7 @@ def test_a_messages_request_is_a_chat_request() -> None:
         }
     ]
     assert chat["tool_choice"] == "required" and chat["parallel_tool_calls"] is False
-    assert chat["chat_template_kwargs"] == {"enable_thinking": False}
+    assert chat["chat_template_kwargs"] == {"enable_thinking": False, "thinking": False}
     parse_chat(chat)  # and the chat route takes it
 
 

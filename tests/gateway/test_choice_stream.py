@@ -82,9 +82,17 @@ def test_reasoning_effort_is_a_template_variable() -> None:
     """As vLLM passes it, telling a template that asks whether to think."""
     ask = {"messages": [{"role": "user", "content": "Hi"}]}
     low = parse_chat({**ask, "reasoning_effort": "low"}).request.chat
-    assert json.loads(low.chat_template_kwargs) == {"reasoning_effort": "low", "enable_thinking": True}
+    assert json.loads(low.chat_template_kwargs) == {
+        "reasoning_effort": "low",
+        "enable_thinking": True,
+        "thinking": True,
+    }
     told = parse_chat({**ask, "reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}})
-    assert json.loads(told.request.chat.chat_template_kwargs) == {"reasoning_effort": "none", "enable_thinking": True}
+    assert json.loads(told.request.chat.chat_template_kwargs) == {
+        "reasoning_effort": "none",
+        "enable_thinking": True,
+        "thinking": True,
+    }
     with pytest.raises(BadRequest):
         parse_chat({**ask, "reasoning_effort": "extreme"})
 

@@ -69,7 +69,7 @@ def test_an_unknown_parser_is_refused() -> None:
 def test_a_constrained_answer_waits_for_the_end_of_thinking() -> None:
     params = pb.SamplingParams(structured_output=pb.StructuredOutput(json_object=True))
     QWEN3.prepare(params)
-    assert params.structured_output.starts_after == "</think>"
+    assert params.structured_output.starts_after == "</think>" and params.structured_output.reopened_by == "<think>"
     free = pb.SamplingParams()
     R1.prepare(free)
     assert not free.HasField("structured_output") and not free.HasField("skip_special_tokens")
@@ -87,7 +87,7 @@ def test_gpt_oss_s_tags_are_kept_and_its_answer_is_not_constrained() -> None:
     params = pb.SamplingParams()
     Reasoning("openai_gptoss").prepare(params)
     assert params.HasField("skip_special_tokens") and not params.skip_special_tokens
-    with pytest.raises(BadRequest, match="structured output is not served with the openai_gptoss"):
+    with pytest.raises(BadRequest, match="is not served with the openai_gptoss reasoning parser"):
         Reasoning("openai_gptoss").prepare(pb.SamplingParams(structured_output=pb.StructuredOutput(json_object=True)))
     assert Reasoning("openai_gptoss").split("<|channel|>analysis<|message|>Hm.<|end|>") == ("Hm.", None)
 
