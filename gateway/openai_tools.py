@@ -16,7 +16,9 @@ OpenAI's ``tool_calls`` shape.
   (``hermes_tool_calls``), ``llama3_json`` (``llama3_tool_calls``), ``mistral``
   (``mistral_tool_calls``), ``pythonic`` (``pythonic_tool_calls``), ``qwen3_coder``
   (``qwen3_coder_tool_calls``), ``glm45``/``glm47`` (``glm_tool_calls``),
-  ``deepseek_v3``/``deepseek_v31`` (``deepseek_tool_calls``) or ``kimi_k2`` (``kimi_k2_tool_calls``), as vLLM's
+  ``deepseek_v3``/``deepseek_v31`` (``deepseek_tool_calls``), ``kimi_k2`` (``kimi_k2_tool_calls``)
+  or ``openai`` (gpt-oss's harmony calls, ``harmony_tool_calls``; a named or "required" choice is
+  read as "auto" there), as vLLM's
   ``--enable-auto-tool-choice --tool-call-parser``. The
   answer's content is the text before the first call, and ``finish_reason`` is ``"tool_calls"``
   where it calls. Without a parser, ``"auto"`` is a 400, as vLLM answers without its flags. The

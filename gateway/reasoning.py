@@ -23,7 +23,9 @@ no end tag:
   ends the thinking too, and begins the answer.
 - ``openai_gptoss``: gpt-oss's harmony messages (``harmony``): the ``analysis`` channel is the
   thinking, the rest the answer, where its calls stay for the ``openai`` tool-call parser. Its
-  tags are special tokens too, and a structured output holds the ``final`` channel's body.
+  tags are special tokens too. No one text marks where a harmony answer starts (the final
+  message's header varies, and earlier turns' are in the prompt), so a structured output is
+  refused with the reason rather than held to the wrong text.
 
 A tag split across two messages is held back until it is whole. Tool calls (``openai_tools``) are
 read from the answer alone. A structured output (``response_format``, a forced tool call) holds
