@@ -55,6 +55,7 @@ from gateway.openai_types import (
     prompts_usage,
 )
 from gateway.reasoning import Reasoning
+from gateway.request_id_header import RequestIdHeader
 from gateway.served_model import ServedModels
 
 log = logging.getLogger(__name__)
@@ -593,7 +594,7 @@ def create_app(
         routes=routes,
         exception_handlers=handlers,
         lifespan=gateway.lifespan,
-        middleware=[cors.middleware(), Middleware(HttpMetrics, metrics=metrics)],
+        middleware=[cors.middleware(), Middleware(HttpMetrics, metrics=metrics), Middleware(RequestIdHeader)],
     )
     app.state.gateway = gateway
     return app

@@ -518,6 +518,25 @@ async def test_client_disconnect_cancels_the_baton_request(served: Served, clien
     await _wait_state(served, seen[0].id.removeprefix("cmpl-"), pb.REQUEST_STATE_CANCELLED)
 
 
+async def test_every_response_carries_an_x_request_id(served: Served) -> None:
+    """The client's own X-Request-Id comes back (a proxy's trace id), as vLLM's server echoes it;
+    without one, the id Baton gave the request; an answer with neither, a new one. Baton's own id
+    stays its own: the same header twice is never a duplicate request."""
+    body = {"model": ALIAS, "prompt": "Hi", "max_tokens": 2, **NO_EOS}
+    async with httpx.AsyncClient(base_url=served.base_url) as http:
+        traced = [await http.post("/v1/completions", json=body, headers={"X-Request-Id": "trace-7"}) for _ in range(2)]
+        plain = await http.post("/v1/completions", json=body)
+        health = await http.get("/health")
+        odd = await http.post("/v1/completions", json=body, headers={"X-Request-Id": "has space"})
+    assert [r.status_code for r in traced] == [200, 200] and [r.headers["x-request-id"] for r in traced] == [
+        "trace-7"
+    ] * 2
+    assert traced[0].headers["x-baton-request-id"] != traced[1].headers["x-baton-request-id"]
+    assert plain.headers["x-request-id"] == plain.headers["x-baton-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", health.headers["x-request-id"])
+    assert odd.headers["x-request-id"] == odd.headers["x-baton-request-id"]  # not a header value to echo
+
+
 async def test_unreachable_target_is_503() -> None:
     app = create_app(f"127.0.0.1:{free_port()}")
     transport = httpx.ASGITransport(app=app)
