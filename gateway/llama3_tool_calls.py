@@ -28,9 +28,9 @@ def parse(text: str) -> tuple[str | None, list[ParsedCall]]:
     while at < len(body):
         try:
             value, end = _DECODER.raw_decode(body, at)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             return text, []
-        call = _call(value)
+        call = json_call(value)
         if call is None:
             return text, []
         calls.append(call)
@@ -40,11 +40,15 @@ def parse(text: str) -> tuple[str | None, list[ParsedCall]]:
     return None, calls
 
 
-def _call(value: object) -> ParsedCall | None:
+def json_call(value: object) -> ParsedCall | None:
+    """A decoded ``{"name": ..., "parameters" or "arguments": ...}`` as a call (None: it is not one)."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     arguments = value.get("parameters", value.get("arguments", {}))
-    return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False))
+    try:
+        return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False, allow_nan=False))
+    except ValueError:  # NaN or an infinity, which JSON has no form for
+        return None
 
 
 class Llama3Stream(WholeOutputStream):

@@ -16,9 +16,9 @@ OpenAI's ``tool_calls`` shape.
   (``hermes_tool_calls``), ``llama3_json`` (``llama3_tool_calls``), ``mistral``
   (``mistral_tool_calls``), ``pythonic`` (``pythonic_tool_calls``), ``qwen3_coder``
   (``qwen3_coder_tool_calls``), ``glm45``/``glm47`` (``glm_tool_calls``),
-  ``deepseek_v3``/``deepseek_v31`` (``deepseek_tool_calls``), ``kimi_k2`` (``kimi_k2_tool_calls``)
-  or ``openai`` (gpt-oss's harmony calls, ``harmony_tool_calls``; a named or "required" choice is
-  read as "auto" there), as vLLM's
+  ``deepseek_v3``/``deepseek_v31`` (``deepseek_tool_calls``), ``kimi_k2`` (``kimi_k2_tool_calls``),
+  ``granite`` (``granite_tool_calls``) or ``openai`` (gpt-oss's harmony calls,
+  ``harmony_tool_calls``; a named or "required" choice is read as "auto" there), as vLLM's
   ``--enable-auto-tool-choice --tool-call-parser``. The
   answer's content is the text before the first call, and ``finish_reason`` is ``"tool_calls"``
   where it calls. Without a parser, ``"auto"`` is a 400, as vLLM answers without its flags. The
@@ -48,6 +48,7 @@ from common.pb import generate_pb2 as pb
 from gateway import (
     deepseek_tool_calls,
     glm_tool_calls,
+    granite_tool_calls,
     harmony_tool_calls,
     hermes_tool_calls,
     kimi_k2_tool_calls,
@@ -117,6 +118,7 @@ _SYNTAXES = {
     "glm45": ToolSyntax(glm_tool_calls.parse, glm_tool_calls.GlmStream),
     "glm47": ToolSyntax(glm_tool_calls.parse, glm_tool_calls.GlmStream),
     "kimi_k2": _untyped(kimi_k2_tool_calls.parse, kimi_k2_tool_calls.KimiK2Stream, kimi_k2_tool_calls.call_id),
+    "granite": _untyped(granite_tool_calls.parse, granite_tool_calls.GraniteStream),
     # gpt-oss: reads the calls the openai_gptoss reasoning parser leaves in the answer (the gateway
     # refuses the one without the other).
     "openai": _untyped(harmony_tool_calls.parse, harmony_tool_calls.HarmonyCallStream),

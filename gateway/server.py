@@ -56,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "deepseek_v3",
             "deepseek_v31",
             "kimi_k2",
+            "granite",
             "openai",
         ],
         help='serve chat tool_choice "auto" (the default once a request brings tools), reading the calls the '
@@ -64,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "instruct models), pythonic ([f(x=1)]: Llama 3.2 and 4's pythonic templates), qwen3_coder "
         "(<tool_call><function=f><parameter=x>: Qwen3-Coder), glm45 or glm47 (<tool_call>f<arg_key>x</arg_key>: "
         "GLM-4.5 to 4.7), deepseek_v3 or deepseek_v31 (<｜tool▁calls▁begin｜>: DeepSeek-V3, R1 and V3.1, either "
-        "reads both forms), kimi_k2 (<|tool_calls_section_begin|>: Kimi K2) or openai (gpt-oss's harmony "
+        "reads both forms), kimi_k2 (<|tool_calls_section_begin|>: Kimi K2), granite (<|tool_call|>[{...}]: "
+        "IBM Granite 3 and later) or openai (gpt-oss's harmony "
         "messages to functions.NAME; needs --reasoning-parser openai_gptoss); default: none, and "
         '"auto" is a 400',
     )

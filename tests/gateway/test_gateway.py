@@ -997,6 +997,7 @@ async def test_return_token_ids_gives_the_prompts_and_the_outputs_ids(served: Se
         ("pythonic", r"\[clock\(\)\]", None, r"call_[0-9a-f]{24}"),
         ("qwen3_coder", r"<tool_call>\n<function=clock>\n</function>\n</tool_call>", None, r"call_[0-9a-f]{24}"),
         ("glm45", r"<tool_call>clock\n</tool_call>", None, r"call_[0-9a-f]{24}"),
+        ("granite", r'<\|tool_call\|>\[\{"name": "clock", "arguments": \{\}\}\]', None, r"call_[0-9a-f]{24}"),
         (
             "deepseek_v31",
             "<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin\uff5c>clock"

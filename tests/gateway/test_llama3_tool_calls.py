@@ -22,6 +22,11 @@ CASES = [
     ('{"name": "weather", "parameters": {"ci', ('{"name": "weather", "parameters": {"ci', [])),  # cut short
     ("<|python", ("<|python", [])),
     ("A {curly} answer", ("A {curly} answer", [])),
+    (
+        '{"name": "clock", "parameters": {"x": NaN}}',
+        ('{"name": "clock", "parameters": {"x": NaN}}', []),
+    ),  # no JSON form
+    ('{"name": "x", "parameters": ' + "[" * 5000, ('{"name": "x", "parameters": ' + "[" * 5000, [])),  # too deep: text
 ]
 
 
