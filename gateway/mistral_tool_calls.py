@@ -72,14 +72,15 @@ def _calls(segment: str) -> list[ParsedCall] | None:
     arguments = _whole_json(body, head.end())
     if not isinstance(arguments, dict):
         return None
-    return [ParsedCall(head.group(1), json.dumps(arguments, ensure_ascii=False))]
+    call = _json_call({"name": head.group(1), "arguments": arguments})
+    return [call] if call is not None else None
 
 
 def _whole_json(body: str, at: int) -> object:
     """The JSON value at ``body[at:]`` where nothing but blanks follows it; None otherwise."""
     try:
         value, end = _DECODER.raw_decode(body, at)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
     return value if not body[end:].strip() else None
 
@@ -87,7 +88,10 @@ def _whole_json(body: str, at: int) -> object:
 def _json_call(value: object) -> ParsedCall | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
-    return ParsedCall(value["name"], json.dumps(value.get("arguments", {}), ensure_ascii=False))
+    try:
+        return ParsedCall(value["name"], json.dumps(value.get("arguments", {}), ensure_ascii=False, allow_nan=False))
+    except ValueError:  # NaN or an infinity, which JSON has no form for
+        return None
 
 
 class MistralStream:

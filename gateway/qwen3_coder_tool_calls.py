@@ -69,15 +69,24 @@ def _typed(text: str, schema: Any) -> Any:
     if value == "null" and "null" in kinds:
         return None
     try:
-        if "integer" in kinds and re.fullmatch(r"-?\d+", value):
-            return int(value)
-        if "number" in kinds:
-            number = float(value)
-            return int(number) if number.is_integer() and "." not in value and "e" not in value.lower() else number
-        if "boolean" in kinds and value.lower() in _BOOLEANS:
-            return _BOOLEANS[value.lower()]
-        if "object" in kinds or "array" in kinds:
-            return json.loads(value)
-    except ValueError:
-        pass
-    return text
+        return _json_form(_read(value, kinds))
+    except (ValueError, RecursionError, OverflowError):  # not its type, nested too deep, or no JSON form
+        return text
+
+
+def _read(value: str, kinds: list[Any]) -> Any:
+    if "integer" in kinds and re.fullmatch(r"-?\d+", value):
+        return int(value)
+    if "number" in kinds:
+        number = float(value)
+        return int(number) if number.is_integer() and "." not in value and "e" not in value.lower() else number
+    if "boolean" in kinds and value.lower() in _BOOLEANS:
+        return _BOOLEANS[value.lower()]
+    if "object" in kinds or "array" in kinds:
+        return json.loads(value)
+    raise ValueError("a string")
+
+
+def _json_form(value: Any) -> Any:
+    json.dumps(value, allow_nan=False)  # NaN and the infinities have none: ValueError
+    return value

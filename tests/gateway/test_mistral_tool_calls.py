@@ -25,6 +25,8 @@ CASES = [
     ('[TOOL_CALLS]weather[ARGS]{"city": "Os', ('[TOOL_CALLS]weather[ARGS]{"city": "Os', [])),  # cut short
     ('[TOOL_CALLS]weather[ARGS]["Oslo"]', ('[TOOL_CALLS]weather[ARGS]["Oslo"]', [])),  # arguments not an object
     ("a [TOOL", ("a [TOOL", [])),
+    ('[TOOL_CALLS]clock[ARGS]{"x": NaN}', ('[TOOL_CALLS]clock[ARGS]{"x": NaN}', [])),  # no JSON form
+    ("[TOOL_CALLS]" + "[" * 5000, ("[TOOL_CALLS]" + "[" * 5000, [])),  # nested past the parser's depth: text
 ]
 
 

@@ -47,6 +47,10 @@ CASES = [
     ),
     (_call("weather", ("days", "three")), (None, [ParsedCall("weather", '{"days": "three"}')])),  # not its type: text
     (_call("other", ("x", "5")), (None, [ParsedCall("other", '{"x": "5"}')])),  # no schema: text
+    (  # no JSON form (NaN, an infinity) or nested past the parser's depth: text
+        _call("weather", ("tags", "[NaN]"), ("scale", "1e999"), ("days", "[" * 5000)),
+        (None, [ParsedCall("weather", '{"tags": "[NaN]", "scale": "1e999", "days": "' + "[" * 5000 + '"}')]),
+    ),
     (
         "<tool_call>\n<function=weather>\n<parameter=city>\nOs",
         ("<tool_call>\n<function=weather>\n<parameter=city>\nOs", []),
