@@ -81,7 +81,7 @@ class HarmonySplit:
             found = [(i, tag) for tag in _ENDS if (i := self._text.find(tag)) >= 0]
             end, tag = min(found) if found else (-1, "")
             if end < 0:
-                keep = 0 if final else max(tag_prefix_len(self._text, t) for t in _ENDS)
+                keep = 0 if final else tag_prefix_len(self._text, *_ENDS)
                 self._body(self._text[: len(self._text) - keep], thought, answer)
                 self._text = self._text[len(self._text) - keep :]
                 if final:

@@ -60,9 +60,15 @@ def _call(body: str) -> ParsedCall | None:
         value = json.loads(body)
     except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
+    return json_call(value)
+
+
+def json_call(value: object, keys: tuple[str, ...] = ("arguments",)) -> ParsedCall | None:
+    """A decoded ``{"name": ..., KEY: {...}}`` as a call, its arguments under the first of ``keys``
+    it has (none: ``{}``); None where it is not one, or its arguments have no JSON form."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
-    arguments = value.get("arguments", {})
+    arguments: object = next((value[key] for key in keys if key in value), {})
     try:
         return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False, allow_nan=False))
     except ValueError:  # NaN or an infinity, which JSON has no form for

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from gateway import hermes_tool_calls
 from gateway.hermes_tool_calls import ParsedCall
 from gateway.whole_output_calls import WholeOutputStream
 
@@ -42,13 +43,7 @@ def parse(text: str) -> tuple[str | None, list[ParsedCall]]:
 
 def json_call(value: object) -> ParsedCall | None:
     """A decoded ``{"name": ..., "parameters" or "arguments": ...}`` as a call (None: it is not one)."""
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    arguments = value.get("parameters", value.get("arguments", {}))
-    try:
-        return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False, allow_nan=False))
-    except ValueError:  # NaN or an infinity, which JSON has no form for
-        return None
+    return hermes_tool_calls.json_call(value, ("parameters", "arguments"))
 
 
 class Llama3Stream(WholeOutputStream):

@@ -20,7 +20,7 @@ import re
 import secrets
 import string
 
-from gateway.hermes_tool_calls import ParsedCall
+from gateway.hermes_tool_calls import ParsedCall, json_call
 from gateway.split_tags import tag_prefix_len
 
 TOOL_CALLS = "[TOOL_CALLS]"
@@ -61,7 +61,7 @@ def _calls(segment: str) -> list[ParsedCall] | None:
         value = _whole_json(body, 0)
         calls = []
         for item in value if isinstance(value, list) else [value]:
-            call = _json_call(item)
+            call = json_call(item)
             if call is None:
                 return None
             calls.append(call)
@@ -72,7 +72,7 @@ def _calls(segment: str) -> list[ParsedCall] | None:
     arguments = _whole_json(body, head.end())
     if not isinstance(arguments, dict):
         return None
-    call = _json_call({"name": head.group(1), "arguments": arguments})
+    call = json_call({"name": head.group(1), "arguments": arguments})
     return [call] if call is not None else None
 
 
@@ -83,15 +83,6 @@ def _whole_json(body: str, at: int) -> object:
     except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
     return value if not body[end:].strip() else None
-
-
-def _json_call(value: object) -> ParsedCall | None:
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    try:
-        return ParsedCall(value["name"], json.dumps(value.get("arguments", {}), ensure_ascii=False, allow_nan=False))
-    except ValueError:  # NaN or an infinity, which JSON has no form for
-        return None
 
 
 class MistralStream:

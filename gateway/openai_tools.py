@@ -269,19 +269,15 @@ def parse_tools(
             "or a named function",
             param="tool_choice",
         )
+    name = "" if choice == "required" else _named(choice)
+    if choice != "required" and name not in functions:
+        raise BadRequest(f"tool_choice names {name!r}, which is not one of the tools", param="tool_choice")
     if parser in _UNFORCED:  # named or "required": read as the model writes its calls
-        if choice != "required" and _named(choice) not in functions:
-            raise BadRequest(
-                f"tool_choice names {_named(choice)!r}, which is not one of the tools", param="tool_choice"
-            )
         calling = ToolCalling(AUTO, parser=parser, parallel=parallel, schemas=functions, earlier_calls=earlier)
         return calling, tools_json, None
     if choice == "required":
         calling = ToolCalling(REQUIRED, parser=parser, parallel=parallel, earlier_calls=earlier)
         return calling, tools_json, _schema(_required_schema(functions, parallel))
-    name = _named(choice)
-    if name not in functions:
-        raise BadRequest(f"tool_choice names {name!r}, which is not one of the tools", param="tool_choice")
     return ToolCalling(NAMED, name, parser, parallel, earlier_calls=earlier), tools_json, _schema(functions[name])
 
 

@@ -169,7 +169,7 @@ class ReasoningStream:
         if self._state == "thinking":
             ends = [(at, tag) for tag in (tags.end, tags.implicit_end) if tag and (at := self._pending.find(tag)) >= 0]
             if not ends:
-                keep = 0 if final else max(tag_prefix_len(self._pending, t) for t in (tags.end, tags.implicit_end) if t)
+                keep = 0 if final else tag_prefix_len(self._pending, tags.end, tags.implicit_end)
                 thought = self._pending[: len(self._pending) - keep]
                 self._pending = self._pending[len(self._pending) - keep :]
                 return thought, ""

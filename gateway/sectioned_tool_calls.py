@@ -36,7 +36,7 @@ class SectionTags:
 
     def held_back(self, text: str) -> int:
         """How many of ``text``'s last characters may begin a section tag."""
-        return max(tag_prefix_len(text, tag) for tag in self.sections)
+        return tag_prefix_len(text, *self.sections)
 
     def first_call(self, tag: str) -> int:
         """Where, from the section's tag on, the first call's tag is looked for: at the section's

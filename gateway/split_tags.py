@@ -4,9 +4,12 @@ messages, so the end of a message that could begin one is held back until the ne
 from __future__ import annotations
 
 
-def tag_prefix_len(text: str, tag: str) -> int:
-    """How many of ``text``'s last characters could begin ``tag`` (0: none)."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
+def tag_prefix_len(text: str, *tags: str) -> int:
+    """How many of ``text``'s last characters could begin one of ``tags`` (0: none)."""
+    longest = 0
+    for tag in tags:
+        for size in range(min(len(tag) - 1, len(text)), longest, -1):
+            if tag.startswith(text[-size:]):
+                longest = size
+                break
+    return longest
