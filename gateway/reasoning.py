@@ -12,6 +12,8 @@ no end tag:
 - ``qwen3``: thinking can be switched off (``chat_template_kwargs: {"enable_thinking": false}``),
   so an output without ``</think>`` is all answer. Streamed, an output is reasoning until
   ``</think>`` only if it opens with ``<think>``.
+- ``glm45``: GLM-4.5 to 4.7, read as ``qwen3`` (their templates switch thinking off the same way,
+  ``enable_thinking``).
 - ``mistral``: as ``qwen3``, with Magistral's ``[THINK]`` and ``[/THINK]``. They are special
   tokens, whose text an output keeps only with ``skip_special_tokens`` false, so the parser asks
   for it unless the request says otherwise, as vLLM's does.
@@ -65,6 +67,7 @@ class _Tags:
 _PARSERS = {
     "deepseek_r1": _Tags(START, END, opened_in_prompt=True),
     "qwen3": _Tags(START, END, opened_in_prompt=False),
+    "glm45": _Tags(START, END, opened_in_prompt=False),
     "mistral": _Tags("[THINK]", "[/THINK]", opened_in_prompt=False, special=True),
     "openai_gptoss": _Tags("", harmony.FINAL_BODY, opened_in_prompt=False, special=True, harmony=True),
     "deepseek_v3": _Tags(START, END, True, thinks_by_default=False, switch=("thinking", "enable_thinking")),

@@ -22,6 +22,8 @@ CASES = [
     (QWEN3, "It is 4.", (None, "It is 4.")),  # enable_thinking false: no tags, all answer
     (QWEN3, "<think></think>It is 4.", (None, "It is 4.")),
     (QWEN3, "<thinking aloud> is no tag", (None, "<thinking aloud> is no tag")),
+    (Reasoning("glm45"), "<think>Hmm.</think>It is 4.", ("Hmm.", "It is 4.")),
+    (Reasoning("glm45"), "It is 4.", (None, "It is 4.")),  # enable_thinking false
     (MISTRAL, "[THINK]Hmm.[/THINK]It is 4.", ("Hmm.", "It is 4.")),  # Magistral's tags
     (MISTRAL, "It is 4.", (None, "It is 4.")),
     (MISTRAL, "<think>x</think>y", (None, "<think>x</think>y")),  # another family's tags are text
