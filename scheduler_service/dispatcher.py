@@ -51,6 +51,10 @@ class Dispatcher:
         self._queue_moved = False  # a wake since the last round said the queue may hold new work
         self._tasks: list[asyncio.Task[None]] = []
         self._link_tasks: dict[str, asyncio.Task[None]] = {}
+        # Executors whose ended link is still cleaning up (handing back its requests, dropping its
+        # index, releasing its lease): no new link takes them until it is done, as the cleanup's
+        # drop and release, fenced by this replica's id, would undo the new link's index and lease.
+        self._closing: set[str] = set()
         self.scorer = scorer or RequestScorer(config)  # the frontend scores arrivals with it too
         self.admission = Admission(store, config, self.scorer, self.metrics)
         self.control = store.control
@@ -157,7 +161,7 @@ class Dispatcher:
             if not renewed or executor_id not in alive:
                 log.warning("dropping executor %s (lease lost or heartbeat stale)", executor_id)
                 self._link_tasks[executor_id].cancel()
-        for executor_id in alive - set(self.links):
+        for executor_id in alive - set(self.links) - self._closing:
             if await fleet.take_lease(executor_id, self.replica_id, dist.lease_ttl_ms):
                 address = await fleet.address_of(executor_id)
                 if address:
@@ -177,7 +181,7 @@ class Dispatcher:
         """Re-queue the requests of executors whose heartbeat stopped, once, under their lease."""
         fleet = self.store.fleet
         for executor_id in await fleet.silent_since(cutoff_ms):
-            if executor_id in self.links:
+            if executor_id in self.links or executor_id in self._closing:
                 continue
             if not await fleet.take_lease(executor_id, self.replica_id, self.config.distributed.lease_ttl_ms):
                 continue
@@ -228,20 +232,24 @@ class Dispatcher:
         except Exception as exc:
             log.warning("link to executor %s failed: %s", executor_id, exc)
         finally:
+            self._closing.add(executor_id)
             self.links.pop(executor_id, None)
             self.metrics.forget_executor(executor_id)
             self._link_tasks.pop(executor_id, None)
-            with contextlib.suppress(Exception):
-                await link.close()
-            orphans = list(link.requests)
-            with contextlib.suppress(RedisError):
-                for request_id in orphans:
-                    await link.hand_back(request_id, "migrate")
-                    self.metrics.migrations.inc()
-                # Its events stop here: forget its index (unless another replica drives it now),
-                # so nothing is placed on blocks it may evict; the next link rebuilds it.
-                await self.store.prefixes.drop(executor_id, self.replica_id)
-                await self.store.fleet.release_lease(executor_id, self.replica_id)
+            try:
+                with contextlib.suppress(Exception):
+                    await link.close()
+                orphans = list(link.requests)
+                with contextlib.suppress(RedisError):
+                    for request_id in orphans:
+                        await link.hand_back(request_id, "migrate")
+                        self.metrics.migrations.inc()
+                    # Its events stop here: forget its index (unless another replica drives it now),
+                    # so nothing is placed on blocks it may evict; the next link rebuilds it.
+                    await self.store.prefixes.drop(executor_id, self.replica_id)
+                    await self.store.fleet.release_lease(executor_id, self.replica_id)
+            finally:
+                self._closing.discard(executor_id)
             self._wake_for(requeued=bool(orphans))
 
     def _wake_for(self, requeued: bool) -> None:

@@ -1,5 +1,6 @@
 """The dispatcher's background loops outlive what they should not die of: a defect in one
-planning or discovery round, a message on the control channel that does not parse."""
+planning or discovery round, a message on the control channel that does not parse; and an executor
+taken again after its lease lapsed stays driven."""
 
 from __future__ import annotations
 
@@ -81,3 +82,39 @@ async def test_control_messages_that_do_not_parse_are_skipped(stack: Stack, redi
         await client.aclose()
     assert sum(len(c.token_ids) for c in received) < 4000
     assert received[-1].finish_reason == pb.FINISH_REASON_CANCELLED
+
+
+async def test_a_link_taken_again_after_its_lease_lapsed_is_not_undone_by_the_old_ones_cleanup(
+    stack: Stack, redis_url: str
+) -> None:
+    """A lease that lapses (a Redis stall or failover) ends the executor's link, and this replica
+    takes the executor again. The old link's cleanup drops the executor's index and releases its
+    lease, fenced by the replica's id only: a new link started before that cleanup ends would lose
+    both to it, and be dropped in turn, over and over."""
+    dispatcher = stack.scheduler.dispatcher
+    executor_id = stack.executors[0].executor_id
+    keys = KeySchema("baton")
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        await stack.generate(greedy(random_prompts(1, seed=44)[0], 4))  # its prompt's blocks stay cached
+        await eventually(lambda: client.scard(keys.cached_blocks(executor_id)), "the executor's index")
+        old_link, old_task = dispatcher.links[executor_id], dispatcher._link_tasks[executor_id]
+        real_close = old_link.close
+
+        async def slow_close() -> None:
+            await asyncio.sleep(1.0)  # a cleanup that spans several discovery rounds (100 ms here)
+            await real_close()
+
+        old_link.close = slow_close  # type: ignore[method-assign]
+        await client.delete(keys.lease(executor_id))  # the lease lapsed
+        await asyncio.wait_for(old_task, 20)
+        await eventually(lambda: executor_id in dispatcher.links, "the executor to be driven again")
+        new_link = dispatcher.links[executor_id]
+        assert new_link is not old_link
+        chunks = await asyncio.wait_for(stack.generate(greedy(random_prompts(1, seed=45)[0], 8)), 60)
+        assert len(joined_tokens(chunks)) == 8
+        assert dispatcher.links.get(executor_id) is new_link, "the new link was dropped"
+        assert await client.get(keys.lease(executor_id)) == dispatcher.replica_id
+        assert await client.scard(keys.cached_blocks(executor_id)) > 0
+    finally:
+        await client.aclose()
