@@ -94,12 +94,13 @@ class Candidate:
     marks: tuple[str, ...] = ()  # its prompt's names of blocks 1, 2, 4, 8, ... (``PrefixMarks``)
     marks_block_size: int = 0  # the block size those names were computed with
 
-    def hit_on(self, executor_id: str, placed_tokens: int = 0) -> int:
-        """Tokens its prefill may skip on ``executor_id``, whose cache holds ``cached_tokens`` of it
-        and whose placed prompts ``placed_tokens``: never all of them, as the last token must be
-        computed for the first output's logits."""
-        held = max(self.cached_tokens.get(executor_id, 0), placed_tokens)
-        return max(0, min(held, self.num_tokens - 1))
+    def hit_on(self, cap: ExecutorCapacity, placed_tokens: int = 0) -> int:
+        """Tokens its prefill may skip on ``cap``, whose cache holds ``cached_tokens`` of it and whose
+        placed prompts ``placed_tokens``: whole blocks, never covering the last token, which must be
+        computed for the first output's logits (the executor takes what it holds by the same rule)."""
+        held = max(self.cached_tokens.get(cap.executor_id, 0), placed_tokens)
+        whole_blocks = (self.num_tokens - 1) // cap.block_size * cap.block_size if cap.block_size > 0 else 0
+        return max(0, min(held, whole_blocks))
 
     def shares_marks_with(self, cap: ExecutorCapacity) -> bool:
         """Whether its marks name blocks ``cap`` would keep: it caches prefixes, in blocks of the
@@ -152,7 +153,7 @@ def place(
             need = cap.request_kv_blocks(cand.num_tokens)
             eid, size = cap.executor_id, max(1, cap.total_blocks)
             if slots[eid] > 0 and blocks[eid] >= need:
-                hit = cand.hit_on(eid, cand.placed_tokens(marks[eid], cap))
+                hit = cand.hit_on(cap, cand.placed_tokens(marks[eid], cap))
                 credit = hit * min(1.0, blocks[eid] / size / FULL_CREDIT_FREE_KV)
                 turn = -((i - rotation) % n)  # the tie-break: the next executor in the rotation
                 pinned = eid == cand.affinity
@@ -161,7 +162,7 @@ def place(
             break
         *_, executor_id, need = max(fits)
         chosen = by_id[executor_id]
-        hit = cand.hit_on(executor_id, cand.placed_tokens(marks[executor_id], chosen))
+        hit = cand.hit_on(chosen, cand.placed_tokens(marks[executor_id], chosen))
         slots[executor_id] -= 1
         blocks[executor_id] -= need
         work[executor_id] += max(0, cand.expected_tokens - hit)  # at least 1 whenever it is known

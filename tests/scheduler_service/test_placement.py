@@ -251,10 +251,12 @@ def test_a_cached_prefix_draws_the_request_to_its_holder() -> None:
 
 
 def test_the_expected_hit_never_covers_the_whole_prompt() -> None:
-    # The last prompt token is always computed: its logits give the first output token.
+    # The last prompt token is always computed: its logits give the first output token. The
+    # executor takes whole cached blocks before it, so a prompt of exactly four blocks reuses three.
     cand = Candidate("r1", 64, 80, cached_tokens={"a": 64})
-    assert cand.hit_on("a") == 63 and cand.hit_on("b") == 0
-    assert place([cand], [loaded("a", 0)])[0].cached_tokens == 63
+    assert cand.hit_on(loaded("a", 0)) == 48 and cand.hit_on(loaded("b", 0)) == 0
+    assert place([cand], [loaded("a", 0)])[0].cached_tokens == 48
+    assert Candidate("r2", 65, 80, cached_tokens={"a": 64}).hit_on(loaded("a", 0)) == 64
 
 
 def test_affinity_is_weighed_against_load() -> None:
