@@ -171,8 +171,12 @@ class Frontend:
         limit = shed_limit(req.priority, request_level)
         if req.n > limit:  # each sample counts against the queue's limit: these would never fit
             raise InvalidRequest(f"n={req.n} samples exceed the queue's limit for priority {req.priority} ({limit})")
-        # The prompt's block names, for placement where an executor caches its start.
-        fields = {**scored.fields, **prefix_fields(req.prompt_ids, limits.block_size, req.cache_salt, self.naming)}
+        # The prompt's block names, for placement where an executor caches its start. A request for
+        # its prompt's log probabilities computes the whole prompt (no cache), so it names none: it
+        # earns no credit for a cached prefix and draws no later request after its own.
+        scored_prompt = req.params.prompt_logprobs is not None
+        block_size = 0 if scored_prompt else limits.block_size
+        fields = {**scored.fields, **prefix_fields(req.prompt_ids, block_size, req.cache_salt, self.naming)}
         try:
             await self.store.requests.enqueue_samples(
                 sample_requests(req), scored.score, limit, current_traceparent(), fields

@@ -13,7 +13,7 @@ from common.metrics import serve_metrics
 from common.pb import generate_pb2 as pb
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.scheduler_service.test_end_to_end import greedy
-from tests.stack import eventually, joined_tokens, stack_config, start_stack
+from tests.stack import Stack, eventually, joined_tokens, stack_config, start_stack
 
 SYSTEM_LEN = 80  # five full blocks of 16
 OUTPUT = 12
@@ -71,3 +71,19 @@ async def test_repeats_of_a_cached_prefix_go_to_its_executor_and_skip_its_prefil
         assert queries > hits
     finally:
         await stack.stop()
+
+
+async def test_a_prompt_scored_for_its_log_probabilities_names_no_blocks_for_placement(stack: Stack) -> None:
+    """A request for its prompt's log probabilities computes its whole prompt, cache or not: its
+    record names no blocks, so placement neither credits it a cached prefix nor sends requests that
+    share its prompt after it, to blocks it never cached."""
+    prompt = list(range(5, 5 + 3 * 16 + 5))
+    plain = greedy(prompt, 2, request_id="plain")
+    scored = greedy(prompt, 2, request_id="scored")
+    scored.params.prompt_logprobs = 1
+    for request in (plain, scored):
+        await stack.stub.Complete(request)
+    records = stack.scheduler.frontend.store.requests
+    plain_record, scored_record = await records.get("plain"), await records.get("scored")
+    assert plain_record is not None and scored_record is not None
+    assert plain_record.get("prefix") and not scored_record.get("prefix")
