@@ -248,7 +248,7 @@ class ExecutorLink:
         max_batch = min(self.info.max_batch_size, self._config.batch_level.max_batch_size)
         budget = self._token_budget(max_batch, budget_fraction)
         plan.token_budget = budget
-        budget -= sum(1 for r in self.requests.values() if r.first_token_ms is not None)
+        budget -= sum(1 for r in self.requests.values() if not r.prefilling)  # a token each for the decodes
         cached = {a.request_id: r.cached_tokens for a in plan.admit if (r := self.requests.get(a.request_id))}
         plan.prefill.extend(prefill_grants(plan.admit, budget, self._config.token_level.max_prefill_chunk, cached))
         plan.seq = self._next_seq()

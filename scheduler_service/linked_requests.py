@@ -34,10 +34,18 @@ class LinkedRequest:
     # Its prompt's marks where they name this executor's blocks (placement.PrefixMarks): placement
     # counts them as placed here until its first token, whose report names its prompt's blocks.
     prefix_marks: tuple[str, ...] = ()
+    # The output tokens it had when admitted here: a resumed (preempted or migrated) request
+    # prefills them again with its prompt before it makes a new token.
+    resumed_with: int = 0
 
     @property
     def num_tokens(self) -> int:
         return self.prompt_len + self.generated
+
+    @property
+    def prefilling(self) -> bool:
+        """No token has come from this executor yet: its prefill may be under way."""
+        return self.generated == self.resumed_with
 
     @property
     def remaining(self) -> int:
@@ -46,10 +54,11 @@ class LinkedRequest:
 
     @property
     def outstanding_tokens(self) -> int:
-        """Tokens its executor still expects to process for it: the output still expected, and the
-        prompt while no token has come (its prefill may be under way), less the prefix expected
-        in its prefix cache (at least one prompt token is always computed)."""
-        return self.remaining + (max(1, self.prompt_len - self.cached_tokens) if self.generated == 0 else 0)
+        """Tokens its executor still expects to process for it: the output still expected, and what
+        it prefills (its prompt, and a resumed request's output so far) while no token has come, less
+        the prefix expected in its prefix cache (at least one token is always computed)."""
+        prefill = max(1, self.prompt_len + self.resumed_with - self.cached_tokens) if self.prefilling else 0
+        return self.remaining + prefill
 
 
 def capacity_of(
@@ -107,6 +116,7 @@ def linked_request_of(
         request_id=claimed.request_id,
         prompt_len=len(claimed.prompt_ids),
         generated=len(claimed.output_ids),
+        resumed_with=len(claimed.output_ids),
         arrival_ms=claimed.arrival_ms,
         assigned_ms=claimed.assigned_ms,
         first_token_ms=claimed.first_token_ms,

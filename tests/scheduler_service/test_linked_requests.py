@@ -24,6 +24,17 @@ def test_outstanding_tokens_leave_out_the_prefix_expected_in_the_cache() -> None
     assert whole.outstanding_tokens == 100 + 1  # the last prompt token is always computed
 
 
+def test_a_resumed_request_counts_its_prefill_of_prompt_and_output_until_its_next_token() -> None:
+    # Preempted or migrated after 100 of an expected 300 tokens: its new executor prefills all
+    # 4,100 tokens again (less what it finds cached) before the 200 still to come.
+    resumed = LinkedRequest("r", 4_000, 100, 0, 0, 5, expected_output=300, resumed_with=100)
+    assert resumed.prefilling and resumed.outstanding_tokens == 200 + 4_100
+    cached = LinkedRequest("r", 4_000, 100, 0, 0, 5, expected_output=300, cached_tokens=4_096, resumed_with=100)
+    assert cached.outstanding_tokens == 200 + 4
+    resumed.generated = 101
+    assert not resumed.prefilling and resumed.outstanding_tokens == 199
+
+
 def test_a_request_past_its_expected_output_still_weighs_a_token() -> None:
     # The estimator guessed short; the request is still running, so it is not free work.
     assert linked(generated=150).outstanding_tokens == 1
