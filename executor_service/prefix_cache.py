@@ -104,8 +104,8 @@ class StepSharing:
     def __init__(self, cache: PrefixCache) -> None:
         self.cache = cache
         self.block_size = cache.allocator.block_size
-        # Names of the blocks that prefills planned so far compute next: a prefill whose next block
-        # is one of them waits for it.
+        # Names of the blocks that chunks planned so far begin and do not fill: a prefill whose next
+        # block is one of them waits for it.
         self._claimed: set[int] = set()
         # Blocks that this step's chunks fill, by name: a prefill behind them may start after them.
         self._filling: dict[int, int] = {}
@@ -114,7 +114,8 @@ class StepSharing:
     def may_compute(self, seq: Sequence, chunks: Seq[ScheduledChunk[Sequence]]) -> bool:
         """Extend a prefill that holds only cached blocks by those named since it joined and those the
         chunks ahead of it fill in this step; False when the block it would compute next is one a
-        prefill ahead of it computes next (it waits for that block)."""
+        chunk ahead of it begins (it waits for that block). Only planned chunks claim blocks
+        (``_note``): a prefill left out of the step (no KV room for its chunk) holds up no other."""
         # A sequence that never matched (one scoring its prompt) has names only for the blocks it
         # computed itself, so it neither takes blocks nor waits here.
         if seq.is_decoding or not seq.block_names:
@@ -126,10 +127,7 @@ class StepSharing:
             self._take_filling(seq)
         next_block = seq.num_computed // size
         if next_block < len(seq.block_names) and next_block < (seq.num_tokens - 1) // size:
-            name = seq.block_names[next_block]
-            if name in self._claimed:
-                return False
-            self._claimed.add(name)
+            return seq.block_names[next_block] not in self._claimed
         return True
 
     def _take_filling(self, seq: Sequence) -> None:

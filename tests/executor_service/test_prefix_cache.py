@@ -398,13 +398,20 @@ def test_a_block_being_begun_or_claimed_is_waited_for() -> None:
     # The filler's grant ends inside block 1: the follower takes block 0 and waits for block 1.
     assert [c.seq.request_id for c in plan.chunks] == ["filler"]
     assert follower.block_table == filler.block_table[:1] and follower.num_computed == 4
-    # A filler granted nothing this step still claims the block it computes next.
-    waiting = _sequence("waiting", [*prefix, 70], 2.0)
-    cache.match(waiting)
-    sharing = cache.sharing()
-    assert sharing is not None
-    plan = scheduler.schedule([filler, waiting], 1024, {"filler": 0}, sharing.may_compute)
-    assert plan.chunks == () and waiting.num_computed == 0 and waiting.block_table == []
+
+
+def test_a_prefill_left_out_of_the_step_holds_up_no_other_on_its_prefix() -> None:
+    # Four free blocks of 4 tokens. The long prompt ahead cannot get the blocks for its chunk; the
+    # short one behind it on the same new prefix fits, and computes the shared blocks itself.
+    allocator = BlockAllocator(16, 4)
+    held: list[int] = []
+    allocator.grow(held, 48)  # 12 blocks held by a sequence that is not in this step
+    prefix = list(range(1, 13))  # 3 blocks
+    long = _sequence("long", [*prefix, *range(100, 140)], 0.0)
+    short = _sequence("short", [*prefix, 200], 1.0)
+    plan = _plan(PrefixCache(allocator), [long, short])
+    assert [(c.seq.request_id, c.num_tokens) for c in plan.chunks] == [("short", 13)]
+    assert plan.preempted == () and long.block_table == []
 
 
 def test_a_decode_filling_a_block_shares_nothing_before_it_is_named() -> None:
