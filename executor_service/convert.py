@@ -27,6 +27,7 @@ def plan_from_pb(msg: pb.Plan) -> PlanUpdate:
         abort=tuple(msg.abort),
         preempt=tuple(msg.preempt),
         grants={g.request_id: g.num_tokens for g in msg.prefill},
+        expected_cached={g.request_id: g.expected_cached for g in msg.prefill if g.expected_cached},
         token_budget=msg.token_budget,
     )
 

@@ -152,6 +152,11 @@ class Engine:
         for spec in plan.admit:
             self._admit(spec)
         self._grants = dict(plan.grants)
+        for request_id, expected in plan.expected_cached.items():
+            seq = self.running.get(request_id)
+            if seq is not None and request_id in self._grants and seq.num_cached < expected:
+                # Blocks the scheduler's index still named were evicted: the grant covers them too.
+                self._grants[request_id] += expected - seq.num_cached
         if plan.token_budget > 0:
             self.token_budget = plan.token_budget
         self.plan_seq = plan.seq  # the newest applied; each stream numbers its own plans

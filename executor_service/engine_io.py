@@ -37,6 +37,8 @@ class PlanUpdate:
     preempt: tuple[str, ...] = ()
     # Prefill tokens per request for the first step after this update (chunked prefill).
     grants: Mapping[str, int] = field(default_factory=dict)
+    # The cached prefix each grant leaves out, as the scheduler expected it (PrefillGrant.expected_cached).
+    expected_cached: Mapping[str, int] = field(default_factory=dict)
     # Standing tokens-per-step budget; 0 keeps the current one.
     token_budget: int = 0
     # Drop every running request (the stream that drove them ended); not a plan from a scheduler.

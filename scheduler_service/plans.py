@@ -38,7 +38,8 @@ def prefill_grants(
         if budget <= 0:
             break
         total = len(admit.prompt_token_ids) + len(admit.output_token_ids)
-        grant = min(budget, max(1, total - cached.get(admit.request_id, 0)), max_chunk)
-        grants.append(pb.PrefillGrant(request_id=admit.request_id, num_tokens=grant))
+        expected = cached.get(admit.request_id, 0)
+        grant = min(budget, max(1, total - expected), max_chunk)
+        grants.append(pb.PrefillGrant(request_id=admit.request_id, num_tokens=grant, expected_cached=expected))
         budget -= grant
     return grants

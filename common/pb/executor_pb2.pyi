@@ -89,12 +89,14 @@ class AdmitRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[ExecSampling, _Mapping]] = ..., rank: _Optional[float] = ..., traceparent: _Optional[str] = ..., stream_interval_tokens: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ..., prefix_root: _Optional[int] = ...) -> None: ...
 
 class PrefillGrant(_message.Message):
-    __slots__ = ("request_id", "num_tokens")
+    __slots__ = ("request_id", "num_tokens", "expected_cached")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_CACHED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    expected_cached: int
+    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., expected_cached: _Optional[int] = ...) -> None: ...
 
 class Plan(_message.Message):
     __slots__ = ("seq", "iteration", "admit", "abort", "preempt", "prefill", "token_budget")

@@ -190,6 +190,26 @@ def test_a_block_a_chunk_ahead_only_begins_is_waited_for_then_shared(tiny_model_
     assert engine.allocator.num_free == engine.allocator.num_blocks
 
 
+def test_a_grant_covers_the_expected_cached_prefix_the_cache_no_longer_holds(tiny_model_dir: Path) -> None:
+    """The scheduler granted only what follows a prefix its index named, but the executor evicted
+    that prefix since: it computes the prefix too in the same step, so the first token is not late."""
+    engine = make_engine(tiny_model_dir, block_size=BLOCK, token_budget=512)
+    prompt = [1, *random_tokens(69, seed=51)]  # 4 full blocks and 6 tokens
+    expected = {"r": 4 * BLOCK}
+    engine.apply(PlanUpdate(seq=1, admit=(admit("r", prompt, 4),), grants={"r": 6}, expected_cached=expected))
+    assert engine.running["r"].num_cached == 0
+    outputs: list[int] = []
+    first_token_step = None
+    for step in range(20):
+        outputs += [token for delta in engine.step().tokens for token in delta.token_ids]
+        if outputs and first_token_step is None:
+            first_token_step = step
+        if not engine.has_work:
+            break
+    assert first_token_step == 0
+    assert_matches_reference(outputs, reference_greedy(load_reference_model(tiny_model_dir), prompt, 4), "r")
+
+
 def test_a_burst_on_one_new_prefix_computes_it_once_even_across_chunks(tiny_model_dir: Path) -> None:
     """A prefix longer than a step's budget: the first request computes it chunk by chunk, and the
     others, admitted with it, each take every block as it is named instead of computing it too."""

@@ -97,7 +97,11 @@ async def test_a_link_taken_again_after_its_lease_lapsed_is_not_undone_by_the_ol
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     try:
         await stack.generate(greedy(random_prompts(1, seed=44)[0], 4))  # its prompt's blocks stay cached
-        await eventually(lambda: client.scard(keys.cached_blocks(executor_id)), "the executor's index")
+
+        async def indexed() -> bool:
+            return await client.scard(keys.cached_blocks(executor_id)) > 0
+
+        await eventually(indexed, "the executor's index")
         old_link, old_task = dispatcher.links[executor_id], dispatcher._link_tasks[executor_id]
         real_close = old_link.close
 

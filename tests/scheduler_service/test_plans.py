@@ -23,6 +23,8 @@ def test_grants_in_plan_order_until_the_budget_runs_out() -> None:
 def test_an_expected_cache_hit_is_neither_granted_nor_spent() -> None:
     admits = [admit("hit", 1_000), admit("miss", 100)]
     assert granted(prefill_grants(admits, 300, 512, {"hit": 960})) == {"hit": 40, "miss": 100}
+    sent = prefill_grants(admits, 300, 512, {"hit": 960})
+    assert [g.expected_cached for g in sent] == [960, 0]  # the executor computes what it lost of it
     # Without the hit, the first request would take the whole budget.
     assert granted(prefill_grants(admits, 300, 512)) == {"hit": 300}
 
