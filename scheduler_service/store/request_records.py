@@ -173,10 +173,12 @@ class RequestRecords:
         reason: FinishReason,
         error: str = "",
         owner: str | None = None,
+        only_if: str = "",
     ) -> None:
         """Queue on ``pipe``: move to the terminal state for ``reason`` and start the records' TTL.
 
-        ``owner`` (default: the executor id; "" for anyone) must hold the request.
+        ``owner`` (default: the executor id; "" for anyone) must hold the request; ``only_if``, a
+        state it must be in ("" for any active one).
         """
         keys = [
             self.keys.request(request_id),
@@ -200,13 +202,17 @@ class RequestRecords:
             error,
             self.keys.tenant_queue_prefix,
             self.estimator_alpha,
+            only_if,
         ]
         await self._finish(keys=keys, args=args, client=pipe)
 
-    async def finish_now(self, request_id: str, executor_id: str, event: TokenEvent, error: str = "") -> bool:
-        """End a request outside a step (cancelled while re-queued, lost executor); publish if it ended here."""
+    async def finish_now(
+        self, request_id: str, executor_id: str, event: TokenEvent, error: str = "", only_if: str = ""
+    ) -> bool:
+        """End a request outside a step (one no executor can hold, a lost executor); publish if it
+        ended here. ``only_if``: the state it must still be in."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            await self.finish(pipe, request_id, executor_id, event.finish_reason, error)
+            await self.finish(pipe, request_id, executor_id, event.finish_reason, error, only_if=only_if)
             (result,) = await pipe.execute()
         if int(result) == request_scripts.MALFORMED:
             return await self.quarantine(request_id, "its record in Redis is malformed", executor_id)
@@ -226,6 +232,7 @@ class RequestRecords:
             self.keys.tenant_vclock,
             self.keys.tenant_running,
             self.keys.tokens(request_id),
+            self.keys.estimator,
         ]
         holder = executor_id if owner is None else owner
         args: list[EncodableT] = [
@@ -235,6 +242,10 @@ class RequestRecords:
             kind,
             self.max_migrations,
             self.keys.tenant_queue_prefix,
+            executor_id,
+            self.ttl_s,
+            self.estimator_alpha,
+            f"its executor was lost more than {self.max_migrations} times",
         ]
         return int(await self._requeue(keys=keys, args=args))
 
@@ -246,7 +257,8 @@ class RequestRecords:
         last two count as neither.
 
         A pending cancel ends it as CANCELLED instead, and a request past the migration limit
-        ends as FAILED: a request that keeps killing executors must not take the fleet down.
+        ends as FAILED (a request that keeps killing executors must not take the fleet down), in
+        the same script; its final event is published after.
         """
         self._streams.release_local(request_id)  # first, so a Redis error below cannot leave it unfollowed
         result = await self.requeue(request_id, executor_id, kind, owner)
@@ -255,12 +267,9 @@ class RequestRecords:
             return
         if result not in (2, 3):
             return
-        tokens = await self.token_count(request_id)
-        if result == 2:
-            await self.finish_now(request_id, "", TokenEvent(tokens, (), "", FinishReason.CANCELLED, {}))
-        else:
-            error = f"its executor was lost more than {self.max_migrations} times"
-            await self.finish_now(request_id, "", TokenEvent(tokens, (), "", FinishReason.ERROR, {}), error)
+        reason = FinishReason.CANCELLED if result == 2 else FinishReason.ERROR
+        final = TokenEvent(await self.token_count(request_id), (), "", reason, {})
+        await self._streams.publish_final(request_id, final)
 
     async def cancel(self, request_id: str) -> CancelOutcome:
         keys = [
@@ -268,6 +277,7 @@ class RequestRecords:
             self.keys.pending,
             self.keys.tokens(request_id),
             self.keys.tenants_waiting,
+            self.keys.tenant_counters,
         ]
         args: list[EncodableT] = [request_id, now_ms(), self.ttl_s, self.keys.tenant_queue_prefix]
         state, executor_id, tokens, ended = await self._cancel(keys=keys, args=args)

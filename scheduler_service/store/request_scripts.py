@@ -208,13 +208,15 @@ return append_tokens(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV
 
 # KEYS: req, running, tokens, pending, waiting, counters, tenant_running, estimator. ARGV: id,
 # owner ('' = any), state, finish_reason, now_ms, ttl_s, error, tenant_queue_prefix,
-# estimator_alpha. See finish; MALFORMED for a malformed request.
+# estimator_alpha, the state it must be in ('' = any active one; 0 otherwise). See finish;
+# MALFORMED for a malformed request.
 FINISH = (
     _TENANT_LIB
     + _GUARD_LIB
     + _FINISH_LIB
     + """
 if malformed(KEYS[1], KEYS[3]) then return -9 end
+if ARGV[10] ~= '' and redis.call('HGET', KEYS[1], 'state') ~= ARGV[10] then return 0 end
 return finish(KEYS, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
 """
 )
@@ -302,24 +304,39 @@ return out
 )
 
 # ASSIGNED/RUNNING -> QUEUED, keeping the tokens. KEYS: req, running, pending, waiting, counters,
-# vclock, tenant_running, tokens. ARGV: id, owner ('' = any), now_ms, kind ('preempt', 'migrate',
-# 'unclaim' for a claim that no executor was ever told of, or 'orphan' for a request its driver had
-# done with when Redis lost its end; the last two count as neither), max_migrations,
-# tenant_queue_prefix.
-# Returns 1 re-queued, 2 a cancel was pending, 3 past the migration limit (the caller ends
-# either), 0 not active, -1 owned by another executor, MALFORMED.
+# vclock, tenant_running, tokens, estimator. ARGV: id, owner ('' = any), now_ms, kind ('preempt',
+# 'migrate', 'unclaim' for a claim that no executor was ever told of, or 'orphan' for a request its
+# driver had done with when Redis lost its end; the last two count as neither), max_migrations,
+# tenant_queue_prefix, executor, ttl_s, estimator_alpha, error (for one past the migration limit).
+# A request recorded on another executor than the one whose running set named it (re-queued and
+# claimed elsewhere since) is not touched there: the stale entry goes. A pending cancel ends the
+# request CANCELLED, and one past the migration limit FAILED with the error, here, in the same
+# step, so no crash between two calls can leave it in no queue and no running set.
+# Returns 1 re-queued, 2 ended as cancelled, 3 ended past the migration limit (the caller
+# publishes the final event of either), 0 not active there, -1 owned by another link, MALFORMED.
 REQUEUE = (
     _TENANT_LIB
     + _GUARD_LIB
+    + _FINISH_LIB
     + """
 if malformed(KEYS[1], KEYS[8]) then return -9 end
-local st = redis.call('HMGET', KEYS[1], 'state', 'owner', 'score', 'cancel', 'tenant')
-if st[1] ~= 'ASSIGNED' and st[1] ~= 'RUNNING' then redis.call('SREM', KEYS[2], ARGV[1]) return 0 end
+local st = redis.call('HMGET', KEYS[1], 'state', 'owner', 'score', 'cancel', 'tenant', 'executor')
+if st[1] ~= 'ASSIGNED' and st[1] ~= 'RUNNING' or st[6] ~= ARGV[7] then
+  redis.call('SREM', KEYS[2], ARGV[1])
+  return 0
+end
 if ARGV[2] ~= '' and st[2] ~= ARGV[2] then return -1 end
 redis.call('SREM', KEYS[2], ARGV[1])
-if st[4] == '1' then return 2 end
+local k = {KEYS[1], KEYS[2], KEYS[8], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[9]}
+if st[4] == '1' then
+  finish(k, ARGV[1], '', 'CANCELLED', 'CANCELLED', ARGV[3], ARGV[8], '', ARGV[6], ARGV[9])
+  return 2
+end
 if ARGV[4] == 'migrate' then
-  if redis.call('HINCRBY', KEYS[1], 'migrations', 1) > tonumber(ARGV[5]) then return 3 end
+  if redis.call('HINCRBY', KEYS[1], 'migrations', 1) > tonumber(ARGV[5]) then
+    finish(k, ARGV[1], '', 'FAILED', 'ERROR', ARGV[3], ARGV[8], ARGV[10], ARGV[6], ARGV[9])
+    return 3
+  end
 elseif ARGV[4] == 'preempt' then
   redis.call('HINCRBY', KEYS[1], 'preemptions', 1)
 end
@@ -333,21 +350,28 @@ return 1
 """
 )
 
-# Cancel. KEYS: req, pending, tokens, waiting. ARGV: id, now_ms, ttl_s, tenant_queue_prefix.
-# Returns {state, executor, token count, '1' if this call ended it}: QUEUED requests end here;
-# running ones get a cancel flag and their executor's replica aborts them; {'MALFORMED', ...}
-# for a malformed request.
+# Cancel. KEYS: req, pending, tokens, waiting, counters. ARGV: id, now_ms, ttl_s,
+# tenant_queue_prefix. Returns {state, executor, token count, '1' if this call ended it}: QUEUED
+# requests end here (one that ran before, and so was charged its expected output, has its tenant's
+# charge corrected to what it produced, as a finish corrects it); running ones get a cancel flag
+# and their executor's replica aborts them; {'MALFORMED', ...} for a malformed request.
 CANCEL = (
     _TENANT_LIB
     + _GUARD_LIB
     + """
 if malformed(KEYS[1], KEYS[3]) then return {'MALFORMED', '', 0, '0'} end
-local st = redis.call('HMGET', KEYS[1], 'state', 'executor', 'tenant')
+local st = redis.call('HMGET', KEYS[1], 'state', 'executor', 'tenant', 'est_out', 'fair_out_w', 'fair_cost')
 if not st[1] then return {'MISSING', '', 0, '0'} end
 local n = redis.call('LLEN', KEYS[3])
 if st[1] == 'QUEUED' then
+  local t = st[3] or 'default'
   redis.call('ZREM', KEYS[2], ARGV[1])
-  leave_tenant(ARGV[4] .. (st[3] or 'default'), KEYS[4], st[3] or 'default', ARGV[1])
+  leave_tenant(ARGV[4] .. t, KEYS[4], t, ARGV[1])
+  local est = tonumber(st[4])
+  if est and tonumber(st[6]) == 0 and tonumber(st[5]) then
+    local c = redis.call('HINCRBYFLOAT', KEYS[5], t, (n - est) * tonumber(st[5]))
+    if redis.call('ZSCORE', KEYS[4], t) then redis.call('ZADD', KEYS[4], c, t) end
+  end
   redis.call('HSET', KEYS[1], 'state', 'CANCELLED', 'finish_reason', 'CANCELLED', 'finished_ms', ARGV[2])
   redis.call('EXPIRE', KEYS[1], ARGV[3])
   redis.call('EXPIRE', KEYS[3], ARGV[3])

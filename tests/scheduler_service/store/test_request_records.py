@@ -216,13 +216,28 @@ async def test_requeue_keeps_tokens_and_original_score_and_the_next_claim_resume
     assert await append(store, "r1", "e2", 2, (9,)) == 3
 
 
-async def test_requeue_by_a_wrong_executor_or_of_a_queued_request_does_nothing(store: Store) -> None:
+async def test_requeue_by_a_wrong_executor_or_link_or_of_a_queued_request_does_nothing(store: Store) -> None:
     await enqueue(store, "r1")
     assert await store.requests.requeue("r1", "e1") == 0
     await store.requests.claim("r1", "e1")
-    assert await store.requests.requeue("r1", "intruder") == -1
+    assert await store.requests.requeue("r1", "intruder") == 0
+    assert await store.requests.requeue("r1", "e1", owner="e1#another-link") == -1
     record = await store.requests.get("r1")
     assert record is not None and record["state"] == "ASSIGNED"
+    assert await store.requests.running_ids("e1") == {"r1"}
+
+
+async def test_a_hand_back_by_anyone_from_an_executor_the_request_has_left_leaves_it_alone(store: Store) -> None:
+    """The reaper and a new link hand back what an executor's running set names, with no owner: a
+    request re-queued and claimed on another executor since is not pulled off it; the stale entry goes."""
+    await enqueue(store, "r1")
+    await store.requests.claim("r1", "e1")
+    await store.redis.sadd(KEYS.running("e0"), "r1")  # left behind in a set it was handed back from
+    await store.requests.hand_back("r1", "e0", "migrate", owner="")
+    record = await store.requests.get("r1")
+    assert record is not None and (record["state"], record["executor"]) == ("ASSIGNED", "e1")
+    assert record.get("migrations", "0") == "0"
+    assert await store.requests.running_ids("e0") == set()
     assert await store.requests.running_ids("e1") == {"r1"}
 
 
@@ -240,6 +255,18 @@ async def test_cancel_of_a_queued_request_ends_it_here(store: Store) -> None:
     assert 0 < await store.redis.ttl(KEYS.request("r1")) <= TTL_S
     # A cancelled request cannot be claimed.
     assert await store.requests.claim("r1", "e1") is None
+
+
+async def test_cancel_of_a_requeued_request_corrects_its_tenants_charge_to_what_it_produced(store: Store) -> None:
+    # Charged its expected 500 output tokens when first claimed, it made 2 before it was preempted.
+    await enqueue(store, "r1")
+    await store.redis.hset(KEYS.request("r1"), mapping={"est_out": 500, "fair_out_w": 1, "fair_cost": 0})
+    await store.requests.claim("r1", "e1")
+    await append(store, "r1", "e1", 0, (4, 5))
+    await store.requests.hand_back("r1", "e1")
+    before = float(await store.redis.hget(KEYS.tenant_counters, "acme") or 0)
+    assert (await store.requests.cancel("r1")).ended_here
+    assert float(await store.redis.hget(KEYS.tenant_counters, "acme") or 0) == before + (2 - 500)
 
 
 async def test_cancel_of_a_running_request_flags_it_and_names_its_executor(store: Store) -> None:
@@ -281,9 +308,14 @@ async def test_requeue_after_a_cancel_returns_two_and_hand_back_ends_it_cancelle
     await append(store, "r1", "e1", 0, (4, 5))
     await store.requests.cancel("r1")
     assert await store.requests.requeue("r1", "e1") == 2
-    # Not re-queued: the cancel wins.
+    # Not re-queued: the cancel wins, and the same script ends it (a crash before the caller
+    # publishes its final event cannot leave it in no queue and no running set, with no TTL).
     assert await store.queue.peek(10) == []
     assert await store.requests.running_ids("e1") == set()
+    record = await store.requests.get("r1")
+    assert record is not None and (record["state"], record["finish_reason"]) == ("CANCELLED", "CANCELLED")
+    assert 0 < await store.redis.ttl(KEYS.request("r1")) <= TTL_S
+    assert await store.redis.hget(KEYS.tenant_running, "acme") == "0"
 
     # hand_back is what callers use; run it on a fresh cancelled request.
     await enqueue(store, "r2")
