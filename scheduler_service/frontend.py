@@ -9,7 +9,8 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -240,8 +241,15 @@ class Frontend:
                     raise
                 await self._end_malformed(request_id)
                 continue  # the stream now holds the request's final event
-            if not batch and await self._retrying(functools.partial(self.store.requests.get, request_id), what) is None:
-                raise NotFound(f"request {request_id} does not exist or has expired")
+            if not batch:
+                record = await self._retrying(functools.partial(self.store.requests.get, request_id), what)
+                if record is None:
+                    raise NotFound(f"request {request_id} does not exist or has expired")
+                lost = _lost_final_event(record)
+                if lost is not None:
+                    for event in await self._end_from_record(request_id, next_index, lost):
+                        yield event
+                    return
             ready: list[TokenEvent] = []
             for entry_id, event in batch:
                 last_id = entry_id
@@ -255,6 +263,8 @@ class Frontend:
                     if event.index < next_index:  # a replayed prefix: keep the new tail
                         skip = min(next_index - event.index, len(event.token_ids))
                         event = replace(event.after(skip), index=next_index)
+                        if event.token_ids:  # its text was the whole event's: the tail's, decoded
+                            event = replace(event, text=await self._decode(request_id, event.token_ids))
                     next_index = max(next_index, end)
                     ready.append(event)
                 if event.finish_reason is not FinishReason.NONE:
@@ -266,6 +276,19 @@ class Frontend:
                 yield event
                 if event.finish_reason is not FinishReason.NONE:
                     return
+
+    async def _end_from_record(self, request_id: str, start: int, reason: FinishReason) -> list[TokenEvent]:
+        """The end of a request whose record ended without its final event reaching its stream (its
+        writer died between the two): the tokens recorded since ``start``, then the final event,
+        published too, so every other reader ends and the stream gets its TTL."""
+        end = await self._retrying(lambda: self.store.requests.token_count(request_id), f"reading {request_id}")
+        events = []
+        if end > start and (repair := await self._repair_gap(request_id, start, end)) is not None:
+            events.append(repair)
+        final = TokenEvent(max(start, end), (), "", reason, {})
+        await self._retrying(lambda: self.store.streams.publish_final(request_id, final), f"ending {request_id}")
+        log.warning("request %s ended without its final event; sent it from its record", request_id)
+        return join_runs([*events, final])
 
     async def _end_malformed(self, request_id: str) -> None:
         """The request's output stream holds another type: end the request FAILED (its stream is
@@ -289,11 +312,15 @@ class Frontend:
         )
         if len(tokens) != end - start:
             return None
-        tokenizer, _ = await self.tokenizers.get()
-        skip = await self._skips_special_tokens(request_id)
-        text = tokenizer.decode(list(tokens), skip_special_tokens=skip)  # type: ignore[attr-defined]
+        text = await self._decode(request_id, tokens)
         log.info("request %s: repaired a gap of %d tokens from its record", request_id, len(tokens))
         return TokenEvent(start, tokens, text)
+
+    async def _decode(self, request_id: str, tokens: Sequence[int]) -> str:
+        """The text of ``tokens`` decoded alone, as the request's ``skip_special_tokens`` says."""
+        tokenizer, _ = await self.tokenizers.get()
+        skip = await self._skips_special_tokens(request_id)
+        return tokenizer.decode(list(tokens), skip_special_tokens=skip)  # type: ignore[attr-defined,no-any-return]
 
     async def _skips_special_tokens(self, request_id: str) -> bool:
         """The request's skip_special_tokens (True where its record is gone)."""
@@ -384,6 +411,23 @@ class Frontend:
 def _abandon_if_queued(abandon: Callable[[str], None], submitting: asyncio.Future[NewRequest]) -> None:
     if not submitting.cancelled() and submitting.exception() is None:
         abandon(submitting.result().request_id)
+
+
+# How long after a request's record ended its final event may still be on its way to the stream:
+# the writer that ends a record publishes the event right after, in the same task.
+_FINAL_EVENT_GRACE_MS = 5_000
+
+
+def _lost_final_event(record: dict[str, str]) -> FinishReason | None:
+    """How the request ended, where its record ended long enough ago that its final event, not in
+    its stream, was lost; None while it runs or its event may still come."""
+    finished = record.get("finished_ms", "")
+    state = RequestState.__members__.get(record.get("state", ""))
+    if state is None or not state.is_terminal or not finished.isdigit():
+        return None
+    if time.time() * 1000 - int(finished) < _FINAL_EVENT_GRACE_MS:
+        return None
+    return FinishReason.__members__.get(record.get("finish_reason", ""), FinishReason.ERROR)
 
 
 def _count(raw: str | None) -> int:

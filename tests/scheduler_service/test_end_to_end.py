@@ -275,6 +275,18 @@ async def test_resume_replays_a_finished_request_from_an_index(stack: Stack) -> 
     assert resumed[-1].finish_reason == pb.FINISH_REASON_LENGTH
 
 
+async def test_resume_inside_a_chunk_of_tokens_sends_the_text_of_the_rest(stack: Stack, tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    request = greedy([1, 6, 7, 8], 10, request_id="chunked")
+    request.params.stream_interval_tokens = 4  # stream entries of 4 tokens: from index 2 is inside the first
+    whole = await stack.stub.Complete(request)
+    resumed = [c async for c in stack.stub.Resume(pb.ResumeRequest(request_id="chunked", from_index=2))]
+    assert joined_tokens(resumed) == list(whole.token_ids)[2:]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert resumed[0].text == tokenizer.decode(list(resumed[0].token_ids), skip_special_tokens=True)
+
+
 async def test_reader_repairs_tokens_recorded_but_never_published(stack: Stack) -> None:
     from common.keys import KeySchema
     from common.lifecycle import FinishReason
@@ -300,6 +312,33 @@ async def test_reader_repairs_tokens_recorded_but_never_published(stack: Stack) 
     # The repaired tokens and the published one arrive together: one message, in order, no gap.
     assert [(e.index, e.token_ids) for e in events] == [(0, (11, 12, 13, 14))]
     assert events[-1].finish_reason is FinishReason.LENGTH
+
+
+async def test_a_reader_ends_a_request_whose_record_ended_without_its_final_event(stack: Stack) -> None:
+    """A writer that ended the record and died before publishing the final event: a reader then
+    sends the tokens recorded and the end from the record, rather than wait until the record expires."""
+    from common.keys import KeySchema
+    from common.lifecycle import FinishReason
+    from common.sampling_params import SamplingParams
+    from scheduler_service.frontend import Frontend
+    from scheduler_service.requests import NewRequest, TokenEvent
+    from scheduler_service.store import Store
+
+    live = stack.scheduler.frontend
+    store = Store(live.store.redis, KeySchema("losttest"), request_ttl_s=60)
+    frontend = Frontend(store, live.dispatcher, live.tokenizers, live.config, live.scorer, live.metrics)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    await store.requests.enqueue(NewRequest("lost-1", (1, 5, 6), params, 5, "t", 0, 0), -1e18, 100)
+    assert await store.requests.claim("lost-1", "ghost") is not None
+    async with store.redis.pipeline(transaction=False) as pipe:
+        await store.requests.append_tokens(pipe, "lost-1", "ghost", TokenEvent(0, (11, 12), ""))
+        await store.requests.finish(pipe, "lost-1", "ghost", FinishReason.CANCELLED)
+        await pipe.execute()
+    await store.redis.hset(KeySchema("losttest").request("lost-1"), "finished_ms", 1)  # long ago
+    events = [e async for e in frontend.events("lost-1")]
+    assert [(e.index, e.token_ids, e.finish_reason) for e in events] == [(0, (11, 12), FinishReason.CANCELLED)]
+    published = await store.streams.read_events("lost-1", "0", 10)
+    assert [e.finish_reason for _, e in published] == [FinishReason.CANCELLED]  # for every other reader too
 
 
 async def test_a_token_write_lost_by_redis_is_recovered_exactly(stack: Stack, tiny_model_dir: Path) -> None:
