@@ -218,6 +218,7 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
             "vocab_size": info.vocab_size,
             "kv_blocks_total": info.kv_blocks_total,
             "block_size": info.block_size,
+            "kv_window_tokens": info.kv_window_tokens,
             "max_batch_size": info.max_batch_size,
             "device": info.device,
             "dtype": info.dtype,

@@ -23,7 +23,7 @@ from scheduler_service.batching import merge_order, should_hold
 from scheduler_service.executor_link import ExecutorLink
 from scheduler_service.fair_share import QueuedRequest, fair_order
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.placement import Candidate, Placement, place, unplaceable
+from scheduler_service.placement import Candidate, Placement, place, request_kv_blocks, unplaceable
 from scheduler_service.preemption import choose_victims
 from scheduler_service.requests import TokenEvent
 from scheduler_service.samples import affinity, may_place
@@ -127,9 +127,10 @@ class Admission:
             for r in ordered
         ]
         too_large = set(unplaceable(candidates, capacities))
-        for request_id in too_large:
-            await self._fail_unplaceable(request_id)
-        candidates = [c for c in candidates if c.request_id not in too_large]
+        if too_large:
+            for request_id in await self._held_nowhere(candidates, too_large, links):
+                await self._fail_unplaceable(request_id)
+            candidates = [c for c in candidates if c.request_id not in too_large]
         by_id = {link.executor_id: link for link in links}
         placements: list[Placement] = []
         if room:
@@ -314,11 +315,33 @@ class Admission:
             self._promised = head
             self.metrics.scheduler_preemptions.inc(len(victims))
 
+    async def _held_nowhere(
+        self, candidates: Sequence[Candidate], too_large: set[str], links: Sequence[ExecutorLink]
+    ) -> list[str]:
+        """Of the candidates in ``too_large`` (more KV than any executor driven here has), those no
+        live executor of the fleet could hold either. The others stay queued for the replica that
+        drives the executor that can hold them (or for this one, once its link to it is ready)."""
+        dist = self.config.distributed
+        here = {link.executor_id for link in links}
+        alive = await self.store.fleet.alive_since(time.time() * 1000 - dist.executor_timeout_ms)
+        others = [executor_id for executor_id in alive if executor_id not in here]
+        kv = await self.store.fleet.kv_capacities(others)
+        known = [c for c in kv if c is not None]
+        if len(known) < len(kv) or any(window > 0 for _, _, window in known):
+            return []  # one that does not say, or that releases the blocks its window has passed
+        return [
+            cand.request_id
+            for cand in candidates
+            if cand.request_id in too_large
+            and all(request_kv_blocks(cand.num_tokens, size) > total for total, size, _ in known)
+        ]
+
     async def _fail_unplaceable(self, request_id: str) -> None:
         tokens = await self.store.requests.token_count(request_id)
         event = TokenEvent(tokens, (), "", FinishReason.ERROR, {})
         error = "the request needs more KV cache than any executor has"
-        if await self.store.requests.finish_now(request_id, "", event, error):
+        # Only while it is queued: another replica may have placed it meanwhile.
+        if await self.store.requests.finish_now(request_id, "", event, error, only_if="QUEUED"):
             log.warning("request %s failed: %s", request_id, error)
 
 

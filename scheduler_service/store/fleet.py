@@ -55,6 +55,21 @@ class FleetRegistry:
                 pipe.hget(self._keys.executor(executor_id), "load")
             return cast(list[str | None], await pipe.execute())
 
+    async def kv_capacities(self, executor_ids: Sequence[str]) -> list[tuple[int, int, int] | None]:
+        """Each executor's KV cache as it registered it: (blocks, block size, sliding window in
+        tokens, 0 for none); None where its record is gone or does not say."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for executor_id in executor_ids:
+                pipe.hmget(self._keys.executor(executor_id), ["kv_blocks_total", "block_size", "kv_window_tokens"])
+            rows = cast(list[list[str | None]], await pipe.execute())
+        out: list[tuple[int, int, int] | None] = []
+        for total, size, window in rows:
+            if total is None or size is None or not total.isdigit() or not size.isdigit() or int(size) < 1:
+                out.append(None)
+            else:
+                out.append((int(total), int(size), int(window) if window and window.isdigit() else 0))
+        return out
+
     async def newest_record(self) -> dict[str, str]:
         """The record of the executor that heartbeat last ({} when none is registered)."""
         for executor_id in cast(list[str], await self._redis.zrevrange(self._keys.executors, 0, 0)):

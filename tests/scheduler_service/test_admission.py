@@ -7,6 +7,7 @@ admission touches; the Redis side is real. The races are forced by wrapping the 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import cast
@@ -20,7 +21,7 @@ from common.pb import executor_pb2 as pb
 from scheduler_service.admission import Admission
 from scheduler_service.executor_link import ExecutorLink
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.requests import ClaimedRequest
+from scheduler_service.requests import ClaimedRequest, TokenEvent
 from scheduler_service.samples import sample_requests
 from scheduler_service.scoring import RequestScorer
 from scheduler_service.store import Store
@@ -202,3 +203,34 @@ async def test_later_samples_wait_for_the_first_samples_prefill_then_join_its_ex
     # The other executor is idle, yet both samples go where the prompt's blocks are.
     assert await admission.run(links, queue_moved=True) == 2
     assert set(holder.requests) == {"m", "m~1", "m~2"}
+
+
+async def test_a_request_too_large_for_this_replicas_executors_waits_for_a_larger_one_elsewhere(
+    store: Store,
+) -> None:
+    """A mixed fleet: the executor driven here has 100 blocks of 16 tokens, another replica's has
+    1,000. A request of 2,000 tokens stays queued for that one; with no such executor alive it fails,
+    and a request another replica claimed meanwhile is never failed here."""
+    scorer = RequestScorer(CONFIG)
+    admission, link = Admission(store, CONFIG, scorer, SchedulerMetrics()), open_link(store)
+    big = replace(new_request("big"), prompt_ids=tuple(range(1, 2_001)))
+    await store.requests.enqueue(big, scorer.score(big).score, 100, "", scorer.score(big).fields)
+    now = int(time.time() * 1000)
+    keys = store.keys
+    for executor_id, blocks in (("exec-1", 100), ("exec-large", 1_000)):
+        await store.redis.zadd(keys.executors, {executor_id: now})
+        await store.redis.hset(keys.executor(executor_id), mapping={"kv_blocks_total": blocks, "block_size": 16})
+    assert await admission.run([link]) == 0
+    record = await store.requests.get("big")
+    assert record is not None and record["state"] == "QUEUED"
+    await store.redis.zadd(keys.executors, {"exec-large": 0})  # its heartbeat stopped
+    assert await admission.run([link]) == 0
+    record = await store.requests.get("big")
+    assert record is not None and (record["state"], record["finish_reason"]) == ("FAILED", "ERROR")
+    # Claimed elsewhere between the queue read and the fail: left running.
+    await queued(store, scorer, "r2")
+    assert await store.requests.claim("r2", "exec-large") is not None
+    event = TokenEvent(0, (), "", FinishReason.ERROR, {})
+    assert not await store.requests.finish_now("r2", "", event, "too large", only_if="QUEUED")
+    record = await store.requests.get("r2")
+    assert record is not None and record["state"] == "ASSIGNED"
