@@ -108,8 +108,9 @@ class StepScheduler(Generic[S]):
             budget -= size
         chunks += prefills
         if not chunks and queue:
-            # Nothing fits: partially prefilled sequences hold every block. Free the least important.
-            victim = queue[-1]
+            # Nothing fits: partially prefilled sequences hold every block. Free the least important
+            # that holds any (one that holds none would free nothing, and the next step the same).
+            victim = next((s for s in reversed(queue) if s.block_table), queue[-1])
             self._preempt(victim)
             preempted.append(victim)
         return StepPlan(tuple(chunks), tuple(preempted), num_decodes)
