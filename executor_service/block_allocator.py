@@ -116,19 +116,30 @@ class BlockAllocator:
                 block_table.extend(self._take(b) for b in sorted(islice(self._lru, missing - taken)))
                 return
 
-    def release(self, block_table: list[int]) -> None:
+    def release(self, block_table: list[int], names: Sequence[int] = ()) -> None:
         """Drop a sequence's references to its blocks and empty its table. Blocks nobody references
         become free, or cached when named; the table's tail is released first, so evicted first
-        (a long prefix is less likely to be asked for again than its start)."""
+        (a long prefix is less likely to be asked for again than its start).
+
+        ``names``: the sequence's block names. Blocks its window released early (``placeholder``
+        in the table) went to the cache then, before the rest, and would be evicted first; a
+        prefix is found from its first block on, so that would strand every later block of it.
+        Those still cached are counted released now, after the rest, the first last."""
         if not block_table:
             return
         placeholder = self.placeholder
+        released_early = [names[i] for i, block in enumerate(block_table[: len(names)]) if block == placeholder]
         if block_table[0] != placeholder:
             self._drop_room(block_table[0])
         for block in reversed(block_table):
             if block != placeholder:
                 self._unref(block)
         block_table.clear()
+        for name in reversed(released_early):
+            cached = self._block_of.get(name)
+            if cached is not None and cached in self._lru:
+                del self._lru[cached]
+                self._lru[cached] = None
 
     def release_front(self, block_table: list[int], count: int) -> None:
         """Release the first ``count`` blocks of a table (those not released already) and leave

@@ -297,7 +297,7 @@ class Engine:
         return None if opened is not None and opened > closed else 0
 
     def _drop(self, seq: Sequence) -> None:
-        self.allocator.release(seq.block_table)
+        self.allocator.release(seq.block_table, seq.block_names)
         seq.reset_cache()
         self.runner.release(seq)
         self.running.pop(seq.request_id, None)

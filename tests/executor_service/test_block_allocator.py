@@ -291,6 +291,20 @@ def test_release_front_leaves_placeholders_and_frees_each_block_once() -> None:
     assert alloc.num_free == 0 and alloc.num_cached == 0
 
 
+def test_blocks_a_window_released_early_are_evicted_last_once_their_table_is_released() -> None:
+    # A windowed sequence let go of its first two blocks before the rest: released with their names,
+    # they count as released after the rest, so eviction takes the chain from its tail, not its head.
+    alloc = BlockAllocator(num_blocks=4, block_size=1)
+    chain = filled(alloc, [1, 2, 3, 4])
+    blocks = list(chain)
+    alloc.release_front(chain, 2)
+    alloc.release(chain, names=[1, 2, 3, 4])
+    evicted: list[int] = []
+    alloc.grow(evicted, 2)
+    assert sorted(evicted) == sorted(blocks[2:])
+    assert alloc.cached_prefix([1, 2, 3, 4]) == blocks[:2]  # its start is still found
+
+
 def test_release_front_of_a_shared_block_keeps_it_for_the_other_table() -> None:
     alloc = BlockAllocator(num_blocks=8, block_size=1)
     a: list[int] = []
