@@ -128,9 +128,11 @@ class BlockAllocator:
         if not block_table:
             return
         placeholder = self.placeholder
-        released_early = [names[i] for i, block in enumerate(block_table[: len(names)]) if block == placeholder]
+        released_early = []
         if block_table[0] != placeholder:
             self._drop_room(block_table[0])
+        elif names:  # its window released its front: placeholders run from the start
+            released_early = [names[i] for i, block in enumerate(block_table[: len(names)]) if block == placeholder]
         for block in reversed(block_table):
             if block != placeholder:
                 self._unref(block)
