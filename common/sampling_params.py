@@ -25,6 +25,10 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 # both at least 1e-5 and bias within +-100, every adjusted logit stays finite, so nothing has to be
 # checked per step; a penalty this small already puts nearly all the mass on the repeated tokens.
 LEAST_REPETITION_PENALTY = 1e-5
+# And a larger one as this one: multiplying a negative logit by a huge penalty reached -inf, and a
+# request whose every allowed token had been seen had a row of -inf (sampled: NaN, the step failed;
+# greedy: token 0, allowed or not). A penalty this large already makes a seen token all but unlikely.
+GREATEST_REPETITION_PENALTY = 1e5
 # torch.Generator.manual_seed accepts exactly this range (negative values wrap around).
 SEED_MIN = -(1 << 63)
 SEED_MAX = (1 << 64) - 1
@@ -110,6 +114,8 @@ class SamplingParams:
             raise InvalidRequest(f"repetition_penalty must be finite and > 0 (1 is off), got {self.repetition_penalty}")
         if self.repetition_penalty < LEAST_REPETITION_PENALTY:
             object.__setattr__(self, "repetition_penalty", LEAST_REPETITION_PENALTY)
+        if self.repetition_penalty > GREATEST_REPETITION_PENALTY:
+            object.__setattr__(self, "repetition_penalty", GREATEST_REPETITION_PENALTY)
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise InvalidRequest(f"min_tokens must lie in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         if not 0.0 <= self.min_p <= 1.0:

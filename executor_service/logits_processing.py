@@ -181,9 +181,10 @@ class LogitsProcessing:
                         masked[0].append(i)
                         masked[1].append(token)
             if len(row.output_ids) < params.min_tokens:
-                # vLLM's MinTokensLogitsProcessor: no stop token until the whole output is long enough.
-                stops = params.stop_token_ids if params.ignore_eos else params.stop_token_ids + self.eos_token_ids
-                for token in stops:
+                # vLLM's MinTokensLogitsProcessor: no stop token until the whole output is long enough,
+                # EOS included even where it does not stop the request (ignore_eos), as vLLM and
+                # transformers' MinNewTokensLengthLogitsProcessor mask it.
+                for token in params.stop_token_ids + self.eos_token_ids:
                     if token < vocab:
                         masked[0].append(i)
                         masked[1].append(token)

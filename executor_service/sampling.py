@@ -212,10 +212,12 @@ class Sampler:
         vocab = scaled.shape[-1]
         # Stable sort: ties are ordered by token id, so the kept set does not depend on the batch.
         sorted_logits, sorted_idx = torch.sort(scaled, dim=-1, descending=True, stable=True)
-        positions = torch.arange(vocab, device=device).unsqueeze(0)
 
+        # Top-k keeps every token at least as likely as the k-th, ties included (as vLLM and
+        # transformers cut): with bfloat16 logits, ties at the cut are common.
         top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=device)
-        remove = positions >= top_k.unsqueeze(1)
+        kth = sorted_logits.gather(1, (top_k - 1).unsqueeze(1))
+        remove = sorted_logits < kth
 
         # Rows without top-p get an unreachable threshold: rounding can push the running mass to 1.0 before the
         # tail, and trimming those tail tokens would make such a row's distribution depend on its batch-mates.

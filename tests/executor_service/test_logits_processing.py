@@ -50,7 +50,7 @@ def reference_adjust(
         if not head or list(output[-len(head) :]) == head:
             x[last] = -math.inf
     if len(output) < params.min_tokens:
-        for token in (*params.stop_token_ids, *(() if params.ignore_eos else eos)):
+        for token in (*params.stop_token_ids, *eos):  # EOS too, even with ignore_eos
             x[token] = -math.inf
     for token, bias in params.logit_bias:
         x[token] += bias

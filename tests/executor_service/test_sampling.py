@@ -212,3 +212,25 @@ def test_an_overflowing_row_takes_its_most_likely_token_and_harms_no_other(extre
     alone = Sampler().sample(logits[1:].clone(), [Row("n", neighbour)], [make_generator(3, "cpu")])
     assert out.tokens[0] == int(logits[0].argmax())  # the limit: all its mass on the top token
     assert out.tokens[1] == alone.tokens[0]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_huge_repetition_penalty_on_the_only_allowed_token_keeps_it_finite(temperature: float) -> None:
+    """Its only allowed token is in its prompt with a negative logit: multiplied by 3e38 it was -inf,
+    the whole row with it (sampled: NaN, the step failed; greedy: token 0, which it did not allow)."""
+    assert SamplingParams(repetition_penalty=3e38).repetition_penalty == 1e5
+    logits = _logits(2, seed=12)
+    allowed = int(logits[0].argmin())
+    params = SamplingParams(temperature=temperature, repetition_penalty=3e38, allowed_token_ids=(allowed,), seed=1)
+    neighbour = SamplingParams(temperature=0.8, seed=3)
+    rows = [Row("x", params, prompt_ids=[allowed]), Row("n", neighbour)]
+    out = Sampler().sample(logits.clone(), rows, [make_generator(1, "cpu"), make_generator(3, "cpu")])
+    assert out.tokens[0] == allowed
+
+
+def test_top_k_keeps_the_tokens_tied_with_the_kth() -> None:
+    # As vLLM and transformers cut: every token at least as likely as the k-th stays.
+    logits = torch.tensor([[1.0, 5.0, 5.0, 0.0]])
+    gen = make_generator(0, "cpu")
+    params = [SamplingParams(temperature=1.0, top_k=1)]
+    assert {int(Sampler().choose(logits, params, [gen])[0]) for _ in range(100)} == {1, 2}
