@@ -36,7 +36,8 @@ Headers: ``x-baton-priority`` (0-10), ``x-baton-tenant`` (wins over the body's `
 mapped to a tenant by ``tenant_of_user``; with client auth on, the API key sets the tenant instead,
 see ``gateway.auth``) and
 ``x-baton-request-id`` (Baton's request id, an idempotency key: a repeat gets 409). A response's
-``id`` is ``cmpl-`` or ``chatcmpl-`` plus Baton's request id, for GetRequest and Cancel.
+``id`` is ``cmpl-`` or ``chatcmpl-`` plus Baton's request id, for GetRequest and Cancel, or, as
+vLLM's, plus the body's ``request_id``, which only names the response.
 
 Chat: the messages go to Baton as they are (a ``baton.v1.Chat``; text content parts are joined by
 newlines, as vLLM joins them),
@@ -135,6 +136,10 @@ class Parsed:
     # Completions with a list of prompts: every prompt (text, or token ids), the first of them also
     # in ``request``; empty: ``request``'s prompt alone.
     prompts: tuple[str | tuple[int, ...], ...] = ()
+    # vLLM's body request_id: the response's id is made from it, as vLLM's is, and nothing else. It is
+    # not Baton's request id, an idempotency key (x-baton-request-id), as vLLM serves a repeated or
+    # any string there; empty: the response is named by Baton's request id.
+    label: str = ""
 
     def requests(self) -> list[pb.GenerateRequest]:
         """One Baton request per prompt: ``request`` as headers, auth and defaults left it, with
@@ -325,17 +330,15 @@ def _parsed(
     body: Mapping[str, Any], request: pb.GenerateRequest, default_max_tokens: int | None, min_max_tokens: int = 1
 ) -> Parsed:
     refuse_unsupported(body)
-    model = body.get("model", "")
+    model = body.get("model") or ""  # null, as absent: the served model
     if not isinstance(model, str):
         raise BadRequest("model must be a string", param="model")
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise BadRequest("user must be a string", param="user")
-    request_id = body.get("request_id")
-    if request_id is not None:  # vLLM's; Baton's x-baton-request-id header wins over it
-        if not isinstance(request_id, str) or not request_id:
-            raise BadRequest("request_id must be a non-empty string", param="request_id")
-        request.request_id = request_id
+    label = body.get("request_id")  # vLLM's: it names the response, not Baton's request (see Parsed.label)
+    if label is not None and (not isinstance(label, str) or not label):
+        raise BadRequest("request_id must be a non-empty string", param="request_id")
     salt = body.get("cache_salt")
     if salt is not None:
         # As vLLM: a salt given must salt something (Baton checks its length).
@@ -359,6 +362,7 @@ def _parsed(
         tokens_as_ids=tokens_as_ids,
         continuous_usage=continuous_usage,
         token_ids=token_ids,
+        label=label or "",
     )
 
 
@@ -636,7 +640,7 @@ class Reply:
         thinking = reasoning if chat else None
         return cls(
             chat,
-            parsed.request.request_id,
+            parsed.label or parsed.request.request_id,
             model,
             created,
             parsed.include_usage,

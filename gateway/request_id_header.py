@@ -1,8 +1,8 @@
 """``X-Request-Id`` on every response, as vLLM's server sets it (``--enable-request-id-headers``):
 the client's own where it sent one (a proxy's trace id), else the id Baton gave the request
-(``x-baton-request-id``), else a new one. It only labels the response: Baton's request id, the
-idempotency key a body's ``request_id`` sets, stays its own, so a proxy that retries with the same
-header is never refused as a duplicate.
+(``x-baton-request-id``), else a new one. It only labels the response: Baton's request id, an
+idempotency key, stays its own, so a proxy that retries with the same header is never refused as a
+duplicate.
 """
 
 from __future__ import annotations

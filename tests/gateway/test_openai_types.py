@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -103,13 +104,17 @@ def test_chat_echo_goes_before_a_continued_assistant_message() -> None:
 def test_vllm_request_fields_reach_baton() -> None:
     messages = [{"role": "user", "content": "hi"}]
     documents = [{"title": "Mill", "text": "The wheel stopped."}]
-    chat = parse_chat({"messages": messages, "documents": documents, "request_id": "mine-1"}).request
-    assert json.loads(chat.chat.documents) == documents and chat.request_id == "mine-1"
-    request = parse_completion({"prompt": "a", "request_id": "mine-2"}).request
-    apply_headers(request, {})
-    assert request.request_id == "mine-2"
-    apply_headers(request, {"x-baton-request-id": "header"})
-    assert request.request_id == "header"  # Baton's header wins
+    chat = parse_chat({"messages": messages, "documents": documents, "request_id": "mine 1"})
+    assert json.loads(chat.request.chat.documents) == documents
+    # vLLM's request_id names the response, any string and as often as a client likes: it is not
+    # Baton's request id, which is an idempotency key (the header's, else a new one).
+    parsed = parse_completion({"prompt": "a", "request_id": "mine/2", "model": None})
+    apply_headers(parsed.request, {})
+    assert parsed.label == "mine/2" and parsed.request.request_id not in ("", "mine/2")
+    assert Reply.for_request(False, parsed, "m").id == "cmpl-mine/2"
+    apply_headers(parsed.request, {"x-baton-request-id": "header"})
+    assert parsed.request.request_id == "header"
+    assert Reply.for_request(True, replace(parsed, label=""), "m").id == "chatcmpl-header"
     for bad in ({"documents": "text"}, {"documents": ["text"]}):
         with pytest.raises(BadRequest, match="documents"):
             parse_chat({"messages": messages, **bad})
