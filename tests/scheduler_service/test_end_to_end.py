@@ -11,9 +11,14 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from common.lifecycle import RequestState
+from common.keys import KeySchema
+from common.lifecycle import FinishReason, RequestState
 from common.pb import generate_pb2 as pb
-from scheduler_service.requests import NewRequest
+from common.sampling_params import SamplingParams
+from scheduler_service.frontend import Frontend
+from scheduler_service.requests import NewRequest, TokenEvent
+from scheduler_service.store import Store
+from scheduler_service.store.step_publisher import StepWrite
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.stack import Stack, eventually, joined_tokens, stack_config, start_stack
 
@@ -287,22 +292,20 @@ async def test_resume_inside_a_chunk_of_tokens_sends_the_text_of_the_rest(stack:
     assert resumed[0].text == tokenizer.decode(list(resumed[0].token_ids), skip_special_tokens=True)
 
 
-async def test_reader_repairs_tokens_recorded_but_never_published(stack: Stack) -> None:
-    from common.keys import KeySchema
-    from common.lifecycle import FinishReason
-    from common.sampling_params import SamplingParams
-    from scheduler_service.frontend import Frontend
-    from scheduler_service.requests import NewRequest, TokenEvent
-    from scheduler_service.store import Store
-    from scheduler_service.store.step_publisher import StepWrite
-
+async def claimed_by_a_ghost(stack: Stack, request_id: str) -> tuple[Store, Frontend]:
+    """A request claimed for executor "ghost", under a key prefix of its own (so the running
+    scheduler cannot claim it first), and a frontend reading that prefix."""
     live = stack.scheduler.frontend
-    # Its own key prefix, so the running scheduler cannot claim the request first.
-    store = Store(live.store.redis, KeySchema("gaptest"), request_ttl_s=60)
+    store = Store(live.store.redis, KeySchema(request_id), request_ttl_s=60)
     frontend = Frontend(store, live.dispatcher, live.tokenizers, live.config, live.scorer, live.metrics)
     params = SamplingParams(max_tokens=4, ignore_eos=True)
-    await store.requests.enqueue(NewRequest("gap-1", (1, 5, 6), params, 5, "t", 0, 0), -1e18, 100)
-    assert await store.requests.claim("gap-1", "ghost") is not None
+    await store.requests.enqueue(NewRequest(request_id, (1, 5, 6), params, 5, "t", 0, 0), -1e18, 100)
+    assert await store.requests.claim(request_id, "ghost") is not None
+    return store, frontend
+
+
+async def test_reader_repairs_tokens_recorded_but_never_published(stack: Stack) -> None:
+    store, frontend = await claimed_by_a_ghost(stack, "gap-1")
     async with store.redis.pipeline(transaction=False) as pipe:  # a writer that died before publishing
         await store.requests.append_tokens(pipe, "gap-1", "ghost", TokenEvent(0, (11, 12, 13), ""))
         await pipe.execute()
@@ -317,24 +320,12 @@ async def test_reader_repairs_tokens_recorded_but_never_published(stack: Stack) 
 async def test_a_reader_ends_a_request_whose_record_ended_without_its_final_event(stack: Stack) -> None:
     """A writer that ended the record and died before publishing the final event: a reader then
     sends the tokens recorded and the end from the record, rather than wait until the record expires."""
-    from common.keys import KeySchema
-    from common.lifecycle import FinishReason
-    from common.sampling_params import SamplingParams
-    from scheduler_service.frontend import Frontend
-    from scheduler_service.requests import NewRequest, TokenEvent
-    from scheduler_service.store import Store
-
-    live = stack.scheduler.frontend
-    store = Store(live.store.redis, KeySchema("losttest"), request_ttl_s=60)
-    frontend = Frontend(store, live.dispatcher, live.tokenizers, live.config, live.scorer, live.metrics)
-    params = SamplingParams(max_tokens=4, ignore_eos=True)
-    await store.requests.enqueue(NewRequest("lost-1", (1, 5, 6), params, 5, "t", 0, 0), -1e18, 100)
-    assert await store.requests.claim("lost-1", "ghost") is not None
+    store, frontend = await claimed_by_a_ghost(stack, "lost-1")
     async with store.redis.pipeline(transaction=False) as pipe:
         await store.requests.append_tokens(pipe, "lost-1", "ghost", TokenEvent(0, (11, 12), ""))
         await store.requests.finish(pipe, "lost-1", "ghost", FinishReason.CANCELLED)
         await pipe.execute()
-    await store.redis.hset(KeySchema("losttest").request("lost-1"), "finished_ms", 1)  # long ago
+    await store.redis.hset(store.keys.request("lost-1"), "finished_ms", 1)  # long ago
     events = [e async for e in frontend.events("lost-1")]
     assert [(e.index, e.token_ids, e.finish_reason) for e in events] == [(0, (11, 12), FinishReason.CANCELLED)]
     published = await store.streams.read_events("lost-1", "0", 10)
@@ -345,8 +336,6 @@ async def test_a_token_write_lost_by_redis_is_recovered_exactly(stack: Stack, ti
     """A failover can lose a write the old primary acknowledged: Redis then holds fewer tokens than
     the executor has made, and refuses every later write as a gap. The link must re-queue the
     request, which resumes from Redis's record; the client sees each token once, all correct."""
-    from common.keys import KeySchema
-
     redis = stack.scheduler.frontend.store.redis
     prompt = [1, 21, 22, 23, 24]
     call = stack.stub.Generate(greedy(prompt, 90, request_id="loses-a-write"))
