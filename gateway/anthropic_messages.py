@@ -61,7 +61,9 @@ def chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     if choice is not None:
         chat.update(_chat_tool_choice(choice))
     if chat.get("stream"):
-        chat["stream_options"] = {"include_usage": True}  # message_delta carries the output's usage
+        # message_delta carries the output's usage; every chunk's usage (continuous), so that
+        # message_start, made from the first, says the input's tokens as Anthropic's does.
+        chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     return chat
 
 
@@ -74,6 +76,11 @@ def count_body(body: Mapping[str, Any]) -> dict[str, Any]:
 def _conversation(body: Mapping[str, Any]) -> dict[str, Any]:
     """The chat fields that make a Messages request's prompt: messages, tools, template variables."""
     chat: dict[str, Any] = {"messages": _system(body.get("system")) + _messages(body.get("messages"))}
+    last = chat["messages"][-1]
+    if last["role"] == "assistant" and not last.get("tool_calls"):
+        # A prefilled answer: the model continues it, as Anthropic's API does, rather than start a turn.
+        chat["continue_final_message"] = True
+        chat["add_generation_prompt"] = False
     tools = body.get("tools")
     if tools:
         chat["tools"] = [_chat_tool(tool) for tool in _list(tools, "tools")]
@@ -172,11 +179,16 @@ def _chat_tool_choice(choice: Any) -> dict[str, Any]:
     return out
 
 
-def _stop(finish_reason: str | None, stop_reason: Any) -> tuple[str, str | None]:
-    """Anthropic's stop_reason and stop_sequence for a chat finish."""
+def _stop(finish_reason: str | None, stop_reason: Any, called: bool) -> tuple[str | None, str | None]:
+    """Anthropic's stop_reason and stop_sequence for a chat finish; ``called``: the answer holds a
+    tool call (a forced one too, whose chat finish is "stop"), which a client's loop runs on
+    "tool_use". A request cancelled on the server has none, as vLLM answers an aborted one: it did
+    not end its turn."""
     if finish_reason == "length":
         return "max_tokens", None
-    if finish_reason == "tool_calls":
+    if finish_reason == "abort":
+        return None, None
+    if finish_reason == "tool_calls" or called:
         return "tool_use", None
     if isinstance(stop_reason, str):
         return "stop_sequence", stop_reason
@@ -242,7 +254,8 @@ def message_of(completion: Mapping[str, Any]) -> dict[str, Any]:
         content.append(
             _content_block(Block(CALL, 0, call["id"], call["function"]["name"], call["function"]["arguments"]))
         )
-    message = _message(completion, content, _stop(choice["finish_reason"], choice.get("stop_reason")))
+    called = bool(chat.get("tool_calls"))
+    message = _message(completion, content, _stop(choice["finish_reason"], choice.get("stop_reason"), called))
     message["usage"] = _usage(completion.get("usage"))
     return message
 
@@ -253,6 +266,7 @@ class MessageEvents:
     def __init__(self) -> None:
         self._blocks = OutputBlocks()
         self._failed = False
+        self._called = False  # a tool_use block was opened
 
     def feed(self, chunk: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The events one chat chunk (or a gateway error body) makes."""
@@ -276,7 +290,7 @@ class MessageEvents:
             return []
         blocks = self._blocks
         events = [event for change in blocks.end() for event in self._events_of(change)]
-        reason, sequence = _stop(blocks.finish_reason, blocks.stop_reason)
+        reason, sequence = _stop(blocks.finish_reason, blocks.stop_reason, self._called)
         delta = {"stop_reason": reason, "stop_sequence": sequence}
         events.append({"type": "message_delta", "delta": delta, "usage": _usage(blocks.usage)})
         return [*events, {"type": "message_stop"}]
@@ -284,6 +298,7 @@ class MessageEvents:
     def _events_of(self, change: BlockEvent) -> list[dict[str, Any]]:
         block = change.block
         if change.what == "open":
+            self._called |= block.kind == CALL
             return [
                 {"type": "content_block_start", "index": block.index, "content_block": _content_block(block, False)}
             ]

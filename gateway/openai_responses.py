@@ -95,8 +95,8 @@ def chat_body(body: Mapping[str, Any]) -> tuple[dict[str, Any], ResponseEcho]:
     if (choice := body.get("tool_choice")) is not None:
         chat["tool_choice"] = _chat_tool_choice(choice)
     text = body.get("text")
-    if text is not None:
-        chat["response_format"] = _response_format(text)
+    if text is not None and (shape := _response_format(text)) is not None:
+        chat["response_format"] = shape
     reasoning = body.get("reasoning")
     if reasoning is not None:
         if not isinstance(reasoning, dict):
@@ -164,7 +164,8 @@ def _messages(instructions: Any, items: Any) -> list[dict[str, Any]]:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output")
-            content = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+            # A string, or content parts (their text, as a message's); anything else as its JSON.
+            content = _text(output) if isinstance(output, str | list) else json.dumps(output, ensure_ascii=False)
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": content})
         elif kind != "reasoning":  # earlier thinking is not sent back to the model, as in vLLM
             raise BadRequest(f"input items of type {kind!r} are not supported", param="input")
@@ -200,10 +201,16 @@ def _chat_tool_choice(choice: Any) -> Any:
     return choice  # "auto", "none", "required", or what the chat route refuses
 
 
-def _response_format(text: Any) -> dict[str, Any]:
-    shape = text.get("format") if isinstance(text, dict) else None
+def _response_format(text: Any) -> dict[str, Any] | None:
+    """The chat response_format of ``text``'s format; None where it names none (every field of
+    ``text`` is optional: ``verbosity`` alone, say)."""
+    if not isinstance(text, dict):
+        raise BadRequest("text must be an object", param="text")
+    shape = text.get("format")
+    if shape is None:
+        return None
     if not isinstance(shape, dict):
-        raise BadRequest("text must be an object with a format", param="text")
+        raise BadRequest("text.format must be an object", param="text")
     if shape.get("type") == "json_schema":
         schema = {key: shape[key] for key in ("name", "schema", "strict", "description") if key in shape}
         return {"type": "json_schema", "json_schema": schema}
@@ -257,6 +264,8 @@ def _usage(usage: Mapping[str, Any]) -> dict[str, Any]:
         "input_tokens": usage["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": details.get("cached_tokens", 0)},
         "output_tokens": usage["completion_tokens"],
+        # Required by the API; the chat usage does not count the thinking apart.
+        "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage["total_tokens"],
     }
 
@@ -346,15 +355,16 @@ class ResponseEvents:
         if change.what == "delta":
             if block.kind == CALL:
                 return [self._event("response.function_call_arguments.delta", **at, delta=change.delta)]
-            kind = "response.reasoning_text.delta" if block.kind == REASONING else "response.output_text.delta"
-            return [self._event(kind, **at, content_index=0, delta=change.delta)]
+            if block.kind == REASONING:
+                return [self._event("response.reasoning_text.delta", **at, content_index=0, delta=change.delta)]
+            return [self._event("response.output_text.delta", **at, content_index=0, delta=change.delta, logprobs=[])]
         if block.kind == CALL:
             events = [self._event("response.function_call_arguments.done", **at, arguments=block.text)]
         elif block.kind == REASONING:
             events = [self._event("response.reasoning_text.done", **at, content_index=0, text=block.text)]
         else:
             events = [
-                self._event("response.output_text.done", **at, content_index=0, text=block.text),
+                self._event("response.output_text.done", **at, content_index=0, text=block.text, logprobs=[]),
                 self._event("response.content_part.done", **at, content_index=0, part=_text_part(block.text)),
             ]
         done = self._item(block, "completed")

@@ -125,6 +125,24 @@ def test_a_chat_completion_is_a_message_of_content_blocks() -> None:
     assert message_of(_completion("length", content="Hi"))["stop_reason"] == "max_tokens"
 
 
+def test_a_forced_tool_call_stops_for_tool_use_and_a_cancelled_answer_stops_for_nothing() -> None:
+    # A named tool_choice is structured output: the chat finish is "stop", but the answer is a call.
+    call = {"id": "t1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}
+    assert message_of(_completion("stop", tool_calls=[call]))["stop_reason"] == "tool_use"
+    assert message_of(_completion("abort", content="Hal"))["stop_reason"] is None  # not a finished turn
+
+
+def test_a_prefilled_answer_is_continued_and_a_stream_says_its_input_from_the_start() -> None:
+    prefilled = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure, here"}]
+    chat = chat_body({"max_tokens": 8, "messages": prefilled, "stream": True})
+    assert (chat["continue_final_message"], chat["add_generation_prompt"]) == (True, False)
+    assert chat["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert "continue_final_message" not in chat_body({"max_tokens": 8, "messages": prefilled[:1]})
+    events = MessageEvents()
+    first = {**_chunk({"role": "assistant", "content": ""}), "usage": {"prompt_tokens": 9, "completion_tokens": 0}}
+    assert events.feed(first)[0]["message"]["usage"]["input_tokens"] == 9
+
+
 def _chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, **extra}]
     return {"id": "chatcmpl-r1", "created": 7, "model": "m", "choices": choices, "usage": None}

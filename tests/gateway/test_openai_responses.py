@@ -127,6 +127,7 @@ def test_a_chat_completion_is_a_response_of_items() -> None:
         "status": "completed",
     }
     assert response["usage"]["input_tokens_details"] == {"cached_tokens": 8} and response["usage"]["total_tokens"] == 13
+    assert response["usage"]["output_tokens_details"] == {"reasoning_tokens": 0}  # required by the SDK's types
     assert response["tools"] == [WEATHER] and response["store"] is False
     cut = json.loads(json.dumps(COMPLETION))
     cut["choices"][0]["finish_reason"] = "length"
@@ -175,10 +176,20 @@ def test_a_chat_stream_is_the_responses_events() -> None:
         "response.output_item.done",
         "response.completed",
     ]
+    assert all(e["logprobs"] == [] for e in out if e["type"].startswith("response.output_text."))
     final = out[-1]["response"]
     whole = response_of(COMPLETION, echo)
     assert final["output"] == whole["output"] and final["usage"] == whole["usage"]
     assert out[0]["response"]["status"] == "in_progress" and out[0]["response"]["output"] == []
+
+
+def test_text_without_a_format_and_a_tool_output_of_content_parts() -> None:
+    chat, _ = chat_body({"input": "Hi", "text": {"verbosity": "low"}})  # every field of text is optional
+    assert "response_format" not in chat
+    call = {"type": "function_call", "call_id": "c1", "name": "clock", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "noon"}]}
+    chat, _ = chat_body({"input": [{"role": "user", "content": "Time?"}, call, output]})
+    assert chat["messages"][-1] == {"role": "tool", "tool_call_id": "c1", "content": "noon"}
 
 
 def test_a_failed_stream_ends_with_response_failed() -> None:
