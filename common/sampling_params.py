@@ -133,9 +133,6 @@ class SamplingParams:
             raise InvalidRequest("allowed_token_ids must be token ids >= 0")
         if any(not word or min(word) < 0 for word in self.bad_words_token_ids):
             raise InvalidRequest("bad words must be non-empty sequences of token ids >= 0")
-        if self.structured_output is not None and self.min_tokens > 0:
-            # The grammar may allow nothing but the end once its form is complete, which min_tokens forbids.
-            raise InvalidRequest("min_tokens must be 0 with structured_output: the form decides where the output ends")
         # Whether anything changes this request's logits before the choice (penalties, bias,
         # min_tokens, banned tokens).
         adjusts = self.has_penalties or bool(self.logit_bias) or self.min_tokens > 0 or self.bans_tokens

@@ -45,8 +45,8 @@ from executor_service.step_scheduler import ScheduledChunk, StepPlan, StepSchedu
 log = logging.getLogger(__name__)
 
 NOTHING_TO_SAMPLE = (
-    "no token may be sampled: allowed_token_ids and bad_words, with the structured output's grammar or "
-    "min_tokens, exclude every token"
+    "no token may be sampled: the structured output's grammar accepts none here (no string completes "
+    "it), or allowed_token_ids and bad_words, with the grammar or min_tokens, exclude every token"
 )
 
 
@@ -385,9 +385,10 @@ class Engine:
             else:
                 rows = rows.float()  # adjusted and sampled in float32 (a copy unless they are already)
                 generators = [None if s.generator is None else self._generator_for(s) for s in completing]
+                stuck: list[int] = []  # rows whose grammar accepts nothing
                 if self.grammar_masks is not None and any(s.grammar is not None for s in completing):
-                    self.grammar_masks.apply(rows, [s.grammar for s in completing])  # in place, before sampling
-                sampled = self.sampler.sample(rows, completing, generators)
+                    stuck = self.grammar_masks.apply(rows, [s.grammar for s in completing])  # in place
+                sampled = self.sampler.sample(rows, completing, generators, stuck)
             self.runner.commit(sampled.on_device)
             sampled.copy_to_host()
         # The last step's tokens, read while this one computes (overlap): this step's inputs among them,

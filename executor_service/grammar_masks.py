@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import xgrammar as xgr
@@ -91,18 +92,21 @@ class GrammarMasks:
         return self._bitmask
 
     @torch.inference_mode()  # the model's logits are inference tensors
-    def apply(self, logits: torch.Tensor, matchers: Sequence[OutputMatcher | None]) -> None:
+    def apply(self, logits: torch.Tensor, matchers: Sequence[OutputMatcher | None]) -> list[int]:
         """Mask ``logits`` [len(matchers), V] in place to what each row's matcher accepts next and
         keeps its output well-formed UTF-8; rows without a matcher are left alone. Ids past the
-        grammar's vocabulary are never accepted."""
+        grammar's vocabulary are never accepted. Returns the rows whose grammar accepts no token at
+        all (a grammar that ran into a dead end, such as a pattern no string matches): nothing is
+        left to sample there, and their requests end with an error."""
         present = [(i, m) for i, m in enumerate(matchers) if m is not None]
         if not present:
-            return
+            return []
         bitmask = self._buffer(len(matchers))
         for i, matcher in present:
             matcher.matcher.fill_next_token_bitmask(bitmask, i)
         rows = [i for i, _ in present]
         self._hold_to_utf8(bitmask, rows, [m.utf8_state for _, m in present], present[0][1].utf8)
+        accepting = cast(list[bool], bitmask.numpy()[rows].any(axis=1).tolist())
         width = logits.shape[-1]
         covered = min(width, self.vocab_size)
         if logits.device.type == "cpu":
@@ -119,6 +123,7 @@ class GrammarMasks:
         if width > covered:
             index = torch.tensor(rows, dtype=torch.long, device=logits.device)
             logits[index, covered:] = -math.inf
+        return [row for row, ok in zip(rows, accepting, strict=True) if not ok]
 
     @staticmethod
     def _hold_to_utf8(bitmask: torch.Tensor, rows: list[int], states: list[int], utf8: Utf8Vocabulary) -> None:

@@ -165,7 +165,9 @@ class LogitsProcessing:
         biasing: list[int] = []
         penalised: list[int] = []
         allowing: list[int] = []
-        banning_with_grammar: list[int] = []
+        # Rows whose grammar's mask something here narrows further (bans, min_tokens' stops): read
+        # on the device for whether any token is left.
+        narrowed_grammar: list[int] = []
         for i, row in enumerate(rows):
             params = row.params
             if not params.adjusts_logits:
@@ -174,13 +176,15 @@ class LogitsProcessing:
                 request = self._request(row, vocab, device)
                 if params.allowed_token_ids:
                     allowing.append(i)
-                if params.bans_tokens and params.structured_output is not None:
-                    banning_with_grammar.append(i)
                 for token in request.bad_words.completing(row.output_ids):
                     if token < vocab:
                         masked[0].append(i)
                         masked[1].append(token)
-            if len(row.output_ids) < params.min_tokens:
+            holding = len(row.output_ids) < params.min_tokens
+            if params.structured_output is not None and (params.bans_tokens or holding):
+                # A complete form may allow nothing but EOS, which min_tokens masks.
+                narrowed_grammar.append(i)
+            if holding:
                 # vLLM's MinTokensLogitsProcessor: no stop token until the whole output is long enough,
                 # EOS included even where it does not stop the request (ignore_eos), as vLLM and
                 # transformers' MinNewTokensLengthLogitsProcessor mask it.
@@ -208,7 +212,7 @@ class LogitsProcessing:
             values = torch.cat([self._requests[rows[i].request_id].bias_values for i in biasing]).to(logits.dtype)
             logits.index_put_((row_ids, col_ids), values, accumulate=True)
         # Bias and penalties leave -inf as it is.
-        dead = self._dead_rows(logits, rows, allowing, banning_with_grammar, masked)
+        dead = self._dead_rows(logits, rows, allowing, narrowed_grammar, masked)
         if not penalised:
             return Adjusted(None, dead)
         table = self._table(vocab, device)
@@ -243,11 +247,12 @@ class LogitsProcessing:
         whole: list[int],
         masked: tuple[list[int], list[int]],
     ) -> list[int]:
-        """The rows of requests that ban tokens themselves (allowed_token_ids, bad words) left with
-        no token to sample: what they exclude and what a grammar or min_tokens excludes cover the
-        whole vocabulary. Only such rows can be: a grammar alone, and min_tokens alone, always
-        leave a token, and bad words alone a vocabulary's worth less a few. A row with a grammar is
-        read on the device (``whole``); one without is dead only if this step's masks (``masked``:
+        """The rows left with no token to sample: what a request bans itself (allowed_token_ids, bad
+        words) and what a grammar or min_tokens excludes cover the whole vocabulary, or min_tokens
+        masks the EOS that a complete grammar alone allows. (A grammar that accepts nothing at all
+        is found where it is applied, ``GrammarMasks.apply``; min_tokens alone always leaves a
+        token, and bad words alone a vocabulary's worth less a few.) A row with a grammar is read
+        on the device (``whole``); one without is dead only if this step's masks (``masked``:
         min_tokens' stop tokens, bad words' last tokens) cover its allowed ids, which the host knows."""
         dead: list[int] = []
         if whole:

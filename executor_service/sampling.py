@@ -105,8 +105,10 @@ class Sampler:
         logits: torch.Tensor,
         rows: Sequence[SamplingRow],
         generators: Sequence[torch.Generator | None],
+        stuck: Sequence[int] = (),
     ) -> Sampled:
-        """Next tokens for logits of shape [B, V] (changed in place for rows that adjust them)."""
+        """Next tokens for logits of shape [B, V] (changed in place for rows that adjust them);
+        ``stuck``: rows already known to have nothing to sample (a grammar's dead end)."""
         if logits.dim() != 2:
             raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
         batch = logits.shape[0]
@@ -120,6 +122,8 @@ class Sampler:
             raw = logits.index_select(0, asking_idx)
         adjusted = self.processing.apply(logits, rows) if any(p.adjusts_logits for p in params) else None
         penalised, dead = (adjusted.penalised, adjusted.dead) if adjusted is not None else (None, [])
+        if stuck:
+            dead = sorted({*dead, *stuck})
         if dead:  # something to draw from, so the batch's draw cannot fail; the token is never used
             logits[torch.tensor(dead, dtype=torch.long, device=logits.device)] = 0.0
         tokens = self.choose(logits, params, generators)

@@ -389,6 +389,21 @@ def test_bans_narrow_a_grammar_and_a_grammar_they_empty_ends_alone(engine: Engin
     assert re.fullmatch("[0-9]{3}", results["ok"].text)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_grammar_at_a_dead_end_ends_its_request_alone(engine: Engine, temperature: float) -> None:
+    """A pattern no string matches compiles, and its grammar then accepts no token at all. Sampled,
+    the row of -inf was NaN and the step failed, the engine thread with it (and the request,
+    re-queued, took down every executor it met); greedy, it took token 0."""
+    dead_end = StructuredOutput(StructuredKind.REGEX, r"a[^\s\S]")
+    params = SamplingParams(max_tokens=8, ignore_eos=True, structured_output=dead_end, temperature=temperature, seed=1)
+    prompt = prompts(1, seed=7)[0]
+    digits = StructuredOutput(StructuredKind.REGEX, "[0-9]{3}")
+    results = generate(engine, [AdmitSpec("stuck", tuple(prompt), (), params, 0.0), constrained("ok", prompt, digits)])
+    assert results["stuck"].reason is FinishReason.ERROR and "no token may be sampled" in results["stuck"].error
+    assert results["stuck"].text in ("", "a")
+    assert re.fullmatch("[0-9]{3}", results["ok"].text)
+
+
 def test_a_constraint_waiting_for_the_end_of_thinking_holds_only_after_it(engine: Engine) -> None:
     """vLLM's reasoning models: the grammar holds the answer, after ``</think>``, not the thinking."""
     tokenizer = engine.tokenizer
@@ -439,3 +454,15 @@ def test_a_constraint_waiting_for_the_end_of_thinking_holds_only_after_it(engine
 )
 def test_the_last_end_of_a_waited_text(ids: list[int], part: tuple[int, ...], end: int | None) -> None:
     assert _last_end(ids, part) == end
+
+
+def test_a_form_complete_before_min_tokens_ends_its_request_alone(engine: Engine) -> None:
+    """As vLLM accepts it: min_tokens masks the EOS that a complete form alone allows, so nothing is
+    left to sample there; that request ends with an error, sampled or greedy, its batch-mates go on."""
+    one_digit = StructuredOutput(StructuredKind.REGEX, "[0-9]")
+    params = SamplingParams(max_tokens=8, min_tokens=4, structured_output=one_digit, temperature=0.7, seed=2)
+    prompt = prompts(1, seed=8)[0]
+    digits = StructuredOutput(StructuredKind.REGEX, "[0-9]{3}")
+    results = generate(engine, [AdmitSpec("held", tuple(prompt), (), params, 0.0), constrained("ok", prompt, digits)])
+    assert results["held"].reason is FinishReason.ERROR and "no token may be sampled" in results["held"].error
+    assert re.fullmatch("[0-9]{3}", results["ok"].text)

@@ -40,13 +40,6 @@ def test_validation_refuses_oversized_or_empty_constraints(constraint: pb.Struct
         run(msg)
 
 
-def test_validation_refuses_min_tokens_with_a_constraint() -> None:
-    msg = make(params={"min_tokens": 2, "max_tokens": 8})
-    msg.params.structured_output.json_object = True
-    with pytest.raises(InvalidRequest, match="min_tokens must be 0 with structured_output"):
-        run(msg)
-
-
 async def test_check_accepts_valid_and_refuses_invalid_constraints() -> None:
     check = GrammarCheck()
     await check.check(SCHEMA)
