@@ -31,12 +31,17 @@ _LOCATION = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: (Check failed: \(.*?\) is fals
 
 
 def choice_ebnf(choices: tuple[str, ...]) -> str:
-    """``root ::= "a" | "b"``: JSON's string escapes are EBNF's (quotes, backslashes, \\n, \\uXXXX)."""
-    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+    """``root ::= "a" | "b"``: JSON's string escapes are EBNF's (quotes, backslashes, \\n); other
+    characters go as they are, since a character past the Basic Multilingual Plane escaped as JSON
+    escapes it (a surrogate pair) is two lone surrogates to xgrammar, and the output not UTF-8."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
 # Keys whose values are data, not schemas: nothing under them is rewritten.
 _DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
+# The largest bound written as a pattern: xgrammar expands ``.{a,b}`` into b states, and compiling
+# it grows with b squared (9,000: 31 s of one core; 256: about 0.02 s). Larger bounds stay xgrammar's.
+_MOST_PATTERN_BOUND = 256
 
 
 def bounded_strings_as_patterns(schema: Any) -> Any:
@@ -47,7 +52,9 @@ def bounded_strings_as_patterns(schema: Any) -> Any:
     Why: xgrammar 0.2.9 turns a length-bounded string into a repetition of one character class that
     admits raw control characters (a tab, say), which JSON forbids inside strings, so strict parsers
     (Python's ``json.loads``, JavaScript's ``JSON.parse``) refuse the output. Its pattern path keeps
-    to JSON's string rules. Neither writes escapes inside a bounded string.
+    to JSON's string rules. Neither writes escapes inside a bounded string. Bounds above
+    ``_MOST_PATTERN_BOUND`` are left as they are: as a pattern, their compile time would let one
+    request hold the executor's compile thread (and the scheduler's check) for minutes.
     """
     if isinstance(schema, list):
         return [bounded_strings_as_patterns(item) for item in schema]
@@ -55,10 +62,12 @@ def bounded_strings_as_patterns(schema: Any) -> Any:
         return schema
     out = {key: value if key in _DATA_KEYS else bounded_strings_as_patterns(value) for key, value in schema.items()}
     low, high = out.get("minLength"), out.get("maxLength")
-    bounded = isinstance(low, int) or isinstance(high, int)
+    low = low if isinstance(low, int) and not isinstance(low, bool) else None
+    high = high if isinstance(high, int) and not isinstance(high, bool) else None
+    bounded = (low is not None or high is not None) and max(low or 0, high or 0) <= _MOST_PATTERN_BOUND
     if out.get("type") == "string" and bounded and "pattern" not in out and "format" not in out:
-        low = low if isinstance(low, int) and not isinstance(low, bool) else 0
-        high = high if isinstance(high, int) and not isinstance(high, bool) else ""
+        low = low or 0
+        high = "" if high is None else high
         out.pop("minLength", None)
         out.pop("maxLength", None)
         out["pattern"] = f"^.{{{low},{high}}}$"

@@ -146,6 +146,18 @@ def test_length_bounded_strings_become_patterns_outside_data() -> None:
     assert out["properties"]["d"] == schema["properties"]["d"]  # type: ignore[index]
     only_min = structured_grammar.bounded_strings_as_patterns({"type": "string", "minLength": 2})
     assert only_min == {"type": "string", "pattern": "^.{2,}$"}
+    # A large bound stays a bound: as a pattern, its compile grew with the bound squared (9,000: 31 s).
+    long = {"type": "string", "maxLength": 9_000}
+    assert structured_grammar.bounded_strings_as_patterns(long) == long
+
+
+def test_choices_past_the_basic_multilingual_plane_stay_utf8() -> None:
+    # Escaped as JSON escapes them (a surrogate pair), xgrammar read two lone surrogates.
+    assert structured_grammar.choice_ebnf(("😀", 'a"b')) == 'root ::= "😀" | "a\\"b"'
+    info = xgr.TokenizerInfo(["😀", "a", "</s>"], stop_token_ids=[2])
+    spec = StructuredOutput(StructuredKind.CHOICE, choices=("😀",))
+    matcher = xgr.GrammarMatcher(structured_grammar.compile_grammar(xgr.GrammarCompiler(info, max_threads=1), spec))
+    assert matcher.accept_string("😀") and matcher.is_completed()
 
 
 def test_bounded_strings_never_hold_raw_control_characters() -> None:
