@@ -278,23 +278,23 @@ class Engine:
         return ids
 
     def _constraint_begins(self, spec: AdmitSpec) -> int | None:
-        """Where in the output a structured output's constraint begins: 0 without ``starts_after`` or
-        with its text already in the prompt (a template that switched the thinking off) and not
-        reopened after it there (``reopened_by``: earlier turns closed their thinking, this one's is
-        open), else right after the text's last occurrence in the output; None while the output has
-        not written it."""
+        """Where in the output a structured output's constraint begins, as it began when the output
+        was written (a resumed request replays its output through the grammar from there): 0
+        without ``starts_after`` or with its text already in the prompt (a template that switched
+        the thinking off) and not reopened after it there (``reopened_by``: earlier turns closed
+        their thinking, this one's is open), else right after the text's first occurrence in the
+        output, where the waiting ended (a constrained answer may write the text again); None while
+        the output has not written it."""
         waited = self._waited_ids(spec.params)
         if not waited:
             return 0
-        end = _last_end(spec.output_ids, waited)
-        if end is not None:
-            return end
         closed = _last_end(spec.prompt_ids, waited)
-        if closed is None:
-            return None
-        reopening = self._waited_ids(spec.params, reopening=True)
-        opened = _last_end(spec.prompt_ids, reopening) if reopening else None
-        return None if opened is not None and opened > closed else 0
+        if closed is not None:
+            reopening = self._waited_ids(spec.params, reopening=True)
+            opened = _last_end(spec.prompt_ids, reopening) if reopening else None
+            if opened is None or opened < closed:
+                return 0
+        return _first_end(spec.output_ids, waited)
 
     def _drop(self, seq: Sequence) -> None:
         self.allocator.release(seq.block_table, seq.block_names)
@@ -561,6 +561,18 @@ class Engine:
         self._finished, self._preempted, self._rejected = [], [], []
         self._reported_seq = self.plan_seq
         return out
+
+
+def _first_end(ids: list[int] | tuple[int, ...], part: tuple[int, ...]) -> int | None:
+    """The index just past the first occurrence of ``part`` in ``ids``; None where it does not occur."""
+    start = -1
+    while True:
+        try:
+            start = ids.index(part[0], start + 1)
+        except ValueError:
+            return None
+        if tuple(ids[start : start + len(part)]) == part:
+            return start + len(part)
 
 
 def _last_end(ids: list[int] | tuple[int, ...], part: tuple[int, ...]) -> int | None:

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from common.lifecycle import FinishReason
 from common.sampling_params import SamplingParams
 from common.structured_output import StructuredKind, StructuredOutput
-from executor_service.engine import Engine, _last_end
+from executor_service.engine import Engine, _first_end, _last_end
 from executor_service.engine_io import AdmitSpec, PlanUpdate, StepOutput
 from executor_service.grammar_cache import GrammarCache
 from executor_service.grammar_masks import OutputGrammar, resume_matcher
@@ -440,6 +440,28 @@ def test_a_constraint_waiting_for_the_end_of_thinking_holds_only_after_it(engine
     answer = tokenizer.decode(ends.tokens[1:], skip_special_tokens=True)  # type: ignore[attr-defined]
     assert ends.tokens[0] == end[-1] and re.fullmatch("[0-9]{3}", answer)
     assert ends.reason is FinishReason.STOP
+
+
+def test_a_resumed_answer_that_writes_the_waited_text_replays_from_where_it_began(engine: Engine) -> None:
+    """The prompt closed the thinking, so the constraint held from the output's start; the answer
+    itself writes ``</think>``. Resumed, its grammar replays the whole output, not what follows
+    the tag (which wrote the form twice, or broke it)."""
+    tokenizer = engine.tokenizer
+    end = tuple(tokenizer.encode("</think>", add_special_tokens=False))  # type: ignore[attr-defined]
+    seven = tuple(tokenizer.encode("7", add_special_tokens=False))  # type: ignore[attr-defined]
+    form = StructuredOutput(StructuredKind.REGEX, "[0-9]</think>[0-9]{2}", starts_after="</think>")
+    params = SamplingParams(max_tokens=12, ignore_eos=True, structured_output=form)
+    prompt = [*prompts(1, seed=9)[0], *end]
+    results = generate(engine, [AdmitSpec("resumed", tuple(prompt), (*seven, *end), params, 0.0)])
+    assert results["resumed"].reason is FinishReason.STOP and re.fullmatch("[0-9]{2}", results["resumed"].text)
+
+
+@pytest.mark.parametrize(
+    ("ids", "part", "first"),
+    [([1, 2, 3, 1, 2, 3, 4], (1, 2), 2), ([3, 3, 3], (3, 3), 2), ([1, 2], (2, 3), None), ([], (1,), None)],
+)
+def test_the_first_end_of_a_waited_text(ids: list[int], part: tuple[int, ...], first: int | None) -> None:
+    assert _first_end(ids, part) == first
 
 
 @pytest.mark.parametrize(
