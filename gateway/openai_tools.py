@@ -326,16 +326,29 @@ def _named(choice: Any) -> str:
 
 
 def _required_schema(functions: Mapping[str, dict[str, Any]], parallel: bool) -> dict[str, Any]:
-    """An array of calls, each a ``{"name", "parameters"}`` object of one of the functions."""
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
-            "required": ["name", "parameters"],
-        }
-        for name, parameters in functions.items()
-    ]
-    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    """An array of calls, each a ``{"name", "parameters"}`` object of one of the functions. Each
+    function's definitions (``$defs``, ``definitions``) move to the root, as vLLM moves them: its
+    ``#/$defs/...`` references name the root of the whole schema, where its parameters now nest."""
+    hoisted: dict[str, dict[str, Any]] = {}
+    calls = []
+    for name, parameters in functions.items():
+        parameters = dict(parameters)
+        for keyword in ("$defs", "definitions"):
+            definitions = parameters.get(keyword)
+            if not isinstance(definitions, dict):
+                continue
+            del parameters[keyword]
+            for key, definition in definitions.items():
+                if hoisted.setdefault(keyword, {}).setdefault(key, definition) != definition:
+                    raise BadRequest(f"tools define {keyword} {key!r} differently", param="tools")
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
+                "required": ["name", "parameters"],
+            }
+        )
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}, **hoisted}
     if not parallel:
         schema["maxItems"] = 1
     return schema

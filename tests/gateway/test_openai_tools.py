@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from common import structured_grammar
 from common.pb import generate_pb2 as pb
+from common.structured_output import StructuredKind, StructuredOutput
 from gateway.errors import BadRequest
 from gateway.openai_tools import AUTO, NAMED, NONE, REQUIRED, ToolCalling, ToolCallStream, parse_tools, template_tools
 from gateway.openai_types import chat_input, parse_chat, parse_completion
@@ -45,6 +47,27 @@ def test_required_forces_an_array_of_calls(parallel: bool) -> None:
     assert schema["type"] == "array" and schema["minItems"] == 1 and ("maxItems" in schema) is not parallel
     names = [item["properties"]["name"]["enum"] for item in schema["items"]["anyOf"]]
     assert names == [["weather"], ["clock"]]
+
+
+def test_required_moves_each_tools_definitions_to_the_root_of_the_calls_schema() -> None:
+    # Pydantic writes a model's nested types under $defs, referenced from the root of its schema.
+    address = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    parameters = {
+        "type": "object",
+        "properties": {"to": {"$ref": "#/$defs/Address"}},
+        "required": ["to"],
+        "$defs": {"Address": address},
+    }
+    ship = {"type": "function", "function": {"name": "ship", "parameters": parameters}}
+    _, _, forced = parse_tools({"tools": [ship, CLOCK], "tool_choice": "required"})
+    assert forced is not None
+    schema = json.loads(forced.json_schema)
+    assert schema["$defs"] == {"Address": address} and "$defs" not in schema["items"]["anyOf"][0]["properties"]
+    grammar = structured_grammar.parse(StructuredOutput(StructuredKind.JSON_SCHEMA, forced.json_schema))
+    assert grammar is not None  # the reference resolves
+    other = {"type": "function", "function": {"name": "other", "parameters": {**parameters, "$defs": {"Address": {}}}}}
+    with pytest.raises(BadRequest, match="differently"):
+        parse_tools({"tools": [ship, other], "tool_choice": "required"})
 
 
 def test_none_lists_the_tools_and_forces_nothing() -> None:
