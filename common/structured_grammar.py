@@ -74,11 +74,43 @@ def bounded_strings_as_patterns(schema: Any) -> Any:
     return out
 
 
+# Keywords xgrammar accepts and then does not enforce (0.2.9): an output could break them while
+# the request believed it constrained. Refused, as vLLM refuses them for xgrammar, rather than
+# served wrongly. (An unknown ``format`` is ignored, as JSON Schema says a validator may.)
+_UNENFORCED = ("not", "if", "dependentRequired", "dependentSchemas", "contains")
+_LOOKAROUND = re.compile(r"\(\?<?[=!]")
+
+
+def unenforced_keyword(schema: Any) -> str | None:
+    """The first keyword of ``schema`` that xgrammar would not enforce, described; None if none."""
+    if isinstance(schema, list):
+        return next((found for item in schema if (found := unenforced_keyword(item)) is not None), None)
+    if not isinstance(schema, dict):
+        return None
+    for key in _UNENFORCED:
+        if key in schema:
+            return f"{key!r}"
+    if schema.get("uniqueItems") is True:
+        return "'uniqueItems'"
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        return "'allOf' with more than one schema"
+    if ("pattern" in schema or "format" in schema) and ("minLength" in schema or "maxLength" in schema):
+        return "'minLength' or 'maxLength' beside a 'pattern' or 'format'"
+    if isinstance(schema.get("pattern"), str) and _LOOKAROUND.search(schema["pattern"]):
+        return "a lookahead or lookbehind in a 'pattern'"
+    return next(
+        (found for key, value in schema.items() if key not in _DATA_KEYS and (found := unenforced_keyword(value))),
+        None,
+    )
+
+
 def _schema(spec: StructuredOutput) -> str:
     try:
         schema = json.loads(spec.spec)
     except ValueError:
         return spec.spec  # xgrammar says what is wrong with it
+    if (keyword := unenforced_keyword(schema)) is not None:
+        raise ValueError(f"the schema uses {keyword}, which the grammar could not enforce")
     return json.dumps(bounded_strings_as_patterns(schema))
 
 

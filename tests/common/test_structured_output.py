@@ -4,6 +4,7 @@ parameters, the wire), and how each kind becomes an xgrammar grammar."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import xgrammar as xgr
@@ -169,3 +170,33 @@ def test_bounded_strings_never_hold_raw_control_characters() -> None:
     for text, ok in [('"a\tb"', False), ('"a\x01"', False), ('"abc"', True), ('"éa"', True), ('""', False)]:
         matcher = xgr.GrammarMatcher(compiled)
         assert (matcher.accept_string(text) and matcher.is_completed()) == ok, repr(text)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+        {"type": "array", "contains": {"const": 5}},
+        {"type": "integer", "not": {"const": 1}},
+        {"type": "object", "dependentRequired": {"a": ["b"]}},
+        {"type": "integer", "if": {"minimum": 5}, "then": {"maximum": 6}},
+        {"allOf": [{"type": "integer", "minimum": 3}, {"maximum": 5}]},
+        {"type": "string", "pattern": "a+", "maxLength": 3},
+        {"type": "object", "properties": {"e": {"type": "string", "format": "email", "minLength": 5}}},
+        {"type": "string", "pattern": "(?=x)y"},
+    ],
+)
+def test_keywords_the_grammar_would_not_enforce_are_refused(schema: dict[str, Any]) -> None:
+    # xgrammar accepts each and lets an output break it: refused as vLLM refuses them for xgrammar.
+    with pytest.raises(InvalidRequest, match="could not enforce"):
+        structured_grammar.parse(StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(schema)))
+
+
+def test_what_the_grammar_enforces_or_may_ignore_is_served() -> None:
+    for schema in (
+        {"allOf": [{"type": "integer", "maximum": 5}]},  # one schema: Pydantic's way of describing a $ref
+        {"type": "string", "format": "int32"},  # an unknown format is an annotation
+        {"enum": [{"not": 1}]},  # data, not a schema
+        {"type": "array", "uniqueItems": False},
+    ):
+        assert structured_grammar.parse(StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(schema)))

@@ -89,12 +89,16 @@ async def test_invalid_constraints_are_invalid_arguments(
     assert message in (err.value.details() or ""), err.value.details()
 
 
-async def test_min_tokens_with_a_constraint_is_an_invalid_argument(stack: Stack) -> None:
-    msg = request([1, 5, 6], pb.StructuredOutput(json_object=True))
-    msg.params.min_tokens = 3
+async def test_min_tokens_with_a_constraint_is_served_and_a_schema_it_could_not_enforce_refused(stack: Stack) -> None:
+    msg = request([1, 5, 6], pb.StructuredOutput(regex="[0-9]{3}[a-z]*"))
+    msg.params.min_tokens, msg.params.max_tokens = 3, 6  # as vLLM serves it: no end before 3 tokens
+    whole = await stack.stub.Complete(msg)
+    assert whole.finish_reason == pb.FINISH_REASON_LENGTH and len(whole.token_ids) == 6
+    assert re.fullmatch("[0-9]{3}[a-z]*", whole.text)
+    unique = pb.StructuredOutput(json_schema=json.dumps({"type": "array", "uniqueItems": True}))
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stack.stub.Complete(msg)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        await stack.stub.Complete(request([1, 5, 6], unique))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "could not enforce" in str(err.value.details())
 
 
 async def test_preempted_request_continues_its_constraint(stack: Stack) -> None:
