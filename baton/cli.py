@@ -33,7 +33,10 @@ def _add_executor(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="HF causal LM directory or hub id")
     p.add_argument("--port", type=int, help="gRPC port (default: a free one)")
     p.add_argument("--host", help="address to bind (default 0.0.0.0)")
-    p.add_argument("--advertise-address", help="HOST:PORT schedulers dial (default: this host's name and port)")
+    p.add_argument(
+        "--advertise-address",
+        help="HOST:PORT schedulers dial (default: POD_IP, else this host's first non-loopback IP, and the port)",
+    )
     p.add_argument("--executor-id", help="stable id for this executor (default: random)")
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto)")
     p.add_argument("--dtype", help="float32, float16 or bfloat16 (default float32)")

@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
             executors[len(procs)] = command
             procs.append(subprocess.Popen(command))
             wait_healthy(f"127.0.0.1:{executor_port}", procs[-1], 300)
-        scheduler = subprocess.Popen([*baton, "scheduler", "--redis-url", redis_url, "--port", str(args.port), *config])
+        scheduler_args = ["--host", "127.0.0.1", "--port", str(args.port), *config]  # loopback, as everything here
+        scheduler = subprocess.Popen([*baton, "scheduler", "--redis-url", redis_url, *scheduler_args])
         procs.append(scheduler)
         wait_healthy(f"127.0.0.1:{args.port}", scheduler, 60)
         log.info(
