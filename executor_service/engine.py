@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -563,30 +564,28 @@ class Engine:
         return out
 
 
-def _first_end(ids: list[int] | tuple[int, ...], part: tuple[int, ...]) -> int | None:
-    """The index just past the first occurrence of ``part`` in ``ids``; None where it does not occur."""
+def _ends(ids: list[int] | tuple[int, ...], part: tuple[int, ...]) -> Iterator[int]:
+    """The indexes just past each occurrence of ``part`` in ``ids``, in order. The scan for
+    ``part``'s first token runs in C (``index``): a long prompt costs the engine thread, which every
+    request in the batch waits on, next to nothing."""
     start = -1
     while True:
         try:
             start = ids.index(part[0], start + 1)
         except ValueError:
-            return None
+            return
         if tuple(ids[start : start + len(part)]) == part:
-            return start + len(part)
+            yield start + len(part)
+
+
+def _first_end(ids: list[int] | tuple[int, ...], part: tuple[int, ...]) -> int | None:
+    """The index just past the first occurrence of ``part`` in ``ids``; None where it does not occur."""
+    return next(_ends(ids, part), None)
 
 
 def _last_end(ids: list[int] | tuple[int, ...], part: tuple[int, ...]) -> int | None:
-    """The index just past the last occurrence of ``part`` in ``ids``; None where it does not occur.
-    The scan for ``part``'s first token runs in C (``index``): a long prompt costs the engine
-    thread, which every request in the batch waits on, next to nothing."""
-    end, start = None, -1
-    while True:
-        try:
-            start = ids.index(part[0], start + 1)
-        except ValueError:
-            return end
-        if tuple(ids[start : start + len(part)]) == part:
-            end = start + len(part)
+    """The index just past the last occurrence of ``part`` in ``ids``; None where it does not occur."""
+    return max(_ends(ids, part), default=None)  # they come in order
 
 
 def _plain(params: SamplingParams) -> bool:
