@@ -58,7 +58,10 @@ def load_factor(load: float, config: LoadAwareConfig) -> float:
 
 
 def latest_start_ms(inputs: ScoreInputs, request_level: RequestLevelConfig, lf: float, boost: float) -> float | None:
-    """When the request must start to meet its deadline and TTFT target, or None if it has neither."""
+    """When the request must start to meet its deadline and TTFT target, or None if it has neither;
+    never more than the margin before it arrived: a deadline it cannot meet (one close at hand with
+    a long output ahead) earns no more urgency than one it just can, or a client could pull a
+    request ahead of every other without limit."""
     limits: list[float] = []
     if inputs.deadline_ms:
         limits.append(inputs.deadline_ms - inputs.service_ms)
@@ -67,7 +70,8 @@ def latest_start_ms(inputs: ScoreInputs, request_level: RequestLevelConfig, lf: 
         limits.append(inputs.arrival_ms + ttft - inputs.prefill_ms)
     if not limits:
         return None
-    return min(limits) - request_level.urgency_margin_ms * (1 + boost * lf)
+    margin = request_level.urgency_margin_ms * (1 + boost * lf)
+    return max(min(limits), inputs.arrival_ms) - margin
 
 
 def queue_score(

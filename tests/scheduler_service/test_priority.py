@@ -71,6 +71,14 @@ def test_near_deadline_overtakes_earlier_non_urgent_work() -> None:
     assert score(T0 + 3000, 5, deadline_ms=T0 + 5000, service_ms=1000) == T0 + 2000 - 5000
 
 
+def test_a_deadline_it_cannot_meet_earns_no_more_than_the_margin() -> None:
+    # Due a millisecond after it arrives with 30,000 tokens to write: without the bound it counted as
+    # having arrived 15 minutes before, ahead of every request of the last quarter hour.
+    hopeless = score(T0, 0, deadline_ms=T0 + 1, service_ms=900_000)
+    assert hopeless == T0 - 2000  # the most a deadline can pull: its margin before arrival
+    assert score(T0, 0, ttft_target_ms=1, prefill_ms=60_000) == T0 - 2000
+
+
 def test_ttft_target_acts_like_a_deadline_for_the_first_token() -> None:
     with_target = score(T0, 0, ttft_target_ms=500, prefill_ms=100)
     assert with_target == T0 + 500 - 100 - 2000  # arrival + target - prefill - margin
