@@ -94,8 +94,16 @@ if #sets > 0 then
   end
 end
 if ARGV[5] == '1' then
-  local all = redis.call('HGETALL', KEYS[3])
-  for k = 1, #all do running[k] = all[k] end
+  -- The waiting tenants read here only: the hash names every tenant running anything.
+  local names = {}
+  for i = 1, count do names[i] = tenants[2 * i - 1] end
+  local counts = redis.call('HMGET', KEYS[3], unpack(names))
+  for i = 1, count do
+    if counts[i] then
+      running[#running + 1] = names[i]
+      running[#running + 1] = counts[i]
+    end
+  end
 end
 return out
 """

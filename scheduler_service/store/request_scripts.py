@@ -10,8 +10,8 @@ from __future__ import annotations
 # same hash tag as every other key a script touches, so they live in its slot on a cluster too.
 # A new arrival joins its tenant's queue to the waiting set at max(its counter, the smallest
 # waiting counter, or the virtual clock when none waits): an idle tenant comes back level with the
-# others, never with banked credit (virtual token counters, see fair_share.py). A re-queued
-# request rejoins at its tenant's own counter.
+# others, never with banked credit (virtual token counters, see fair_share.py). So does a
+# re-queued request (preempted, migrated): its tenant's counter stood still while it ran.
 _TENANT_LIB = """
 local function join_tenant(tq, waiting, counters, vclock, tenant, score, id, lift)
   if redis.call('ZCARD', tq) == 0 then
@@ -25,6 +25,10 @@ local function join_tenant(tq, waiting, counters, vclock, tenant, score, id, lif
     redis.call('ZADD', waiting, c, tenant)
   end
   redis.call('ZADD', tq, score, id)
+end
+local function stop_running(running, tenant)
+  -- A tenant with nothing running leaves the hash: it would otherwise keep every tenant ever seen.
+  if redis.call('HINCRBY', running, tenant, -1) <= 0 then redis.call('HDEL', running, tenant) end
 end
 local function leave_tenant(tq, waiting, tenant, id)
   redis.call('ZREM', tq, id)
@@ -167,7 +171,7 @@ local function finish(k, id, owner, state, reason, now, ttl, err_msg, prefix, al
   if st[1] == 'QUEUED' then
     leave_tenant(prefix .. t, k[5], t, id)
   elseif st[1] == 'ASSIGNED' or st[1] == 'RUNNING' then
-    redis.call('HINCRBY', k[7], t, -1)
+    stop_running(k[7], t)
   end
   local n = redis.call('LLEN', k[3])
   local est = tonumber(f[2])
@@ -341,11 +345,12 @@ elseif ARGV[4] == 'preempt' then
   redis.call('HINCRBY', KEYS[1], 'preemptions', 1)
 end
 local t = st[5] or 'default'
-redis.call('HINCRBY', KEYS[7], t, -1)
+stop_running(KEYS[7], t)
 redis.call('HSET', KEYS[1], 'state', 'QUEUED', 'executor', '', 'owner', '', 'requeued_ms', ARGV[3])
 redis.call('ZADD', KEYS[3], st[3], ARGV[1])
--- No lift: a preempted or migrated request is not a new arrival, and its tenant keeps its credit.
-join_tenant(ARGV[6] .. t, KEYS[4], KEYS[5], KEYS[6], t, st[3], ARGV[1], false)
+-- Lifted as an arrival is: a tenant with nothing waiting comes back level with those waiting, or
+-- its counter, left behind while its request ran and others were served, would be banked credit.
+join_tenant(ARGV[6] .. t, KEYS[4], KEYS[5], KEYS[6], t, st[3], ARGV[1], true)
 return 1
 """
 )
@@ -413,7 +418,7 @@ redis.call('ZREM', KEYS[3], id)
 if tenant ~= '' and redis.call('TYPE', ARGV[3] .. tenant).ok == 'zset' then
   leave_tenant(ARGV[3] .. tenant, KEYS[4], tenant, id)
 end
-if state == 'ASSIGNED' or state == 'RUNNING' then redis.call('HINCRBY', KEYS[5], tenant, -1) end
+if state == 'ASSIGNED' or state == 'RUNNING' then stop_running(KEYS[5], tenant) end
 if KEYS[6] then redis.call('SREM', KEYS[6], id) end
 redis.call('HSET', KEYS[1], 'state', 'FAILED', 'finish_reason', 'ERROR', 'finished_ms', ARGV[4], 'error', ARGV[6])
 redis.call('EXPIRE', KEYS[1], ARGV[5])

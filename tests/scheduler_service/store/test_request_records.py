@@ -315,7 +315,7 @@ async def test_requeue_after_a_cancel_returns_two_and_hand_back_ends_it_cancelle
     record = await store.requests.get("r1")
     assert record is not None and (record["state"], record["finish_reason"]) == ("CANCELLED", "CANCELLED")
     assert 0 < await store.redis.ttl(KEYS.request("r1")) <= TTL_S
-    assert await store.redis.hget(KEYS.tenant_running, "acme") == "0"
+    assert await store.redis.hget(KEYS.tenant_running, "acme") is None  # nothing running: out of the hash
 
     # hand_back is what callers use; run it on a fresh cancelled request.
     await enqueue(store, "r2")
@@ -362,3 +362,15 @@ async def test_migrations_past_the_limit_fail_the_request(redis_url: str) -> Non
         assert [e.finish_reason for e in events] == [FinishReason.ERROR]
     finally:
         await client.aclose()
+
+
+async def test_a_handed_back_request_rejoins_level_with_the_tenants_waiting(store: Store) -> None:
+    # Its tenant's counter stood still while the request ran and another tenant was served: rejoining
+    # at it would be credit banked while it had nothing waiting.
+    await enqueue(store, "r1")
+    await store.requests.claim("r1", "e1")
+    await store.redis.hset(KEYS.tenant_counters, "zed", 1000)
+    await store.redis.zadd(KEYS.tenants_waiting, {"zed": 1000})
+    await store.requests.hand_back("r1", "e1", "preempt")
+    assert await store.redis.zscore(KEYS.tenants_waiting, "acme") == 1000
+    assert float(await store.redis.hget(KEYS.tenant_counters, "acme") or 0) == 1000
