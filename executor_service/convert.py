@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as pb
 from common.sampling_params import SamplingParams
 from common.stop_reason import write_stop_reason
@@ -10,20 +11,31 @@ from executor_service.load_metrics import DeviceLoad
 
 
 def plan_from_pb(msg: pb.Plan) -> PlanUpdate:
-    return PlanUpdate(
-        seq=msg.seq,
-        iteration=msg.iteration,
-        admit=tuple(
+    """The plan's deltas; an admit whose sampling parameters do not hold is refused for that
+    request alone (``PlanUpdate.refused``), not for the plan, which carries everyone else's."""
+    admits: list[AdmitSpec] = []
+    refused: list[FinishOut] = []
+    for a in msg.admit:
+        try:
+            params = SamplingParams.from_pb(a.sampling)
+        except ValueError as exc:  # InvalidRequest among them
+            refused.append(FinishOut(a.request_id, FinishReason.ERROR, error=f"invalid sampling parameters: {exc}"))
+            continue
+        admits.append(
             AdmitSpec(
                 request_id=a.request_id,
                 prompt_ids=tuple(a.prompt_token_ids),
                 output_ids=tuple(a.output_token_ids),
-                params=SamplingParams.from_pb(a.sampling),
+                params=params,
                 rank=a.rank,
                 prefix_root=a.prefix_root,
             )
-            for a in msg.admit
-        ),
+        )
+    return PlanUpdate(
+        seq=msg.seq,
+        iteration=msg.iteration,
+        admit=tuple(admits),
+        refused=tuple(refused),
         abort=tuple(msg.abort),
         preempt=tuple(msg.preempt),
         grants={g.request_id: g.num_tokens for g in msg.prefill},

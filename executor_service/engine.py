@@ -105,6 +105,8 @@ class Engine:
         self._reported_seq = 0
         self.grammars = grammars
         self.grammar_masks = GrammarMasks(grammars.vocab_size) if grammars is not None else None
+        embeddings = runner.model.get_input_embeddings()  # type: ignore[operator]
+        self._embedding_rows = int(embeddings.num_embeddings)
         # Running sequences that need more of a step than a greedy argmax and their token's text: sampling,
         # logprobs, adjusted logits, a grammar, prompt scoring. While there are none (a common batch), the
         # step skips the passes over every row that ask each one.
@@ -150,9 +152,10 @@ class Engine:
                 self._preempted.append(request_id)
             elif self._compiling.pop(request_id, None) is not None:
                 self._preempted.append(request_id)
+        self._finished.extend(plan.refused)
         for spec in plan.admit:
             self._admit(spec)
-        self._grants = dict(plan.grants)
+        self._grants.update(plan.grants)  # plans applied at one boundary: each keeps its grants
         for request_id, expected in plan.expected_cached.items():
             seq = self.running.get(request_id)
             if seq is not None and request_id in self._grants and seq.num_cached < expected:
@@ -198,6 +201,9 @@ class Engine:
             self._finished.append(FinishOut(spec.request_id, FinishReason.ERROR, error=error))
             return
         total = len(spec.prompt_ids) + len(spec.output_ids)
+        if (unservable := self._unservable(spec, total)) is not None:
+            self._finished.append(FinishOut(spec.request_id, FinishReason.ERROR, error=unservable))
+            return
         verdict = judge_admission(
             total,
             len(self.running),
@@ -265,6 +271,17 @@ class Engine:
             self.prefix_cache.match(seq)
             if self.releasing is not None:  # cached blocks its window has already passed
                 self.releasing.release_passed(seq, self.allocator)
+
+    def _unservable(self, spec: AdmitSpec, total: int) -> str | None:
+        """Why the model cannot take this sequence at all, for that request alone: nothing to continue,
+        or ids past its embeddings (the scheduler checks them against the tokenizer; a model whose
+        table is smaller would fail the whole step, and the engine thread with it)."""
+        if total == 0:
+            return "an empty prompt has nothing to continue"
+        ids = (*spec.prompt_ids, *spec.output_ids)
+        if min(ids) < 0 or max(ids) >= self._embedding_rows:
+            return f"token ids outside the model's vocabulary (size {self._embedding_rows})"
+        return None
 
     def _waited_ids(self, params: SamplingParams, reopening: bool = False) -> tuple[int, ...]:
         """The token ids of the text a constraint waits for (``reopening``: of the text that opens

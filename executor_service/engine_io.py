@@ -35,6 +35,8 @@ class PlanUpdate:
     admit: tuple[AdmitSpec, ...] = ()
     abort: tuple[str, ...] = ()
     preempt: tuple[str, ...] = ()
+    # Admits refused as they were read (parameters that do not hold): they end with their errors.
+    refused: tuple[FinishOut, ...] = ()
     # Prefill tokens per request for the first step after this update (chunked prefill).
     grants: Mapping[str, int] = field(default_factory=dict)
     # The cached prefix each grant leaves out, as the scheduler expected it (PrefillGrant.expected_cached).

@@ -79,6 +79,10 @@ class ReportHub:
     def attached(self) -> bool:
         return self._stream is not None
 
+    def is_current(self, queue: ReportQueue) -> bool:
+        """Whether ``queue`` is the attached stream's (not one a newer stream superseded)."""
+        return self._stream is not None and self._stream.queue is queue
+
     def attach(self, batcher: TokenBatcher | None = None) -> ReportQueue:
         """A new stream's queue of reports; ``batcher``: its token batcher (None: every step is a report)."""
         self.end_stream()  # supersede the old stream

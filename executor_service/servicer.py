@@ -76,7 +76,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         batcher = self._token_batcher()
         queue = hub.attach(batcher)  # the hub offers each step to ``batcher`` on the engine thread
         log.info("scheduler attached to Run stream %s", peer)
-        reader = asyncio.create_task(self._read_plans(worker, request_iterator, queue, batcher))
+        reader = asyncio.create_task(self._read_plans(worker, hub, request_iterator, queue, batcher))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
         try:
@@ -109,12 +109,18 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     async def _read_plans(
         self,
         worker: EngineWorker,
+        hub: ReportHub,
         plans: AsyncIterator[pb.Plan],
         queue: ReportQueue,
         batcher: TokenBatcher,
     ) -> None:
         try:
             async for plan in plans:
+                if not hub.is_current(queue):
+                    # Superseded by a newer stream (its scheduler now drives): a plan read after that,
+                    # applied behind the new stream's, would overwrite the sequence number it reports
+                    # (its fence never acknowledged) and run requests no one drives.
+                    break
                 self._start_spans(plan)
                 for request_id in plan.abort:
                     batcher.forget(request_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,11 @@ import torch
 
 from common.config import ExecutorConfig
 from common.lifecycle import FinishReason
+from common.pb import executor_pb2 as pb
 from common.sampling_params import SamplingParams
 from executor_service.backends.base import DecodeRead
 from executor_service.backends.cpu_native import CpuNativeBackend
+from executor_service.convert import plan_from_pb
 from executor_service.cpu_threads import ThreadGovernor
 from executor_service.engine import Engine
 from executor_service.engine_io import AdmitSpec, FinishOut, PlanUpdate, StepOutput
@@ -386,3 +389,32 @@ def test_a_stop_token_is_named_before_the_stop_string_its_own_text_completes(tin
     while engine.has_work:
         finished += engine.step().finished
     assert [(f.reason, f.stop_reason) for f in finished] == [(FinishReason.STOP, free[at])]
+
+
+def test_a_request_the_model_cannot_take_ends_alone(tiny_model_dir: Path) -> None:
+    """Nothing to continue, ids past the model's embeddings, or sampling parameters that do not hold:
+    that request ends with an error as the plan is applied; before, the first idled as preempted
+    for ever, the second failed the step and the engine thread with it, and the third ended the
+    whole Run stream (every request on it aborted)."""
+    engine = make_engine(tiny_model_dir)
+    plan = pb.Plan(seq=1, admit=[pb.AdmitRequest(request_id="bad-params", prompt_token_ids=[1, 2])])
+    plan.admit[0].sampling.max_tokens, plan.admit[0].sampling.min_tokens = 4, 9
+    refused = plan_from_pb(plan)
+    assert refused.admit == () and [f.request_id for f in refused.refused] == ["bad-params"]
+    engine.apply(
+        replace(refused, admit=(admit("empty", [], 4), admit("outside", [1, 10**9], 4), admit("good", [1, 5], 4)))
+    )
+    ended = {f.request_id: f for f in engine.step().finished}
+    assert {rid: f.reason for rid, f in ended.items()} == dict.fromkeys(
+        ["bad-params", "empty", "outside"], FinishReason.ERROR
+    )
+    assert "vocabulary" in ended["outside"].error and "nothing to continue" in ended["empty"].error
+    assert list(engine.running) == ["good"]
+
+
+def test_plans_applied_at_one_boundary_keep_each_others_grants(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, token_budget=512)
+    engine.apply(PlanUpdate(seq=1, admit=(admit("a", [1, *range(5, 69)], 2),), grants={"a": 16}))
+    engine.apply(PlanUpdate(seq=2, abort=("nobody",)))  # a second plan before the step
+    engine.step()
+    assert engine.running["a"].num_computed == 16

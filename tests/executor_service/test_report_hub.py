@@ -57,6 +57,8 @@ async def test_a_new_stream_supersedes_the_old_one() -> None:
     old = hub.attach()
     new = hub.attach(TokenBatcher(1, 0.0))
     assert old.get_nowait() is None  # the old stream is told to end
+    # Its plan reader stops at its next plan: one read later would apply behind the new stream's.
+    assert hub.is_current(new) and not hub.is_current(old)
     assert not hub.detach(old)  # the new one is still attached
     from_engine_thread(hub, [step(1, tok("a", 0))])
     assert [r.iteration for r in await drained(new) if r is not None] == [1]
