@@ -204,6 +204,10 @@ class Engine:
         if (unservable := self._unservable(spec, total)) is not None:
             self._finished.append(FinishOut(spec.request_id, FinishReason.ERROR, error=unservable))
             return
+        if spec.output_ids and (total >= self.limits.max_model_len or len(spec.output_ids) >= spec.params.max_tokens):
+            # A resumed request already complete: it ends as it would have, whatever room is left.
+            self._finished.append(FinishOut(spec.request_id, FinishReason.LENGTH))
+            return
         verdict = judge_admission(
             total,
             len(self.running),
@@ -264,9 +268,6 @@ class Engine:
         if params.prompt_logprobs is not None and not spec.output_ids:
             # Its prompt's log probabilities need every prompt position's logits: no prefix cache.
             seq.prompt_logprobs = NO_LOGPROBS
-        elif len(spec.output_ids) >= params.max_tokens:
-            self._finish(seq, FinishReason.LENGTH, "")
-            return
         else:
             self.prefix_cache.match(seq)
             if self.releasing is not None:  # cached blocks its window has already passed

@@ -418,3 +418,16 @@ def test_plans_applied_at_one_boundary_keep_each_others_grants(tiny_model_dir: P
     engine.apply(PlanUpdate(seq=2, abort=("nobody",)))  # a second plan before the step
     engine.step()
     assert engine.running["a"].num_computed == 16
+
+
+def test_a_resumed_request_already_complete_ends_with_length(tiny_model_dir: Path) -> None:
+    # Its output reached max_tokens, or prompt and output the context: LENGTH, as uninterrupted,
+    # not "do not fit" (an error) nor "batch full" (handed back, again and again).
+    engine = make_engine(tiny_model_dir, max_batch_size=1)
+    engine.apply(PlanUpdate(seq=1, admit=(admit("busy", [1, 5, 6], 50),)))
+    at_limit = AdmitSpec("done", (1, 5, 6), (7, 8, 9, 10), SamplingParams(max_tokens=4, ignore_eos=True), 0.0)
+    context = engine.limits.max_model_len
+    full = AdmitSpec("full", (1,) * (context - 2), (7, 8), SamplingParams(max_tokens=50, ignore_eos=True), 0.0)
+    engine.apply(PlanUpdate(seq=2, admit=(at_limit, full)))
+    ended = {f.request_id: f.reason for f in engine.step().finished}
+    assert ended == {"done": FinishReason.LENGTH, "full": FinishReason.LENGTH}
