@@ -102,8 +102,10 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             reader.cancel()
             if hub.detach(queue):
                 # Nobody drives this executor now: its requests are re-queued by the next driver,
-                # so stop computing them and free their KV blocks.
+                # so stop computing them and free their KV blocks (and end their spans here).
                 worker.submit(PlanUpdate(seq=0, abort_all=True))
+                for request_id in list(self._spans):
+                    self._end_span(request_id, "DROPPED")
             log.info("Run stream %s ended", peer)
 
     async def _read_plans(
@@ -150,12 +152,14 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         if not self._spans:
             return
         for finished in out.finished:
-            span = self._spans.pop(finished.request_id, None)
-            if span is not None:
-                span.set_attribute("baton.finish_reason", finished.reason.name)
-                span.end()
+            self._end_span(finished.request_id, finished.reason.name)
         for request_id in out.preempted:
-            span = self._spans.pop(request_id, None)
-            if span is not None:
-                span.set_attribute("baton.finish_reason", "PREEMPTED")
-                span.end()
+            self._end_span(request_id, "PREEMPTED")
+        for rejected in out.rejected:
+            self._end_span(rejected.request_id, "REJECTED")
+
+    def _end_span(self, request_id: str, outcome: str) -> None:
+        span = self._spans.pop(request_id, None)
+        if span is not None:
+            span.set_attribute("baton.finish_reason", outcome)
+            span.end()
