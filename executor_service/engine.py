@@ -279,9 +279,9 @@ class Engine:
         table is smaller would fail the whole step, and the engine thread with it)."""
         if total == 0:
             return "an empty prompt has nothing to continue"
-        ids = (*spec.prompt_ids, *spec.output_ids)
-        if min(ids) < 0 or max(ids) >= self._embedding_rows:
-            return f"token ids outside the model's vocabulary (size {self._embedding_rows})"
+        for ids in (spec.prompt_ids, spec.output_ids):  # no joined copy of a long prompt
+            if ids and (min(ids) < 0 or max(ids) >= self._embedding_rows):
+                return f"token ids outside the model's vocabulary (size {self._embedding_rows})"
         return None
 
     def _waited_ids(self, params: SamplingParams, reopening: bool = False) -> tuple[int, ...]:
