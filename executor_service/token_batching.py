@@ -72,8 +72,8 @@ class TokenBatcher:
     """One Run stream's held tokens; ``offer`` each step's output, send the report it returns.
 
     ``offer`` runs on the engine thread (``ReportHub``); ``admitted`` and ``forget`` on the event
-    loop's, before the plan they come from reaches the engine. They share only ``_intervals``,
-    whose single dict operations are atomic.
+    loop's, before the plan they come from reaches the engine. They share only ``_intervals`` and
+    ``_reported``, whose single dict and set operations are atomic.
     """
 
     def __init__(self, every_steps: int, max_wait_ms: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -97,6 +97,7 @@ class TokenBatcher:
             self._intervals[request_id] = interval
         else:
             self._intervals.pop(request_id, None)  # re-admitted with a finer interval
+        self._reported.discard(request_id)  # a re-admission's first tokens go out at once
 
     def forget(self, request_id: str) -> None:
         """``request_id`` was aborted: what it holds goes with the next report, and nothing more waits."""
@@ -121,7 +122,9 @@ class TokenBatcher:
             self._held_events = self._held_events.then(out.kv_events)
         for t in out.tokens:
             held = self._held.get(t.request_id)
-            if held is None:
+            if held is None or held.tokens.output_index + len(held.tokens.token_ids) != t.output_index:
+                # Not the next tokens of what is held: the scheduler re-admitted the request from
+                # what Redis recorded, and what its run before left here was never reported.
                 self._held[t.request_id] = _Held(t, now)
             else:
                 held.tokens = held.tokens.then(t)

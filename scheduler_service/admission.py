@@ -35,7 +35,7 @@ from scheduler_service.store.request_records import MALFORMED_FIELDS
 
 log = logging.getLogger(__name__)
 
-_MAX_TENANTS = 64  # waiting tenants considered per round: those with the smallest counters
+_MAX_TENANTS = 64  # waiting tenants considered per round: those with the smallest counters (ties drawn)
 _MAX_CANDIDATES = 256
 # Most prompts, and about most block names, whose cached prefixes the round's queue read looks up
 # (a prompt of 512 tokens names 32 blocks): past them (a burst into an idle fleet with many free

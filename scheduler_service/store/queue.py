@@ -5,6 +5,7 @@ returns)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -112,6 +113,7 @@ class PendingQueue:
         prefix_heads: int = 0,
         most_prefix_lookups: int = 64,
         most_prefix_names: int = 4_096,
+        tie_draw: int | None = None,
     ) -> AdmissionView:
         """Everything one admission round reads, in one round trip (``queue_scripts.ADMISSION_VIEW``):
         the ``most_tenants`` waiting tenants with the smallest counters, each one's
@@ -121,7 +123,8 @@ class PendingQueue:
         prompt each of ``prefix_executors`` caches, as ``PrefixIndex.leading_runs`` gives it:
         at most ``most_prefix_lookups`` prompts and about ``most_prefix_names`` block names looked
         up in all (a prompt is looked up whole once begun), which bounds how long the call holds
-        Redis."""
+        Redis. Where more tenants than ``most_tenants`` tie at the last counter read, ``tie_draw``
+        (random by default) picks which of them are read, so no name is passed over for good."""
         sets = [self._keys.cached_blocks(executor_id) for executor_id in prefix_executors]
         keys = [self._keys.tenants_waiting, self._keys.pending, self._keys.tenant_running, *sets]
         args: list[EncodableT] = [
@@ -133,6 +136,7 @@ class PendingQueue:
             prefix_heads if sets else 0,
             most_prefix_lookups,
             most_prefix_names,
+            random.getrandbits(31) if tie_draw is None else tie_draw,
             *QUEUED_FIELDS,
         ]
         queued, tenants, heads_raw, details_raw, running_raw, runs_raw = cast(

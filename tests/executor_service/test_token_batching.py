@@ -237,6 +237,17 @@ def test_an_abort_while_steps_are_held_sends_them_in_order_with_the_next_step() 
     assert held.offer(out) is out  # nothing held any more: the per-step path again
 
 
+def test_a_re_admission_drops_what_its_run_before_held_and_reports_its_first_tokens_at_once() -> None:
+    held = TokenBatcher(1, 1000.0)
+    held.admitted("a", StreamInterval(8))
+    assert held.offer(step(1, tok("a", 0))) is not None
+    assert held.offer(step(2, tok("a", 1))) is None
+    assert held.offer(step(3, tok("a", 2))) is None  # 1 and 2 held, never reported
+    held.admitted("a", StreamInterval(8))  # re-admitted from the one token Redis recorded
+    report = held.offer(step(4, tok("a", 1), plan_seq=2))
+    assert report is not None and report.tokens == (tok("a", 1),)
+
+
 def test_random_steps_reassemble_exactly() -> None:
     rng = random.Random(7)
     now = [0.0]

@@ -83,3 +83,19 @@ async def test_the_view_looks_up_cached_prefixes_as_leading_runs_does(store: Sto
     few = await store.queue.admission_view(64, 8, prefix_executors=executors, prefix_heads=8, most_prefix_names=10)
     assert set(few.runs) == {"a0"} and few.runs["a0"] == view.runs["a0"]
     assert (await store.queue.admission_view(64, 8, prefix_heads=8)).runs == {}  # no executor asked about
+
+
+async def test_tenants_tied_past_the_read_are_drawn_not_passed_over_by_name(store: Store) -> None:
+    tied = [f"t{i:02}" for i in range(20)]
+    for tenant in ("zz", *tied):
+        await queue(store, f"{tenant}-0", tenant, 1.0)
+    await store.redis.zadd(KEYS.tenants_waiting, {"zz": -1.0, **dict.fromkeys(tied, 0.0)})
+    seen: set[str] = set()
+    for draw in range(20):
+        view = await store.queue.admission_view(4, 4, tie_draw=draw)
+        assert next(iter(view.counters)) == "zz" and len(view.counters) == 4  # a smaller counter always
+        assert set(view.heads) == set(view.counters) and set(view.counters.values()) == {-1.0, 0.0}
+        seen.update(view.counters)
+    assert seen == {"zz", *tied}  # a sorted set's name order alone would read t00-t02 every round
+    short = await store.queue.admission_view(64, 4, tie_draw=5)  # everything fits: no draw
+    assert list(short.counters) == ["zz", *tied]
