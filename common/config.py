@@ -55,6 +55,10 @@ class RequestLevelConfig:
     # Output-length estimator: running mean per (tenant, prompt-length bucket) after this many samples.
     estimator_min_samples: int = 4
     estimator_alpha: float = 0.2
+    # A tenant with nothing queued or running for this long loses its fairness counter and its
+    # length estimates (it comes back as a new tenant would): Redis holds no state for every
+    # tenant name ever sent. 0 keeps them for good.
+    forget_idle_tenants_s: int = 86_400
     max_stop_strings: int = 16
     max_stop_string_chars: int = 256
     # Words a request may ban (bad_words), each at most max_stop_string_chars long: the scheduler
@@ -116,6 +120,8 @@ class RequestLevelConfig:
             raise ValueError("request_level.preempt_priority_gap and max_preemptions must be >= 0")
         if self.estimator_min_samples < 1 or not 0 < self.estimator_alpha <= 1:
             raise ValueError("request_level needs estimator_min_samples >= 1 and 0 < estimator_alpha <= 1")
+        if self.forget_idle_tenants_s < 0:
+            raise ValueError("request_level.forget_idle_tenants_s must be >= 0 (0: never)")
 
     def tenant_weight(self, tenant: str) -> float:
         return self.tenant_weights.get(tenant, self.default_tenant_weight)

@@ -76,7 +76,10 @@ class KeySchema:
         name = _NAME.pattern
         request = rf"{name}(?:{_SAMPLE_SUFFIX})?"
         tag = re.escape(self._tagged)
-        fixed = "queue:pending|tenants:waiting|tenants:counter|tenants:vclock|tenants:running|estimator|executors"
+        fixed = (
+            "queue:pending|tenants:waiting|tenants:counter|tenants:vclock|tenants:running|tenants:seen"
+            "|estimator|executors"
+        )
         tagged = (
             rf"{tag}:(?:{fixed}|queue:tenant:{name}|req:{request}(?::tokens)?"
             rf"|executor:{name}(?::running)?|lease:executor:{name}|prefix:executor:{name})"
@@ -120,6 +123,12 @@ class KeySchema:
     def tenant_running(self) -> str:
         """Hash: tenant -> requests assigned or running, for per-tenant caps."""
         return f"{self._tagged}:tenants:running"
+
+    @property
+    def tenants_seen(self) -> str:
+        """Sorted set: tenant -> when it last queued a request (ms). A tenant idle past
+        ``request_level.forget_idle_tenants_s`` loses its counter and its length estimates."""
+        return f"{self._tagged}:tenants:seen"
 
     @property
     def estimator(self) -> str:

@@ -20,6 +20,12 @@ def estimator_key(tenant: str, prompt_tokens: int) -> str:
     return f"{tenant}|{length_bucket(prompt_tokens)}"
 
 
+def estimator_fields(tenant: str) -> list[str]:
+    """Every field of the estimator's hash that can hold ``tenant``'s estimates: each prompt-length
+    bucket's sample count, mean and error (the FINISH script's ``:n``, ``:mean`` and ``:err``)."""
+    return [f"{tenant}|{bucket}{stat}" for bucket in range(64) for stat in (":n", ":mean", ":err")]
+
+
 @dataclass(frozen=True)
 class LengthStats:
     samples: int

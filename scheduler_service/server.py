@@ -50,9 +50,10 @@ class RunningScheduler:
     metrics_port: int = 0
     readiness: Periodic | None = None
     signals: Periodic | None = None  # the fleet-wide autoscaling gauges
+    forgetting: Periodic | None = None  # tenants gone idle
 
     async def stop(self, grace: float = 2.0) -> None:
-        for loop in (self.readiness, self.signals):
+        for loop in (self.readiness, self.signals, self.forgetting):
             if loop is not None:
                 await loop.stop()
         await set_serving(self.health, [SERVICE_NAME], serving=False)
@@ -89,9 +90,14 @@ async def start_scheduler(
     fleet = FleetSignals(store.queue, store.fleet, metrics, dist.executor_timeout_ms)
     signals = Periodic(fleet.refresh_quietly, 1.0, "fleet-signals")
     signals.start()
+    forgetting = None
+    if (idle_s := config.scheduler.request_level.forget_idle_tenants_s) > 0:
+        forgetter = _IdleTenantsForgetter(store, idle_s)
+        forgetting = Periodic(forgetter.step, _IdleTenantsForgetter.INTERVAL_S, "idle-tenants")
+        forgetting.start()
     log.info("scheduler %s listening on port %d", dispatcher.replica_id, port)
     return RunningScheduler(
-        port, server, store, dispatcher, frontend, health_servicer, metrics_port, readiness, signals
+        port, server, store, dispatcher, frontend, health_servicer, metrics_port, readiness, signals, forgetting
     )
 
 
@@ -114,6 +120,23 @@ class _Readiness:
             self._serving = ok
             await set_serving(self._health, [SERVICE_NAME], serving=ok)
             log.info("health: %s (Redis %s)", "SERVING" if ok else "NOT_SERVING", "up" if ok else "unreachable")
+
+
+class _IdleTenantsForgetter:
+    """Drops the fairness and estimator state of tenants idle ``idle_s`` (``store.idle_tenants``)."""
+
+    INTERVAL_S = 60.0
+
+    def __init__(self, store: Store, idle_s: int) -> None:
+        self._store = store
+        self._idle_s = idle_s
+
+    async def step(self) -> None:
+        try:
+            if forgotten := await self._store.tenants.forget(self._idle_s):
+                log.info("forgot %d tenants idle for %d s", forgotten, self._idle_s)
+        except (RedisError, OSError) as e:  # an outage only delays it; readiness reports the outage
+            log.debug("forgetting idle tenants failed: %s", e)
 
 
 async def serve(config: BatonConfig) -> None:

@@ -7,6 +7,7 @@
 - ``fleet`` (``FleetRegistry``): the executors' registry and the replicas' leases on them;
 - ``prefixes`` (``PrefixIndex``): which KV blocks each executor's prefix cache holds;
 - ``control`` (``ControlChannel``): the replicas' pub/sub channel.
+- ``tenants`` (``IdleTenants``): forgetting tenants gone idle.
 
 The rest of the scheduler goes through these parts and never calls Redis itself.
 """
@@ -18,6 +19,7 @@ import redis.asyncio as aioredis
 from common.keys import KeySchema
 from scheduler_service.store.control_channel import ControlChannel
 from scheduler_service.store.fleet import FleetRegistry
+from scheduler_service.store.idle_tenants import IdleTenants
 from scheduler_service.store.prefix_index import PrefixIndex
 from scheduler_service.store.queue import PendingQueue
 from scheduler_service.store.request_records import RequestRecords
@@ -44,6 +46,7 @@ class Store:
         self.queue = PendingQueue(redis, keys)
         self.fleet = FleetRegistry(redis, keys)
         self.prefixes = PrefixIndex(redis, keys)
+        self.tenants = IdleTenants(redis, keys)
         # Sharded pub/sub on a Redis Cluster, classic elsewhere.
         self.control = ControlChannel(redis, keys.control_channel)
 

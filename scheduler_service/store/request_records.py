@@ -91,8 +91,14 @@ class RequestRecords:
         """Queue the samples of one request (``scheduler_service.samples``) in one script: all or
         none. Sample 0's record keeps their count; each counts against ``max_pending``."""
         first = samples[0]
-        keys = [self.keys.pending, self.keys.tenants_waiting, self.keys.tenant_counters, self.keys.tenant_vclock]
-        args: list[EncodableT] = [max_pending, self.keys.tenant_queue_prefix, first.tenant]
+        keys = [
+            self.keys.pending,
+            self.keys.tenants_waiting,
+            self.keys.tenant_counters,
+            self.keys.tenant_vclock,
+            self.keys.tenants_seen,
+        ]
+        args: list[EncodableT] = [max_pending, self.keys.tenant_queue_prefix, first.tenant, now_ms()]
         for req in samples:
             fields = {
                 "state": RequestState.QUEUED.name,

@@ -51,26 +51,27 @@ MALFORMED = -9
 CANCEL_PENDING = 3  # RECORD_STEP: tokens accepted, and a cancel waits for the executor to abort it
 
 # Queue one request, or all the samples of one (all or none). KEYS: pending, waiting, counters,
-# vclock, then req_i per request. ARGV: shed_limit, tenant_queue_prefix, tenant, then per request:
-# id, score, m, then m field/value strings. Refused (-1) when any of the records exists, and (-2)
+# vclock, seen, then req_i per request. ARGV: shed_limit, tenant_queue_prefix, tenant, now_ms, then
+# per request: id, score, m, then m field/value strings. Refused (-1) when any of the records exists, and (-2)
 # when the requests would take the queue past the shed limit (lower for lower priorities), so
 # room stays for important work and nothing accepted is ever dropped.
 ENQUEUE = (
     _TENANT_LIB
     + """
-local count = #KEYS - 4
+local count = #KEYS - 5
 for i = 1, count do
-  if redis.call('EXISTS', KEYS[4 + i]) == 1 then return -1 end
+  if redis.call('EXISTS', KEYS[5 + i]) == 1 then return -1 end
 end
 if redis.call('ZCARD', KEYS[1]) + count > tonumber(ARGV[1]) then return -2 end
-local a = 4
+local a = 5
 for i = 1, count do
   local id, score, m = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
-  redis.call('HSET', KEYS[4 + i], 'tenant', ARGV[3], unpack(ARGV, a + 3, a + 2 + m))
+  redis.call('HSET', KEYS[5 + i], 'tenant', ARGV[3], unpack(ARGV, a + 3, a + 2 + m))
   redis.call('ZADD', KEYS[1], score, id)
   join_tenant(ARGV[2] .. ARGV[3], KEYS[2], KEYS[3], KEYS[4], ARGV[3], score, id, true)
   a = a + 3 + m
 end
+redis.call('ZADD', KEYS[5], ARGV[4], ARGV[3])
 return 1
 """
 )

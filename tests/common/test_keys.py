@@ -49,6 +49,13 @@ def _script_key_groups(keys: KeySchema, rid: str, eid: str) -> dict[str, list[st
     """The KEYS each Lua script in scheduler_service.store (request_scripts, lease_scripts) receives."""
     return {
         "ENQUEUE": [keys.request(rid), keys.pending],
+        "FORGET_IDLE": [
+            keys.tenants_seen,
+            keys.tenants_waiting,
+            keys.tenant_running,
+            keys.tenant_counters,
+            keys.estimator,
+        ],
         "CLAIM": [keys.pending, keys.request(rid), keys.running(eid), keys.tokens(rid)],
         "APPEND_TOKENS": [keys.request(rid), keys.tokens(rid)],
         "FINISH": [keys.request(rid), keys.running(eid), keys.tokens(rid), keys.pending],
@@ -137,6 +144,7 @@ def test_the_schema_owns_every_key_it_builds_and_nothing_else() -> None:
         keys.pending,
         keys.tenant_queue("t"),
         keys.tenants_waiting,
+        keys.tenants_seen,
         keys.request("R"),
         keys.tokens("R"),
         keys.output("R"),
