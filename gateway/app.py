@@ -39,7 +39,7 @@ from gateway.cors import OPEN_TO_ANY_ORIGIN, CorsPolicy
 from gateway.errors import BadRequest, GatewayError, ModelNotFound, from_rpc_error
 from gateway.metrics import GatewayMetrics, HttpMetrics
 from gateway.openai_logprobs import ChoiceLogprobs
-from gateway.openai_responses import ResponseEvents, chat_body, response_of
+from gateway.openai_responses import ResponseEvents, chat_body, response_of, responses_error
 from gateway.openai_tokenize import parse_detokenize, parse_tokenize, tokenize_answer
 from gateway.openai_tools import TOOL_CALL_PARSERS
 from gateway.openai_types import (
@@ -269,14 +269,17 @@ class Gateway:
         """OpenAI's Responses API, served as the chat request it amounts to (``openai_responses``)."""
         caller = self.auth.caller(request.headers)
         body, echo = chat_body(await _json_body(request, self.max_body_bytes))
-        return await self._answer(
-            request,
-            caller,
-            body,
-            chat=True,
-            whole_as=lambda whole: response_of(whole, echo),
-            stream_as=lambda chunks: _typed_events(chunks, ResponseEvents(echo)),
-        )
+        try:
+            return await self._answer(
+                request,
+                caller,
+                body,
+                chat=True,
+                whole_as=lambda whole: response_of(whole, echo),
+                stream_as=lambda chunks: _typed_events(chunks, ResponseEvents(echo)),
+            )
+        except GatewayError as error:
+            raise responses_error(error) from error
 
     async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API, served as the chat request it amounts to

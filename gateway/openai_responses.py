@@ -20,11 +20,12 @@ prompts are a 400 (send the whole conversation as ``input``), and the response s
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, GatewayError
 from gateway.output_blocks import CALL, REASONING, TEXT, Block, BlockEvent, OutputBlocks
 
 # Chat fields a Responses request may carry as they are: vLLM's sampling extensions among them.
@@ -69,6 +70,26 @@ _ROLES = {"developer": "system"}  # as chat templates know them
 _STATUS = {"length": "incomplete", "abort": "cancelled"}  # else "completed"
 # The stream's last event for each final status: the API has none of its own for a cancelled one.
 _LAST_EVENT = {"incomplete": "response.incomplete", "failed": "response.failed"}
+
+
+# The chat request's fields and what a Responses request calls them, for errors: a client is
+# told of the fields it sent.
+_FIELD_NAMES = {
+    "max_completion_tokens": "max_output_tokens",
+    "max_tokens": "max_output_tokens",
+    "messages": "input",
+    "response_format": "text.format",
+    "reasoning_effort": "reasoning.effort",
+}
+_CHAT_FIELD = re.compile(r"\b(" + "|".join(_FIELD_NAMES) + r")\b")
+
+
+def responses_error(error: GatewayError) -> GatewayError:
+    """``error`` of the chat request a Responses request amounts to, in the Responses request's
+    words: the fields it names are the ones the client sent."""
+    message = _CHAT_FIELD.sub(lambda m: _FIELD_NAMES[m.group(1)], error.message)
+    param = _FIELD_NAMES.get(error.param, error.param) if error.param is not None else None
+    return GatewayError(error.status, message, error.code, param, error.headers, error.error_type)
 
 
 @dataclass(frozen=True)
@@ -279,8 +300,12 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": []}
 
 
+def _reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
 def _reasoning_item(rid: str, text: str, status: str = "completed") -> dict[str, Any]:
-    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    content = [_reasoning_part(text)] if status == "completed" else []
     return {"type": "reasoning", "id": f"rs_{rid}", "summary": [], "content": content, "status": status}
 
 
@@ -351,6 +376,9 @@ class ResponseEvents:
             ]
             if block.kind == TEXT:
                 events.append(self._event("response.content_part.added", **at, content_index=0, part=_text_part("")))
+            elif block.kind == REASONING:  # vLLM's event: the API's content_part events are for text
+                part = _reasoning_part("")
+                events.append(self._event("response.reasoning_part.added", **at, content_index=0, part=part))
             return events
         if change.what == "delta":
             if block.kind == CALL:
@@ -359,9 +387,12 @@ class ResponseEvents:
                 return [self._event("response.reasoning_text.delta", **at, content_index=0, delta=change.delta)]
             return [self._event("response.output_text.delta", **at, content_index=0, delta=change.delta, logprobs=[])]
         if block.kind == CALL:
-            events = [self._event("response.function_call_arguments.done", **at, arguments=block.text)]
+            events = [self._event("response.function_call_arguments.done", **at, name=block.name, arguments=block.text)]
         elif block.kind == REASONING:
-            events = [self._event("response.reasoning_text.done", **at, content_index=0, text=block.text)]
+            events = [
+                self._event("response.reasoning_text.done", **at, content_index=0, text=block.text),
+                self._event("response.reasoning_part.done", **at, content_index=0, part=_reasoning_part(block.text)),
+            ]
         else:
             events = [
                 self._event("response.output_text.done", **at, content_index=0, text=block.text, logprobs=[]),

@@ -1058,6 +1058,9 @@ async def test_the_responses_api_answers_as_the_chat_route(client: openai.AsyncO
     assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == whole.output_text == events[-1].response.output_text
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.create(input="Hi", **{**ask, "max_output_tokens": 10**6})
+    assert "max_output_tokens (1000000)" in str(refused.value) and "max_tokens" not in str(refused.value)
 
 
 async def test_the_responses_api_calls_tools(served: Served) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import BadRequest
-from gateway.openai_responses import ResponseEvents, chat_body, response_of
+from gateway.errors import BadRequest, GatewayError
+from gateway.openai_responses import ResponseEvents, chat_body, response_of, responses_error
 from gateway.openai_types import parse_chat
 
 WEATHER = {"type": "function", "name": "weather", "parameters": {"type": "object", "properties": {}}}
@@ -159,9 +159,11 @@ def test_a_chat_stream_is_the_responses_events() -> None:
         "response.created",
         "response.in_progress",
         "response.output_item.added",
+        "response.reasoning_part.added",
         "response.reasoning_text.delta",
         "response.reasoning_text.delta",
         "response.reasoning_text.done",
+        "response.reasoning_part.done",
         "response.output_item.done",
         "response.output_item.added",
         "response.content_part.added",
@@ -177,6 +179,10 @@ def test_a_chat_stream_is_the_responses_events() -> None:
         "response.completed",
     ]
     assert all(e["logprobs"] == [] for e in out if e["type"].startswith("response.output_text."))
+    parts = [e["part"] for e in out if e["type"].startswith("response.reasoning_part.")]
+    assert parts == [{"type": "reasoning_text", "text": ""}, {"type": "reasoning_text", "text": "They want weather."}]
+    (arguments,) = [e for e in out if e["type"] == "response.function_call_arguments.done"]
+    assert (arguments["name"], arguments["arguments"]) == ("weather", "{}")
     final = out[-1]["response"]
     whole = response_of(COMPLETION, echo)
     assert final["output"] == whole["output"] and final["usage"] == whole["usage"]
@@ -210,3 +216,16 @@ def test_null_fields_read_as_left_out_and_a_cancelled_stream_ends_as_completed_e
     last = events.end()[-1]
     # The API has no event of its own for a cancelled response: its status says so.
     assert last["type"] == "response.completed" and last["response"]["status"] == "cancelled"
+
+
+def test_errors_name_the_fields_a_responses_request_sent() -> None:
+    chat_error = GatewayError(400, "prompt (9 tokens) + max_tokens (99) exceeds max_model_len 64", "invalid_argument")
+    error = responses_error(chat_error)
+    assert error.message == "prompt (9 tokens) + max_output_tokens (99) exceeds max_model_len 64"
+    assert (error.status, error.code, error.param) == (400, "invalid_argument", None)
+    error = responses_error(BadRequest("reasoning_effort must be one of low, medium, high", param="reasoning_effort"))
+    assert (error.message, error.param) == ("reasoning.effort must be one of low, medium, high", "reasoning.effort")
+    assert (
+        responses_error(BadRequest("top_p must be in (0, 1]", param="top_p")).body()
+        == BadRequest("top_p must be in (0, 1]", param="top_p").body()
+    )
