@@ -19,7 +19,8 @@ Why this shape:
 - Every term is in milliseconds of queue time, so the weights read as "how much waiting is this
   worth" and the score is comparable across requests enqueued at different times.
 - Aging is built in: a request waits at most ``(max_priority - priority) * priority_credit_ms``
-  behind newer, more important work of its tenant, without a periodic re-score of the queue.
+  plus its own resource term behind newer, more important work of its tenant, without a periodic
+  re-score of the queue (``aging_bound_ms``).
 - A deadline acts like earliest-deadline-first: the request counts as having arrived at the latest
   moment it can start and still make it, so it overtakes work of its priority that arrived after
   that moment. The margin grows with load because queues move slower then.
@@ -90,9 +91,15 @@ def queue_score(
     return start - inputs.priority * request_level.priority_credit_ms + resource
 
 
-def aging_bound_ms(priority: int, request_level: RequestLevelConfig) -> float:
-    """The most a request waits behind newer work of its tenant that arrives after it."""
-    return (request_level.max_priority - priority) * request_level.priority_credit_ms
+def aging_bound_ms(
+    priority: int, request_level: RequestLevelConfig, need_tokens: int = 0, load_aware: LoadAwareConfig | None = None
+) -> float:
+    """The most a request without a deadline or TTFT target waits behind newer work of its tenant
+    that arrives after it: its priority's distance from the top, and its own resource term at full
+    load (a newcomer pays a resource term too, never below 0)."""
+    boost = (load_aware or LoadAwareConfig()).resource_load_boost
+    resource = need_tokens * request_level.resource_ms_per_token * (1 + boost)
+    return (request_level.max_priority - priority) * request_level.priority_credit_ms + resource
 
 
 def shed_limit(priority: int, request_level: RequestLevelConfig) -> int:

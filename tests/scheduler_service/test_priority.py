@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -127,3 +129,24 @@ def test_aging_bound_any_priority_beats_later_priority_ten(t0: int, credit: int,
     config = RequestLevelConfig(priority_credit_ms=float(credit), resource_ms_per_token=0)
     late_high = t0 + int(aging_bound_ms(p, config)) + after
     assert score(t0, p, config) < score(late_high, 10, config)
+
+
+@given(
+    t0=st.integers(0, 2**42),
+    after=st.integers(1, 10**9),
+    p=st.integers(0, 10),
+    need=st.integers(0, 200_000),
+    newcomer_need=st.integers(0, 200_000),
+    loads=st.tuples(st.floats(0, 1), st.floats(0, 1)),
+)
+def test_aging_bound_holds_whatever_the_sizes_and_loads(
+    t0: int, after: int, p: int, need: int, newcomer_need: int, loads: tuple[float, float]
+) -> None:
+    """With resource terms, the bound adds the request's own at full load: a big request scored
+    under load still beats every priority-10 newcomer arriving past it, small or scored idle."""
+    config = RequestLevelConfig()
+    load_aware = LoadAwareConfig(low_load_threshold=0.0, high_load_threshold=1.0)
+    late_high = t0 + math.ceil(aging_bound_ms(p, config, need, load_aware)) + after
+    waiting = queue_score(ScoreInputs(t0, p, need_tokens=need), config, load_aware, loads[0])
+    newcomer = queue_score(ScoreInputs(late_high, 10, need_tokens=newcomer_need), config, load_aware, loads[1])
+    assert waiting < newcomer
