@@ -21,10 +21,10 @@ class ExecutorMetrics:
         self.tokens = Counter("baton:executor_tokens", "Tokens computed (prefill + decode)", registry=r)
         self.preemptions = Counter("baton:executor_preemptions", "Sequences preempted for KV space", registry=r)
         self.prefix_queries = Counter(
-            "baton:prefix_cache_queries", "Prompt and output tokens looked up in the prefix cache", registry=r
+            "baton:prefix_cache_queries", "Prompt tokens of new requests looked up in the prefix cache", registry=r
         )
         self.prefix_hits = Counter(
-            "baton:prefix_cache_hits", "Tokens found in the prefix cache (prefill skipped)", registry=r
+            "baton:prefix_cache_hits", "Prompt tokens of new requests found in the prefix cache", registry=r
         )
         # The step outputs carry running totals; the counters advance by the difference.
         self._prefix_seen = (0, 0)

@@ -57,8 +57,16 @@ class PrefixCache:
         seq.num_named = len(blocks)
         seq.num_computed = len(blocks) * block_size
         seq.num_cached = seq.num_computed
-        self.queries += seq.num_tokens
-        self.hits += seq.num_computed
+        if not seq.output_ids:  # see ``count_hit``
+            self.queries += seq.num_tokens
+        self.count_hit(seq, seq.num_computed)
+
+    def count_hit(self, seq: Sequence, tokens: int) -> None:
+        """Count ``tokens`` that ``seq`` took from the cache. As vLLM counts, only a new request's
+        prompt: a resumed one (preempted, migrated) finding its own output would count hits that
+        no client's prompt made."""
+        if not seq.output_ids:
+            self.hits += tokens
 
     def sharing(self) -> StepSharing | None:
         """The rule for one step's prefills (``StepScheduler.schedule``'s ``may_compute``); None when off."""
@@ -77,7 +85,7 @@ class PrefixCache:
             taken = len(blocks) * self.allocator.block_size
             seq.num_computed += taken
             seq.num_cached += taken
-            self.hits += taken
+            self.count_hit(seq, taken)
 
     def name_computed(self, seq: Sequence) -> None:
         """Name the sequence's blocks that are full and computed and not named yet."""
@@ -147,7 +155,7 @@ class StepSharing:
             seq.num_named += 1
             seq.num_computed += size
             seq.num_cached += size
-            self.cache.hits += size
+            self.cache.count_hit(seq, size)
 
     def _note(self, chunks: Seq[ScheduledChunk[Sequence]]) -> None:
         """Record the blocks that the chunks planned since the last look fill (block ``i`` of a chunk

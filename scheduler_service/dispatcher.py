@@ -43,6 +43,7 @@ class Dispatcher:
         self.links: dict[str, ExecutorLink] = {}
         self.metrics = metrics or SchedulerMetrics()
         store.requests.on_quarantine = self.metrics.malformed.inc
+        store.requests.on_end = self.metrics.count_end
         self._classes_refreshed = 0.0
         # Loops also check this flag: a cancel swallowed inside a client library must not leave
         # a zombie replica renewing leases after stop().
@@ -307,6 +308,7 @@ class Dispatcher:
             return
         self._classes_refreshed = now
         await self.refresh_signals()
+        classes = await self.store.queue.classes(sample)  # read first: a scrape never sees none
         self.metrics.waiting_by.clear()
-        for (priority, tenant), count in (await self.store.queue.classes(sample)).items():
+        for (priority, tenant), count in classes.items():
             self.metrics.waiting_by.labels(priority, tenant).set(count)

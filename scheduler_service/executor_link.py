@@ -295,10 +295,11 @@ class ExecutorLink:
             await indexed
         for report in reports:
             for request_id in [*report.preempted, *(r.request_id for r in report.rejected)]:
+                ordered = request_id in self.preempting  # by the scheduler: counted as it ordered it
                 self.preempting.discard(request_id)
                 if self.requests.pop(request_id, None) is not None:
                     self._report_writes.forget(request_id)
-                    if request_id in report.preempted:
+                    if request_id in report.preempted and not ordered:
                         self._metrics.preemptions.inc()
                     await self.hand_back(request_id)
                     requeued = True

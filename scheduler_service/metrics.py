@@ -7,8 +7,17 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from common.metrics import LATENCY_BUCKETS
+from common.lifecycle import FinishReason
+from common.metrics import LATENCY_BUCKETS, REQUEST_LATENCY_BUCKETS
 from common.pb import executor_pb2 as pb
+
+# ``finished_reason`` as vLLM labels it (its dashboards filter on ``abort``).
+_FINISHED_REASON = {
+    FinishReason.STOP: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.CANCELLED: "abort",
+    FinishReason.ERROR: "error",
+}
 
 
 @dataclass(frozen=True)
@@ -43,8 +52,17 @@ class SchedulerMetrics:
         self.gpu_power = Gauge("baton:gpu_power_watts", "GPU power draw", ["executor"], registry=r)
         self.prompt_tokens = Counter("baton:prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("baton:generation_tokens", "Generated tokens", registry=r)
-        self.success = Counter("baton:request_success", "Finished requests", ["finished_reason"], registry=r)
-        self.preemptions = Counter("baton:num_preemptions", "Requests handed back by executors", registry=r)
+        self.success = Counter(
+            "baton:request_success",
+            "Requests ended, however they ended (abort: cancelled)",
+            ["finished_reason"],
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "baton:num_preemptions",
+            "Requests executors handed back for KV space (not scheduler preemptions)",
+            registry=r,
+        )
         self.migrations = Counter("baton:num_migrations", "Requests re-queued after losing their executor", registry=r)
         self.shed = Counter("baton:requests_shed", "Requests refused with RESOURCE_EXHAUSTED", ["priority"], registry=r)
         self.deadlines = Counter(
@@ -81,19 +99,35 @@ class SchedulerMetrics:
             registry=r,
         )
         self.ttft = Histogram(
-            "baton:time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r
+            "baton:time_to_first_token_seconds",
+            "Arrival to first token, observed as it comes",
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
         )
         self.itl = Histogram(
-            "baton:inter_token_latency_seconds", "Time between a request's tokens", buckets=LATENCY_BUCKETS, registry=r
+            "baton:inter_token_latency_seconds",
+            "Time between a request's tokens (a chunk's gap shared by its tokens)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.e2e = Histogram(
-            "baton:e2e_request_latency_seconds", "Arrival to finish", buckets=LATENCY_BUCKETS, registry=r
+            "baton:e2e_request_latency_seconds",
+            "Arrival to finish, of requests that ran on an executor",
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
         )
         self.queue_time = Histogram(
-            "baton:request_queue_time_seconds", "Arrival to first placement", buckets=LATENCY_BUCKETS, registry=r
+            "baton:request_queue_time_seconds",
+            "Arrival to first placement, of requests that ran on an executor",
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
         )
         self.step_time = Histogram(
-            "baton:step_time_seconds", "Executor iteration time", ["executor"], buckets=LATENCY_BUCKETS, registry=r
+            "baton:step_time_seconds",
+            "Executor iteration time, one step per report",
+            ["executor"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.plan_latency = Histogram(
             "baton:plan_latency_seconds", "Time to make one admission plan", buckets=LATENCY_BUCKETS, registry=r
@@ -119,15 +153,20 @@ class SchedulerMetrics:
         children.gpu_memory.set(load.memory_used_bytes)
         children.gpu_power.set(load.power_watts)
 
-    def observe_finish(self, reason: str, usage: dict[str, float], e2e_s: float) -> None:
-        self.success.labels(reason.lower()).inc()
+    def observe_finish(self, reason: FinishReason, usage: dict[str, float], e2e_s: float) -> None:
+        """A request its executor ended (its time to first token was observed as it came)."""
+        self.count_end(reason)
         self.prompt_tokens.inc(usage.get("prompt_tokens", 0))
-        self.ttft.observe(usage.get("ttft_ms", 0.0) / 1000)
         self.queue_time.observe(usage.get("queue_time_ms", 0.0) / 1000)
         self.e2e.observe(max(0.0, e2e_s))
 
+    def count_end(self, reason: FinishReason) -> None:
+        """A request ended: by its executor, or where none could (cancelled while queued, fitting
+        no executor, past the migration limit, unreadable in Redis)."""
+        self.success.labels(_FINISHED_REASON.get(reason, reason.name.lower())).inc()
+
     def forget_executor(self, executor_id: str) -> None:
         self._per_executor.pop(executor_id, None)
-        for gauge in (self.kv_usage, self.gpu_util, self.gpu_memory, self.gpu_power):
+        for family in (self.kv_usage, self.step_time, self.gpu_util, self.gpu_memory, self.gpu_power):
             with contextlib.suppress(KeyError):
-                gauge.remove(executor_id)
+                family.remove(executor_id)

@@ -48,8 +48,9 @@ class ReportWrites:
             req = self._requests.get(delta.request_id)
             if req is None:
                 continue  # aborted or handed back meanwhile
-            if req.first_token_ms is None:
+            if req.first_token_ms is None:  # its first token ever (a resumed request's is in its record)
                 req.first_token_ms = stamp
+                self._metrics.ttft.observe(max(0, stamp - req.arrival_ms) / 1000)
             cached = None
             if delta.HasField("cached_tokens"):  # the admission's first delta
                 if req.cached_prompt_tokens is None:  # the first admission that produced a token decides
@@ -58,7 +59,7 @@ class ReportWrites:
             fin = finished.pop(delta.request_id, None)
             tokens = tuple(delta.token_ids)
             generated += len(tokens)
-            self._observe_tokens(req.request_id, now)
+            self._observe_tokens(req.request_id, now, len(tokens))
             req.generated = delta.index
             event = TokenEvent(delta.index, tokens, delta.text, logprobs=_logprobs(delta, "logprobs"))
             if delta.HasField("prompt_logprobs"):
@@ -76,10 +77,14 @@ class ReportWrites:
             self._metrics.generation_tokens.inc(generated)  # once per step, not per request
         return writes
 
-    def _observe_tokens(self, request_id: str, now: float) -> None:
+    def _observe_tokens(self, request_id: str, now: float, count: int) -> None:
+        """One inter-token gap per token: a chunk of ``count`` (a client's stream interval, reports
+        held for several steps) shares the time since the last one."""
         last = self._last_token_at.get(request_id)
-        if last is not None:
-            self._metrics.itl.observe(now - last)
+        if last is not None and count:
+            gap = (now - last) / count
+            for _ in range(count):
+                self._metrics.itl.observe(gap)
         self._last_token_at[request_id] = now
 
     def _final_write(self, req: LinkedRequest, event: TokenEvent, fin: pb.FinishedRequest) -> StepWrite:
@@ -99,7 +104,7 @@ class ReportWrites:
         reason = FinishReason(fin.finish_reason)
         if req.deadline_ms:
             self._metrics.deadlines.labels("met" if now_ms() <= req.deadline_ms else "missed").inc()
-        self._metrics.observe_finish(reason.name, usage, (now_ms() - req.arrival_ms) / 1000)
+        self._metrics.observe_finish(reason, usage, (now_ms() - req.arrival_ms) / 1000)
         stop = read_stop_reason(fin)
         final = replace(event, text=event.text + fin.text, finish_reason=reason, usage=usage, stop_reason=stop)
         return StepWrite(req.request_id, final, fin.error)

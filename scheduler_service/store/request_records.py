@@ -65,6 +65,9 @@ class RequestRecords:
         self._cancel = redis.register_script(request_scripts.CANCEL)
         self._quarantine = redis.register_script(request_scripts.QUARANTINE)
         self.on_quarantine: Callable[[], None] = lambda: None  # counts malformed requests (a metric)
+        # Counts requests ended here, outside an executor's report (a metric): a cancel while
+        # queued, an end no executor can give, the migration limit, an unreadable record.
+        self.on_end: Callable[[FinishReason], None] = lambda reason: None
 
     async def enqueue(
         self,
@@ -224,6 +227,7 @@ class RequestRecords:
             return await self.quarantine(request_id, "its record in Redis is malformed", executor_id)
         if int(result) != 1:
             return False
+        self.on_end(event.finish_reason)
         await self._streams.publish_final(request_id, event)
         return True
 
@@ -274,6 +278,7 @@ class RequestRecords:
         if result not in (2, 3):
             return
         reason = FinishReason.CANCELLED if result == 2 else FinishReason.ERROR
+        self.on_end(reason)
         final = TokenEvent(await self.token_count(request_id), (), "", reason, {})
         await self._streams.publish_final(request_id, final)
 
@@ -292,6 +297,8 @@ class RequestRecords:
         if state == "MALFORMED":
             ended_here = await self.quarantine(request_id, "its record in Redis is malformed")
             return CancelOutcome(RequestState.FAILED, "", 0, ended_here)
+        if ended == "1":
+            self.on_end(FinishReason.CANCELLED)
         return CancelOutcome(RequestState[state], executor_id, int(tokens), ended == "1")
 
     async def quarantine(self, request_id: str, error: str, executor_id: str = "", tenant: str = "") -> bool:
@@ -314,6 +321,7 @@ class RequestRecords:
             return False  # it had ended: a malformed stream of it stays, and its readers say so
         log.error("request %s failed: %s", request_id, error)
         self.on_quarantine()
+        self.on_end(FinishReason.ERROR)
         if await self._streams.is_malformed(request_id):
             await self._streams.drop(request_id)
         tokens = await self.token_count(request_id)

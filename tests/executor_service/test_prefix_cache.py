@@ -243,7 +243,7 @@ def test_a_preempted_request_resumes_from_its_cached_blocks(tiny_model_dir: Path
     rest = [t for d in resumed for t in d.token_ids]
     while engine.has_work:
         rest += [t for d in engine.step().tokens for t in d.token_ids]
-    assert engine.prefix_cache.hits - hits == ((len(prompt) + len(got) - 1) // BLOCK) * BLOCK
+    assert engine.prefix_cache.hits == hits  # what it took was its own output, not a client's prompt
     assert_matches_reference(got + rest, ref, "resumed")
 
 
@@ -402,6 +402,18 @@ def test_followers_take_only_the_blocks_a_chunk_ahead_fills_and_that_their_own_t
     assert diverging.block_table[0] == filler.block_table[0] and diverging.block_table[1] != filler.block_table[1]
     assert diverging.num_computed == 4
     assert cache.hits == 12 + 4
+
+
+def test_the_hit_counters_count_new_requests_prompts_not_a_resumed_requests_own_output() -> None:
+    cache = PrefixCache(BlockAllocator(64, 4))
+    prompt = list(range(1, 13))  # 3 blocks of 4
+    first = _sequence("first", prompt, 0.0)
+    resumed = _sequence("resumed", prompt[:6], 1.0)  # preempted after 6 tokens of output: it re-prefills
+    resumed.output_ids = prompt[6:]
+    again = _sequence("again", [*prompt, 99], 2.0)
+    _plan(cache, [first, resumed, again])
+    assert resumed.num_computed == 8 and again.num_computed == 12  # both take the blocks first fills...
+    assert (cache.queries, cache.hits) == (12 + 13, 12)  # ...and only the new request's prompt counts
 
 
 def test_a_block_being_begun_or_claimed_is_waited_for() -> None:

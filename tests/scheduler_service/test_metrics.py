@@ -41,7 +41,7 @@ async def test_metrics_move_with_traffic(redis_url: str, tiny_model_dir: Path) -
         await stack.stub.Cancel(pb.CancelRequest(request_id="metrics-cancel"))
 
         async def cancel_counted() -> bool:
-            return scrape(scheduler_port).get("baton:request_success_total{finished_reason=cancelled}", 0) >= 1
+            return scrape(scheduler_port).get("baton:request_success_total{finished_reason=abort}", 0) >= 1
 
         await eventually(cancel_counted, "the cancelled request to finish")
         after = scrape(scheduler_port)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from prometheus_client import generate_latest
 
 from common.lifecycle import FinishReason
 from common.logprobs import Logprobs
@@ -25,8 +26,8 @@ def delta(request_id: str, index: int, *tokens: int) -> pb.TokenDelta:
     return pb.TokenDelta(request_id=request_id, token_ids=tokens, text="x" * len(tokens), index=index)
 
 
-def sample_count(metrics: SchedulerMetrics, name: str) -> float:
-    return metrics.registry.get_sample_value(name) or 0.0
+def sample_count(metrics: SchedulerMetrics, name: str, labels: dict[str, str] | None = None) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 def test_tokens_become_one_event_per_request_at_the_position_the_executor_gave() -> None:
@@ -77,6 +78,33 @@ def test_inter_token_latency_is_observed_from_a_requests_second_step_on() -> Non
     assert sample_count(metrics, "baton:inter_token_latency_seconds_count") == 0
     writes.of(pb.StepReport(tokens=[delta("a", 1, 2)]))
     assert sample_count(metrics, "baton:inter_token_latency_seconds_count") == 1
+    writes.of(pb.StepReport(tokens=[delta("a", 2, 3, 4, 5, 6)]))  # a chunk: one gap per token
+    assert sample_count(metrics, "baton:inter_token_latency_seconds_count") == 5
+
+
+def test_time_to_first_token_is_observed_at_the_first_token_and_never_for_a_request_without_one() -> None:
+    requests = {"a": linked("a"), "b": linked("b"), "c": linked("c")}
+    requests["c"].first_token_ms = 5  # resumed: its first token came on another executor
+    metrics = SchedulerMetrics()
+    writes = ReportWrites("e1", requests, metrics)
+    writes.of(pb.StepReport(tokens=[delta("a", 0, 1), delta("c", 3, 1)]))
+    assert sample_count(metrics, "baton:time_to_first_token_seconds_count") == 1  # a's, as it came
+    failed = pb.FinishedRequest(request_id="b", finish_reason=FinishReason.ERROR.value, error="no token")
+    writes.of(pb.StepReport(finished=[failed, pb.FinishedRequest(request_id="a", finish_reason=1)]))
+    assert sample_count(metrics, "baton:time_to_first_token_seconds_count") == 1
+    assert sample_count(metrics, "baton:e2e_request_latency_seconds_count") == 2
+    assert sample_count(metrics, "baton:request_success_total", {"finished_reason": "error"}) == 1
+    assert sample_count(metrics, "baton:request_success_total", {"finished_reason": "stop"}) == 1
+
+
+def test_the_metrics_of_an_executor_that_left_are_removed() -> None:
+    metrics = SchedulerMetrics()
+    metrics.observe_load("gone", pb.Load(kv_blocks_used=1, kv_blocks_total=4, step_time_ns=10**6))
+    labels = {"executor": "gone"}
+    assert sample_count(metrics, "baton:step_time_seconds_count", labels) == 1
+    metrics.forget_executor("gone")
+    text = generate_latest(metrics.registry).decode()
+    assert 'executor="gone"' not in text
 
 
 def test_join_runs_merges_contiguous_events_up_to_a_final_one() -> None:

@@ -242,8 +242,11 @@ async def test_a_hand_back_by_anyone_from_an_executor_the_request_has_left_leave
 
 
 async def test_cancel_of_a_queued_request_ends_it_here(store: Store) -> None:
+    ended: list[FinishReason] = []
+    store.requests.on_end = ended.append  # the metric of requests ended outside an executor
     await enqueue(store, "r1")
     outcome = await store.requests.cancel("r1")
+    assert ended == [FinishReason.CANCELLED]
     assert outcome.state is RequestState.CANCELLED
     assert outcome.ended_here is True
     assert outcome.executor_id == ""
@@ -270,10 +273,13 @@ async def test_cancel_of_a_requeued_request_corrects_its_tenants_charge_to_what_
 
 
 async def test_cancel_of_a_running_request_flags_it_and_names_its_executor(store: Store) -> None:
+    ended: list[FinishReason] = []
+    store.requests.on_end = ended.append
     await enqueue(store, "r1")
     await store.requests.claim("r1", "e1")
     await append(store, "r1", "e1", 0, (1, 2, 3))
     outcome = await store.requests.cancel("r1")
+    assert ended == []  # its executor ends it, and its report counts it
     assert outcome.state is RequestState.RUNNING
     assert outcome.executor_id == "e1"
     assert outcome.tokens == 3
@@ -347,17 +353,19 @@ async def test_hand_back_without_a_cancel_requeues(store: Store) -> None:
 async def test_migrations_past_the_limit_fail_the_request(redis_url: str) -> None:
     client = connect(redis_url)
     store = Store(client, KEYS, request_ttl_s=TTL_S, max_migrations=1)
+    ended: list[FinishReason] = []
+    store.requests.on_end = ended.append
     try:
         await enqueue(store, "m1")
         await store.requests.claim("m1", "e1")
         await store.requests.hand_back("m1", "e1", "migrate")
-        assert (await store.requests.get("m1") or {})["state"] == "QUEUED"
+        assert (await store.requests.get("m1") or {})["state"] == "QUEUED" and ended == []
         await store.requests.claim("m1", "e2")
         await store.requests.hand_back("m1", "e2", "migrate")
         record = await store.requests.get("m1")
         assert record is not None
         assert (record["state"], record["finish_reason"]) == ("FAILED", "ERROR")
-        assert "lost more than 1 times" in record["error"]
+        assert "lost more than 1 times" in record["error"] and ended == [FinishReason.ERROR]
         events = [e for _, e in await store.streams.read_events("m1", "0", 10)]
         assert [e.finish_reason for e in events] == [FinishReason.ERROR]
     finally:
