@@ -150,7 +150,9 @@ class Admission:
             raise
         for placement, claimed in zip(placements, results, strict=True):
             link = by_id[placement.executor_id]
-            if claimed is not None and link.closed:
+            if claimed is not None and (link.closed or not link.ready):
+                # The link closed, or fenced itself (an abort it sent for this very request, maybe,
+                # whose CANCELLED would end the new claim) while the claim was out: give it back.
                 self._unsettled.append((claimed.request_id, link))
                 continue
             link.claiming.discard(placement.request_id)

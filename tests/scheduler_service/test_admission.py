@@ -25,6 +25,7 @@ from scheduler_service.requests import ClaimedRequest, TokenEvent
 from scheduler_service.samples import sample_requests
 from scheduler_service.scoring import RequestScorer
 from scheduler_service.store import Store
+from scheduler_service.store.step_publisher import StepWrite
 from tests.scheduler_service.store_helpers import append, new_request
 
 CONFIG = BatonConfig()
@@ -145,6 +146,33 @@ async def test_a_new_link_admits_nothing_until_its_stale_aborts_are_confirmed(st
     assert link.ready and await admission.run([link]) == 1
     link.flush()
     assert [a.request_id for a in link._outbox.get_nowait().admit] == ["r1"]
+
+
+async def test_a_claim_that_lands_while_its_link_fences_goes_back_and_the_fences_cancel_spares_it(
+    store: Store, round_: Round, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """r1 runs on the link; another replica re-queues it (its lease lapsed); a round re-claims it
+    for the same link while the link, its tokens refused, fences with an abort of r1. Admitted
+    then, the abort's CANCELLED report would end the new claim: nobody cancelled it."""
+    admission, link = round_.admission, round_.link
+    assert await admission.run([link]) == 1
+    link.flush()
+    await store.requests.hand_back("r1", "exec-1", "migrate", owner="")  # the lease's new holder
+
+    async def tokens_refused() -> None:
+        await link._recover_refused([StepWrite("r1", TokenEvent(0, (5,), ""))], [False])
+
+    real_claim = store.requests.claim_many
+    after_real_claims(store, monkeypatch, tokens_refused)
+    assert await admission.run([link]) == 0
+    assert "r1" not in link.requests and await state_and_owner(store, "r1") == ("QUEUED", "")
+    monkeypatch.setattr(store.requests, "claim_many", real_claim)
+    plans = [cast(pb.Plan, link._outbox.get_nowait()) for _ in range(link._outbox.qsize())]
+    fence = next(plan for plan in plans if list(plan.abort) == ["r1"])
+    cancelled = pb.FinishedRequest(request_id="r1", finish_reason=FinishReason.CANCELLED.value)
+    await link._on_reports([pb.StepReport(plan_seq=fence.seq, finished=[cancelled])])  # the abort's answer
+    assert await state_and_owner(store, "r1") == ("QUEUED", "")
+    assert link.ready and await admission.run([link]) == 1
 
 
 async def test_a_queue_found_empty_is_read_again_only_when_the_queue_moved(store: Store, round_: Round) -> None:
