@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import cast
 
 import redis.asyncio as aioredis
-from redis.typing import EncodableT
+from redis.exceptions import NoScriptError
+from redis.typing import EncodableT, KeyT
 
 from common.block_hashing import ROOT
 from common.clock import now_ms
@@ -139,9 +140,10 @@ class RequestRecords:
         """``claim`` for each (request id, executor id, owner), in one pipeline: one round trip
         for a whole admission round instead of one per request. Each claim is still its own
         script, judged on its own (None: no longer queued)."""
+        calls: list[tuple[list[KeyT], list[EncodableT]]] = []
         async with self._redis.pipeline(transaction=False) as pipe:
             for request_id, executor_id, owner in claims:
-                keys = [
+                keys: list[KeyT] = [
                     self.keys.pending,
                     self.keys.request(request_id),
                     self.keys.running(executor_id),
@@ -152,11 +154,17 @@ class RequestRecords:
                     self.keys.tenant_running,
                 ]
                 args: list[EncodableT] = [request_id, executor_id, now_ms(), owner, self.keys.tenant_queue_prefix]
+                calls.append((keys, args))
                 await self._claim(keys=keys, args=args, client=pipe)
             rows = await pipe.execute(raise_on_error=False)
         out: list[ClaimedRequest | None] = []
-        for (request_id, executor_id, _), row in zip(claims, rows, strict=True):
+        for (request_id, executor_id, _), (keys, args), row in zip(claims, calls, rows, strict=True):
             claimed = None
+            if isinstance(row, NoScriptError):
+                # Redis restarted between the pipeline's script check and its retried send: the
+                # claim never ran. Run alone, it loads the script again (an error now is Redis's,
+                # and the round settles the claims next time).
+                row = await self._claim(keys=keys, args=args)
             try:
                 if isinstance(row, Exception) or row == request_scripts.MALFORMED:
                     raise ValueError(f"its claim failed: {row}")

@@ -7,6 +7,7 @@ import asyncio
 from dataclasses import replace
 
 import pytest
+import redis.asyncio as aioredis
 
 from common.errors import AlreadyExists, Overloaded
 from common.lifecycle import FinishReason, RequestState
@@ -382,3 +383,22 @@ async def test_a_handed_back_request_rejoins_level_with_the_tenants_waiting(stor
     await store.requests.hand_back("r1", "e1", "preempt")
     assert await store.redis.zscore(KEYS.tenants_waiting, "acme") == 1000
     assert float(await store.redis.hget(KEYS.tenant_counters, "acme") or 0) == 1000
+
+
+async def test_claims_sent_to_a_redis_that_lost_its_scripts_run_again_not_quarantined(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis restarted between a claim pipeline's script check and its (retried) send: every claim
+    came back NOSCRIPT. Healthy queued requests must not end FAILED as malformed."""
+    await enqueue(store, "r1")
+    await enqueue(store, "r2")
+    real_load = aioredis.client.Pipeline.load_scripts
+
+    async def load_then_lose(pipe: aioredis.client.Pipeline) -> None:
+        await real_load(pipe)
+        await store.redis.script_flush()  # what a restart leaves: no scripts
+
+    monkeypatch.setattr(aioredis.client.Pipeline, "load_scripts", load_then_lose)
+    claimed = await store.requests.claim_many([("r1", "e1", "e1"), ("r2", "e1", "e1")])
+    assert [c.request_id if c else None for c in claimed] == ["r1", "r2"]
+    assert await store.requests.running_ids("e1") == {"r1", "r2"}
