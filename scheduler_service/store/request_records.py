@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -102,7 +103,9 @@ class RequestRecords:
             self.keys.tenant_vclock,
             self.keys.tenants_seen,
         ]
-        args: list[EncodableT] = [max_pending, self.keys.tenant_queue_prefix, first.tenant, now_ms()]
+        # Tells this call's own record from another's, should the client library send it twice.
+        submission = secrets.token_hex(8)
+        args: list[EncodableT] = [max_pending, self.keys.tenant_queue_prefix, first.tenant, now_ms(), submission]
         for req in samples:
             fields = {
                 "state": RequestState.QUEUED.name,
@@ -117,6 +120,8 @@ class RequestRecords:
                 "traceparent": traceparent,
                 **(scheduling or {}),
             }
+            if req is first:
+                fields["submission"] = submission
             if req.n > 1:
                 fields[SAMPLES_FIELD] = str(req.n)
             if req is not first and req.params.prompt_logprobs is not None:

@@ -51,19 +51,26 @@ MALFORMED = -9
 CANCEL_PENDING = 3  # RECORD_STEP: tokens accepted, and a cancel waits for the executor to abort it
 
 # Queue one request, or all the samples of one (all or none). KEYS: pending, waiting, counters,
-# vclock, seen, then req_i per request. ARGV: shed_limit, tenant_queue_prefix, tenant, now_ms, then
-# per request: id, score, m, then m field/value strings. Refused (-1) when any of the records exists, and (-2)
-# when the requests would take the queue past the shed limit (lower for lower priorities), so
-# room stays for important work and nothing accepted is ever dropped.
+# vclock, seen, then req_i per request. ARGV: shed_limit, tenant_queue_prefix, tenant, now_ms,
+# submission (a nonce the first record keeps), then per request: id, score, m, then m field/value
+# strings. Refused (-1) when any of the records exists, and (-2) when the requests would take the
+# queue past the shed limit (lower for lower priorities), so room stays for important work and
+# nothing accepted is ever dropped. The same call run twice (its reply lost with a dropped
+# connection, and the client library's retry) finds its own submission and answers 1 again.
 ENQUEUE = (
     _TENANT_LIB
     + """
 local count = #KEYS - 5
-for i = 1, count do
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  local mine = redis.pcall('HGET', KEYS[6], 'submission')
+  if type(mine) == 'string' and mine == ARGV[5] then return 1 end
+  return -1
+end
+for i = 2, count do
   if redis.call('EXISTS', KEYS[5 + i]) == 1 then return -1 end
 end
 if redis.call('ZCARD', KEYS[1]) + count > tonumber(ARGV[1]) then return -2 end
-local a = 5
+local a = 6
 for i = 1, count do
   local id, score, m = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
   redis.call('HSET', KEYS[5 + i], 'tenant', ARGV[3], unpack(ARGV, a + 3, a + 2 + m))

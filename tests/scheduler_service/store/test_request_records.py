@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import redis.asyncio as aioredis
+from redis.typing import EncodableT
 
 from common.errors import AlreadyExists, Overloaded
 from common.lifecycle import FinishReason, RequestState
@@ -402,3 +403,22 @@ async def test_claims_sent_to_a_redis_that_lost_its_scripts_run_again_not_quaran
     claimed = await store.requests.claim_many([("r1", "e1", "e1"), ("r2", "e1", "e1")])
     assert [c.request_id if c else None for c in claimed] == ["r1", "r2"]
     assert await store.requests.running_ids("e1") == {"r1", "r2"}
+
+
+async def test_an_enqueue_sent_twice_by_the_client_library_is_accepted_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py re-sends a command whose reply a dropped connection lost: the ENQUEUE ran, and its
+    second run must not answer ALREADY_EXISTS for the submission that just succeeded."""
+    real_enqueue = store.requests._enqueue
+
+    async def reply_lost_then_retried(keys: list[str], args: list[EncodableT]) -> object:
+        await real_enqueue(keys, args)  # ran in Redis; its reply never came back
+        return await real_enqueue(keys, args)
+
+    monkeypatch.setattr(store.requests, "_enqueue", reply_lost_then_retried)
+    await enqueue(store, "r1")
+    assert await store.queue.peek(10) == [("r1", 100.0)]
+    monkeypatch.setattr(store.requests, "_enqueue", real_enqueue)
+    with pytest.raises(AlreadyExists):  # another submission of the same id
+        await enqueue(store, "r1")
