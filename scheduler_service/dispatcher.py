@@ -56,6 +56,8 @@ class Dispatcher:
         # index, releasing its lease): no new link takes them until it is done, as the cleanup's
         # drop and release, fenced by this replica's id, would undo the new link's index and lease.
         self._closing: set[str] = set()
+        self._redis_answered_ms = 0  # when discovery last heard from Redis (wall ms; 0: never)
+        self._judge_heartbeats_from_ms = 0  # after an outage, stale heartbeats are no verdict until then
         self.scorer = scorer or RequestScorer(config)  # the frontend scores arrivals with it too
         self.admission = Admission(store, config, self.scorer, self.metrics)
         self.control = store.control
@@ -151,15 +153,26 @@ class Dispatcher:
 
     async def discover_once(self) -> None:
         dist = self.config.distributed
-        now = int(time.time() * 1000)
         fleet = self.store.fleet
-        alive = set(await fleet.alive_since(now - dist.executor_timeout_ms))
+        alive = set(await fleet.alive_since(int(time.time() * 1000) - dist.executor_timeout_ms))
+        now = int(time.time() * 1000)
+        silence = now - self._redis_answered_ms if self._redis_answered_ms else 0
+        if silence > dist.heartbeat_interval_ms + 2 * dist.discovery_interval_ms:
+            # Redis was away (or this replica stalled): every executor's heartbeat and every lease
+            # may have lapsed with nobody at fault. Judge no heartbeat until executors had time to
+            # beat again, or every running request would be re-queued and charged a migration.
+            self._judge_heartbeats_from_ms = now + dist.executor_timeout_ms
+            log.warning("discovery heard from Redis after %d ms; heartbeats judged again in %d ms", silence,
+                        dist.executor_timeout_ms)  # fmt: skip
+        self._redis_answered_ms = now
+        judging = now >= self._judge_heartbeats_from_ms
         held = list(self.links)
+        # A lease that lapsed and that no replica took since is taken again with the renewal.
         renewals = await fleet.renew_leases(held, self.replica_id, dist.lease_ttl_ms)
         for executor_id, renewed in zip(held, renewals, strict=True):
             if executor_id not in self._link_tasks:
                 continue  # its link ended while the renewals were in flight
-            if not renewed or executor_id not in alive:
+            if not renewed or (judging and executor_id not in alive):
                 log.warning("dropping executor %s (lease lost or heartbeat stale)", executor_id)
                 self._link_tasks[executor_id].cancel()
         for executor_id in alive - set(self.links) - self._closing:
@@ -169,7 +182,8 @@ class Dispatcher:
                     self._start_link(executor_id, address)
                 else:
                     await fleet.release_lease(executor_id, self.replica_id)
-        await self._reap_dead(now - dist.executor_timeout_ms)
+        if judging:
+            await self._reap_dead(now - dist.executor_timeout_ms)
 
     async def refresh_signals(self) -> None:
         """Feed the scorer the executors' heartbeat load and the shared length estimator."""

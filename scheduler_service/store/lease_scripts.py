@@ -6,13 +6,20 @@ request, and only ``FleetRegistry`` runs them, for the dispatcher's discovery.
 
 from __future__ import annotations
 
-# Renew each lease only if we still hold it: one call for every executor a replica drives.
-# KEYS: leases. ARGV: holder, ttl_ms. Returns 1 (renewed) or 0 per lease, in order.
+# Renew each lease we still hold: one call for every executor a replica drives. A lease that
+# lapsed (Redis away longer than its TTL, or this replica stalled) and that no replica took since
+# is taken again: nobody else drives the executor. One another replica took is not; and one it
+# took and let go meanwhile came with a Run stream that superseded this replica's, which ends the
+# link anyway. KEYS: leases. ARGV: holder, ttl_ms. Returns 1 (renewed) or 0 per lease, in order.
 RENEW_LEASES = """
 local renewed = {}
 for i, lease in ipairs(KEYS) do
-  if redis.call('GET', lease) == ARGV[1] then
+  local holder = redis.call('GET', lease)
+  if holder == ARGV[1] then
     renewed[i] = redis.call('PEXPIRE', lease, ARGV[2])
+  elseif not holder then
+    redis.call('SET', lease, ARGV[1], 'PX', ARGV[2])
+    renewed[i] = 1
   else
     renewed[i] = 0
   end

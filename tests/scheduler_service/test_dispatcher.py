@@ -5,13 +5,18 @@ taken again after its lease lapsed stays driven."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+from pathlib import Path
 
 import redis.asyncio as aioredis
 
 from common.keys import KeySchema
 from common.pb import generate_pb2 as pb
+from tests.conftest import RedisServer
+from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts
-from tests.stack import Stack, eventually, joined_tokens
+from tests.stack import Stack, eventually, joined_tokens, stack_config, start_stack
 
 
 async def test_a_planning_round_that_raises_does_not_stop_admission(stack: Stack) -> None:
@@ -87,10 +92,11 @@ async def test_control_messages_that_do_not_parse_are_skipped(stack: Stack, redi
 async def test_a_link_taken_again_after_its_lease_lapsed_is_not_undone_by_the_old_ones_cleanup(
     stack: Stack, redis_url: str
 ) -> None:
-    """A lease that lapses (a Redis stall or failover) ends the executor's link, and this replica
-    takes the executor again. The old link's cleanup drops the executor's index and releases its
-    lease, fenced by the replica's id only: a new link started before that cleanup ends would lose
-    both to it, and be dropped in turn, over and over."""
+    """A lease that lapses and is taken by another replica (a Redis stall or failover) ends the
+    executor's link; the other lets it go, and this replica takes the executor again. The old
+    link's cleanup drops the executor's index and releases its lease, fenced by the replica's id
+    only: a new link started before that cleanup ends would lose both to it, and be dropped in
+    turn, over and over."""
     dispatcher = stack.scheduler.dispatcher
     executor_id = stack.executors[0].executor_id
     keys = KeySchema("baton")
@@ -110,7 +116,9 @@ async def test_a_link_taken_again_after_its_lease_lapsed_is_not_undone_by_the_ol
             await real_close()
 
         old_link.close = slow_close  # type: ignore[method-assign]
-        await client.delete(keys.lease(executor_id))  # the lease lapsed
+        await client.set(keys.lease(executor_id), "another-replica")  # it lapsed, and another took it
+        await eventually(lambda: old_task.cancelling() > 0 or old_task.done(), "the link to be dropped")
+        await client.delete(keys.lease(executor_id))  # the other lets it go while the old cleanup runs
         await asyncio.wait_for(old_task, 20)
         await eventually(lambda: executor_id in dispatcher.links, "the executor to be driven again")
         new_link = dispatcher.links[executor_id]
@@ -122,3 +130,38 @@ async def test_a_link_taken_again_after_its_lease_lapsed_is_not_undone_by_the_ol
         assert await client.scard(keys.cached_blocks(executor_id)) > 0
     finally:
         await client.aclose()
+
+
+async def test_redis_away_longer_than_the_leases_migrates_nothing(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Redis stalls past the lease TTL and the executor timeout (a failover, a paused primary):
+    every lease and heartbeat lapses with nobody at fault. The replica keeps driving its executor,
+    and no running request is re-queued or charged a migration."""
+    server = RedisServer(tmp_path)
+    stack = await start_stack(stack_config(server.url, tiny_model_dir))  # leases of 1.5 s
+    try:
+        store = stack.scheduler.dispatcher.store
+        old_link = stack.scheduler.dispatcher.links[stack.executors[0].executor_id]
+        prompts = random_prompts(3, seed=46)
+        streams = [
+            asyncio.create_task(stack.generate(greedy(p, 160, request_id=f"r{i}"))) for i, p in enumerate(prompts)
+        ]
+
+        async def running() -> bool:
+            return all([await store.requests.token_count(f"r{i}") >= 4 for i in range(3)])
+
+        await eventually(running, "the requests to run")
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(2.5)
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        results = await asyncio.wait_for(asyncio.gather(*streams), 120)
+        model = load_reference_model(tiny_model_dir)
+        for i, (prompt, chunks) in enumerate(zip(prompts, results, strict=True)):
+            assert_matches_reference(joined_tokens(chunks), reference_greedy(model, prompt, 160), f"r{i}")
+            record = await store.requests.get(f"r{i}")
+            assert record is not None and not record.get("migrations"), record
+        assert stack.scheduler.dispatcher.links.get(stack.executors[0].executor_id) is old_link
+    finally:
+        await stack.stop()
+        server.stop()

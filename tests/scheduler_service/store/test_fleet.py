@@ -42,7 +42,7 @@ async def test_the_newest_record_skips_an_executor_without_one(store: Store) -> 
 async def test_a_lease_has_one_holder_until_released(store: Store) -> None:
     assert await store.fleet.take_lease("e1", "replica-a", 10_000)
     assert not await store.fleet.take_lease("e1", "replica-b", 10_000)
-    assert await store.fleet.renew_leases(["e1", "e2"], "replica-a", 10_000) == [1, 0]
+    assert await store.fleet.renew_leases(["e1"], "replica-a", 10_000) == [1]
     assert await store.fleet.renew_leases(["e1"], "replica-b", 10_000) == [0]
     assert await store.fleet.renew_leases([], "replica-a", 10_000) == []
     await store.fleet.release_lease("e1", "replica-b")  # not its holder: nothing changes
@@ -50,6 +50,17 @@ async def test_a_lease_has_one_holder_until_released(store: Store) -> None:
     await store.fleet.release_lease("e1", "replica-a")
     assert await store.redis.get(KEYS.lease("e1")) is None
     assert await store.fleet.take_lease("e1", "replica-b", 10_000)
+
+
+async def test_a_lapsed_lease_no_one_took_is_taken_again_by_its_renewal(store: Store) -> None:
+    assert await store.fleet.take_lease("e1", "replica-a", 10_000)
+    assert await store.fleet.take_lease("e2", "replica-a", 10_000)
+    await store.redis.delete(KEYS.lease("e1"), KEYS.lease("e2"))  # both lapsed: Redis was away
+    assert await store.fleet.take_lease("e2", "replica-b", 10_000)  # another replica took one since
+    assert await store.fleet.renew_leases(["e1", "e2"], "replica-a", 10_000) == [1, 0]
+    assert cast(str, await store.redis.get(KEYS.lease("e1"))) == "replica-a"
+    assert int(await store.redis.pttl(KEYS.lease("e1"))) > 5_000
+    assert cast(str, await store.redis.get(KEYS.lease("e2"))) == "replica-b"
 
 
 async def test_renewal_restarts_the_lease_ttl(store: Store) -> None:
