@@ -301,7 +301,8 @@ class ExecutorLink:
                     self._report_writes.forget(request_id)
                     if request_id in report.preempted and not ordered:
                         self._metrics.preemptions.inc()
-                    await self.hand_back(request_id)
+                    # Retried: a Redis blip here would end the link, and every request on it would migrate.
+                    await with_redis_retry(partial(self.hand_back, request_id), self._redis_retry_s, "a hand-back")
                     requeued = True
         # Wake the planner only when its inputs moved: a request left (finished, handed back or
         # refused), freeing room, or the link became ready. A step that only added tokens shrinks
@@ -360,7 +361,8 @@ class ExecutorLink:
         self._outbox.put_nowait(pb.Plan(seq=self._fence_seq, abort=refused))
         for request_id in refused:
             log.warning("request %s: Redis refused its tokens from %s; re-queued", request_id, self.executor_id)
-            await self._store.requests.hand_back(request_id, self.executor_id, "migrate", self.owner)
+            hand_back = partial(self._store.requests.hand_back, request_id, self.executor_id, "migrate", self.owner)
+            await with_redis_retry(hand_back, self._redis_retry_s, "a hand-back of refused tokens")
         return True
 
     async def hand_back_orphans(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from common.keys import KeySchema
@@ -158,5 +159,30 @@ async def test_a_failed_index_write_ends_the_link_after_the_steps_tokens_are_rec
             await link._on_reports([step])
         assert await store.requests.tokens_between("idx", 0, 1) == (40,)
         assert [event.token_ids for _, event in await store.streams.read_events("idx", "0", 100)] == [(40,)]
+    finally:
+        await client.aclose()
+
+
+async def test_a_hand_back_that_meets_a_redis_blip_is_retried_not_the_links_end(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The executor preempted a request and Redis dropped the connection as the link handed it
+    back: the hand-back is tried again, and the link (with every other request on it) goes on."""
+    client = connect(redis_url)
+    try:
+        store = Store(client, KeySchema(), request_ttl_s=60)
+        link = await running_on_a_link(store, redis_url, "preempted", "exec-b")
+        real_hand_back = store.requests.hand_back
+        blips = [RedisConnectionError("connection reset by peer")]
+
+        async def blip_once(*args: object, **kwargs: object) -> None:
+            if blips:
+                raise blips.pop()
+            await real_hand_back(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(store.requests, "hand_back", blip_once)
+        await link._on_reports([epb.StepReport(preempted=["preempted"])])
+        assert not blips and "preempted" not in link.requests
+        assert (await store.requests.get("preempted") or {})["state"] == "QUEUED"
     finally:
         await client.aclose()
