@@ -74,7 +74,16 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         worker, hub, load, _ = self._ready()
         peer = context.peer()  # read while the call is certainly live (see above)
         batcher = self._token_batcher()
+        superseding = hub.attached
         queue = hub.attach(batcher)  # the hub offers each step to ``batcher`` on the engine thread
+        if superseding:
+            # Nobody drives what the old stream admitted. The new driver re-queues and aborts what
+            # Redis records running here, but a request the old driver claimed after that read
+            # would run on unseen (its reports dropped) until its last token: stop it all before
+            # the new stream's first plan.
+            worker.submit(PlanUpdate(seq=0, abort_all=True))
+            for request_id in list(self._spans):
+                self._end_span(request_id, "DROPPED")
         log.info("scheduler attached to Run stream %s", peer)
         reader = asyncio.create_task(self._read_plans(worker, hub, request_iterator, queue, batcher))
         self._readers.add(reader)

@@ -145,7 +145,8 @@ async def test_a_newer_stream_supersedes_the_old_one_and_its_reader(
     await eventually(lambda: executor.readers() == 1, "the old stream's reader to stop")
     assert await old.call.code() == grpc.StatusCode.OK
     assert executor.hub.attached
-    assert not any(p.abort_all for p in executor.worker.plans), "the new stream's requests keep running"
+    # What the old stream admitted stops before the new stream's first plan, and nothing after it.
+    assert [(p.seq, p.abort_all) for p in executor.worker.plans] == [(1, False), (0, True), (2, False)]
     new.call.cancel()
     await eventually(lambda: not executor.hub.attached, "the new handler to end")
     await eventually(lambda: executor.readers() == 0, "the plan reader to unwind", timeout=1.0)
