@@ -97,7 +97,11 @@ class Admission:
         links = [link for link in links if link.ready]
         if not links or self.queue_known_empty:
             return 0  # nothing to admit, and so no one to preempt for
-        fraction = self._scaled(self.config.scheduler.load_aware.min_admission_fraction)
+        # Room a preemption made is whole room: the victims were chosen against it, and shrunk by
+        # the load, it would not fit the request they made way for (the queue would stall behind it).
+        fraction = (
+            1.0 if self._promised is not None else self._scaled(self.config.scheduler.load_aware.min_admission_fraction)
+        )
         capacities = [link.capacity(fraction) for link in links]
         room = sum(c.free_slots for c in capacities if c.free_blocks > 0)
         if room == 0:

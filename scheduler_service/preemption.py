@@ -38,11 +38,20 @@ def choose_victims(
         (r for r in running if waiting_priority - r.priority >= priority_gap and r.preemptions < max_preemptions),
         key=lambda r: (r.priority, r.generated),
     )
-    victims: list[str] = []
+    victims: list[RunningRequest] = []
     for victim in eligible:
         if free_slots >= 1 and free_blocks >= need_blocks:
             break
-        victims.append(victim.request_id)
+        victims.append(victim)
         free_slots += 1
         free_blocks += victim.blocks
-    return victims if free_slots >= 1 and free_blocks >= need_blocks else []
+    if free_slots < 1 or free_blocks < need_blocks:
+        return []
+    # A later, larger victim may make an earlier one unneeded: spare every victim the rest make
+    # room without, the costliest to redo first.
+    for victim in reversed(list(victims)):
+        if free_slots - 1 >= 1 and free_blocks - victim.blocks >= need_blocks:
+            victims.remove(victim)
+            free_slots -= 1
+            free_blocks -= victim.blocks
+    return [victim.request_id for victim in victims]

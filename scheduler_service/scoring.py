@@ -82,17 +82,19 @@ class RequestScorer:
             return 0.0
         return sum(s.abs_error * s.samples for s in self.estimates.values()) / samples
 
-    def predict(self, tenant: str, prompt_tokens: int, max_tokens: int) -> int:
+    def predict(self, tenant: str, prompt_tokens: int, max_tokens: int, open_ended: bool = False) -> int:
+        """Expected output tokens. An open-ended request's bound is the context's room: until the
+        estimator knows its kind, it is expected to write what a request that set no length may."""
+        rl = self.config.scheduler.request_level
         stats = self.estimates.get(estimator_key(tenant, prompt_tokens))
-        return predict_output(max_tokens, stats, self.config.scheduler.request_level.estimator_min_samples)
+        if open_ended and (stats is None or stats.samples < rl.estimator_min_samples):
+            return min(max_tokens, rl.default_max_tokens)
+        return predict_output(max_tokens, stats, rl.estimator_min_samples)
 
     def score(self, req: NewRequest) -> Scored:
         rl = self.config.scheduler.request_level
         prompt = len(req.prompt_ids)
-        # An open-ended request's bound is the context's room: before its estimate, expect what a
-        # request that set no length is given.
-        bound = min(req.params.max_tokens, rl.default_max_tokens) if req.open_ended else req.params.max_tokens
-        expected = self.predict(req.tenant, prompt, bound)
+        expected = self.predict(req.tenant, prompt, req.params.max_tokens, req.open_ended)
         step_ms = self.fleet.step_ms
         prefill_steps = math.ceil(prompt / self.config.scheduler.token_level.max_prefill_chunk)
         inputs = ScoreInputs(

@@ -8,6 +8,7 @@ which first tokens reach the clients. Nothing here asserts a duration.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -186,6 +187,44 @@ async def test_priority_ten_preempts_priority_zero_which_resumes_exactly(redis_u
         got = joined_tokens(first + rest)
         assert_matches_reference(got, reference_greedy(load_reference_model(tiny_model_dir), prompt, 80), "victim")
         assert stack.scheduler.dispatcher.metrics.scheduler_preemptions._value.get() == 1
+    finally:
+        await client.aclose()
+        await stack.stop()
+
+
+async def test_under_load_the_room_a_preemption_makes_goes_to_the_request_it_was_made_for(
+    redis_url: str, tiny_model_dir: Path
+) -> None:
+    """At full load admission offers a fraction of each executor's free KV; the victims were chosen
+    against all of it. Offered the fraction, the important request fit nowhere and waited, the
+    queue stalled behind it, for the other request to finish: the victim's work was thrown away
+    for nothing."""
+    scheduler = {
+        "batch_level": {"max_batch_size": 8},
+        "request_level": {"preempt_priority_gap": 3},
+        "load_aware": {"low_load_threshold": 0.0, "high_load_threshold": 0.01, "min_admission_fraction": 0.5},
+    }
+    config = stack_config(redis_url, tiny_model_dir, executor={"kv_cache_memory_mb": 8}, scheduler=scheduler)
+    stack = await start_stack(config)  # 128 blocks of 16 tokens; the two below take about 38 each
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    rng = random.Random(47)
+    prompts = [[1] + [rng.randrange(5, 8000) for _ in range(length - 1)] for length in (600, 600, 1000)]
+    try:
+        keeper = asyncio.create_task(stack.generate(greedy(prompts[0], 300, priority=8, request_id="keeper")))
+        victim = asyncio.create_task(stack.generate(greedy(prompts[1], 300, priority=0, request_id="victim")))
+
+        async def both_running_at_full_load() -> bool:
+            counts = [int(await client.llen(KEYS.tokens(rid))) for rid in ("keeper", "victim")]
+            return min(counts) >= 2 and stack.scheduler.dispatcher.scorer.load_factor == 1.0
+
+        await eventually(both_running_at_full_load, "both to run, at full load")
+        # 63 blocks: more than the 52 or so free, fewer than the 90 free once the victim leaves,
+        # more than the 45 that half of those is.
+        vip = await stack.stub.Complete(greedy(prompts[2], 4, priority=10, request_id="vip"))
+        assert vip.finish_reason == pb.FINISH_REASON_LENGTH
+        assert int((await client.hgetall(KEYS.request("victim")))["preemptions"]) == 1
+        assert not (await client.hget(KEYS.request("keeper"), "finished_ms")), "the vip waited for the keeper"
+        await asyncio.gather(keeper, victim)
     finally:
         await client.aclose()
         await stack.stop()

@@ -60,6 +60,13 @@ def test_victims_are_least_important_then_least_progressed() -> None:
     assert choose_victims(10, 8, 0, 0, RUNNING, 3, 2) == ["low-new", "low-old"]
 
 
+def test_a_victim_a_later_larger_one_makes_unneeded_is_spared() -> None:
+    small = RunningRequest("small", 0, 0, blocks=1, generated=0)
+    large = RunningRequest("large", 0, 0, blocks=10, generated=5)
+    assert choose_victims(10, 10, 0, 0, [small, large], 3, 2) == ["large"]  # greedy alone took both
+    assert choose_victims(10, 11, 0, 0, [small, large], 3, 2) == ["small", "large"]  # both needed
+
+
 def test_gap_and_thrash_guard_limit_preemption() -> None:
     assert choose_victims(2, 4, 0, 0, RUNNING, priority_gap=3, max_preemptions=2) == []  # gap too small
     only_thrashed = [RUNNING[3]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from common.config import BatonConfig
 from common.sampling_params import SamplingParams
+from scheduler_service.estimator import estimator_key
 from scheduler_service.requests import NewRequest
 from scheduler_service.scoring import RequestScorer
 
@@ -24,3 +25,11 @@ def test_an_open_ended_request_is_expected_to_write_what_a_default_one_may() -> 
     assert scorer.score(_request(30_000, open_ended=True)).expected_output == default
     assert scorer.score(_request(30_000, open_ended=False)).expected_output == 30_000  # asked for: the bound
     assert scorer.score(_request(100, open_ended=True)).expected_output == 100  # a context with less room
+
+
+def test_an_open_ended_request_is_expected_to_write_what_its_kind_wrote_once_the_estimator_knows() -> None:
+    scorer = RequestScorer(CONFIG)
+    key = estimator_key("default", 3)
+    scorer.update([], {f"{key}:n": "50", f"{key}:mean": "2000", f"{key}:err": "10"})
+    assert scorer.score(_request(30_000, open_ended=True)).expected_output == 2000  # not the default's cap
+    assert scorer.score(_request(1_000, open_ended=True)).expected_output == 1000  # the context's room still bounds it
