@@ -165,9 +165,9 @@ class TokenLevelConfig:
 
 @dataclass(frozen=True)
 class LoadAwareConfig:
-    """How the scheduler adapts to load, measured as the busiest executor's KV cache use (0-1) or
-    its step time against ``target_step_ms``. Below ``low_load_threshold`` nothing changes; above
-    ``high_load_threshold`` each adjustment is at full strength; linearly between."""
+    """How the scheduler adapts to load, measured as the executors' mean KV cache use (0-1) or,
+    when higher, their mean step time over ``target_step_ms``. Below ``low_load_threshold`` nothing
+    changes; above ``high_load_threshold`` each adjustment is at full strength; linearly between."""
 
     low_load_threshold: float = 0.3
     high_load_threshold: float = 0.85
@@ -267,7 +267,8 @@ class ExecutorConfig:
     model: str = ""
     host: str = "0.0.0.0"
     port: int = 0  # 0 picks a free port
-    # The address other services dial; empty means this host's name and the bound port.
+    # The address other services dial; empty means this host's own (common/netaddr.py: POD_IP, else
+    # its first non-loopback IP, else its name) and the bound port.
     advertise_address: str = ""
     executor_id: str = ""  # empty: a random id
     dtype: str = "float32"

@@ -148,7 +148,9 @@ class Admission:
         for p in placements:
             by_id[p.executor_id].claiming.add(p.request_id)
         try:
-            results = await self.store.requests.claim_many(claims)
+            results = await self.store.requests.claim_many(
+                claims, self.config.scheduler.request_level.tenant_max_running
+            )
         except Exception:  # Redis's error, or a defect: either way settled next round, not left claiming
             self._unsettled += [(p.request_id, by_id[p.executor_id]) for p in placements]
             raise
@@ -238,7 +240,14 @@ class Admission:
         # counters, and anything left over is simply read next round. This keeps a round's
         # reads near ``limit`` whatever the number of waiting tenants.
         view = await self.store.queue.admission_view(
-            _MAX_TENANTS, limit, bool(caps), prefix_executors, prefix_heads, _MAX_PREFIX_LOOKUPS, _MAX_PREFIX_NAMES
+            _MAX_TENANTS,
+            limit,
+            bool(caps),
+            prefix_executors,
+            prefix_heads,
+            _MAX_PREFIX_LOOKUPS,
+            _MAX_PREFIX_NAMES,
+            caps=caps,
         )
         self.queue_length = view.queued
         self._runs = view.runs

@@ -5,8 +5,9 @@ returns)."""
 
 from __future__ import annotations
 
+import json
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -114,6 +115,7 @@ class PendingQueue:
         most_prefix_lookups: int = 64,
         most_prefix_names: int = 4_096,
         tie_draw: int | None = None,
+        caps: Mapping[str, int] | None = None,
     ) -> AdmissionView:
         """Everything one admission round reads, in one round trip (``queue_scripts.ADMISSION_VIEW``):
         the ``most_tenants`` waiting tenants with the smallest counters, each one's
@@ -124,7 +126,8 @@ class PendingQueue:
         at most ``most_prefix_lookups`` prompts and about ``most_prefix_names`` block names looked
         up in all (a prompt is looked up whole once begun), which bounds how long the call holds
         Redis. Where more tenants than ``most_tenants`` tie at the last counter read, ``tie_draw``
-        (random by default) picks which of them are read, so no name is passed over for good."""
+        (random by default) picks which of them are read, so no name is passed over for good.
+        Tenants at their running cap in ``caps`` are left out of the ``most_tenants``."""
         sets = [self._keys.cached_blocks(executor_id) for executor_id in prefix_executors]
         keys = [self._keys.tenants_waiting, self._keys.pending, self._keys.tenant_running, *sets]
         args: list[EncodableT] = [
@@ -137,6 +140,7 @@ class PendingQueue:
             most_prefix_lookups,
             most_prefix_names,
             random.getrandbits(31) if tie_draw is None else tie_draw,
+            json.dumps(dict(caps or {})),
             *QUEUED_FIELDS,
         ]
         queued, tenants, heads_raw, details_raw, running_raw, runs_raw = cast(

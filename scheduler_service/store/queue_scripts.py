@@ -20,9 +20,10 @@ from scheduler_service.store.prefix_scripts import LEADING_RUN_LIB
 # about cached prefixes. ARGV: most tenants, most requests (``limit``), tenant queue prefix,
 # request key prefix, '1' to read the tenants' running counts, heads per tenant to ask about
 # cached prefixes, most heads to ask about in all, most names to look up in all, a random draw (a
-# non-negative integer), then the record's fields to read.
-# Returns {queue length, {tenant, counter, ...} (smallest counters first; where more tenants than
-# fit tie at the last counter read, the draw picks which of them), per tenant {id, score,
+# non-negative integer), the running caps (JSON: tenant -> cap), then the record's fields to read.
+# Returns {queue length, {tenant, counter, ...} (smallest counters first, less tenants at their
+# cap; where more tenants than fit tie at the last counter read, the draw picks which of them),
+# per tenant {id, score,
 # ...} (its ceil(limit / tenants) + 2 heads, at most limit), per head in that order {'' and its
 # fields, token count, and for a later sample ``ID~k`` its sample 0's state, executor and token
 # count} or {'!', the error} for a record Redis cannot read as the schema says, {tenant, running,
@@ -35,20 +36,39 @@ ADMISSION_VIEW = (
     LEADING_RUN_LIB
     + """
 local most = tonumber(ARGV[1])
-local tenants = redis.call('ZRANGE', KEYS[1], 0, most - 1, 'WITHSCORES')
-if #tenants == 2 * most then
+local caps = cjson.decode(ARGV[10])
+local capped = 0
+for _ in pairs(caps) do capped = capped + 1 end
+-- Read as many more as there are capped tenants: those at their cap are left out below.
+local want = most + capped
+local tenants = redis.call('ZRANGE', KEYS[1], 0, want - 1, 'WITHSCORES')
+if #tenants == 2 * want then
   -- A full read may stop inside a run of tenants tied at its last counter (idle tenants come
   -- back level with the smallest). A sorted set orders ties by name, so the same names would be
   -- read every round and the others never: take the tied ones from where the draw says.
   local last = tenants[#tenants]
   local inside = 0
-  while inside < most and tenants[#tenants - 2 * inside] == last do inside = inside + 1 end
+  while inside < want and tenants[#tenants - 2 * inside] == last do inside = inside + 1 end
   local tied = redis.call('ZCOUNT', KEYS[1], last, last)
   if tied > inside then
     local offset = tonumber(ARGV[9]) % (tied - inside + 1)
     local drawn = redis.call('ZRANGE', KEYS[1], last, last, 'BYSCORE', 'LIMIT', offset, inside, 'WITHSCORES')
     for i = 1, #drawn do tenants[#tenants - 2 * inside + i] = drawn[i] end
   end
+end
+if capped > 0 then
+  -- A tenant at its running cap can be given nothing this round, and its counter stands still
+  -- while it waits: kept among the smallest, such tenants would fill the read and hide the
+  -- tenants that can run.
+  local kept = {}
+  for i = 1, #tenants, 2 do
+    local cap = caps[tenants[i]]
+    if #kept < 2 * most and (not cap or (tonumber(redis.call('HGET', KEYS[3], tenants[i])) or 0) < cap) then
+      kept[#kept + 1] = tenants[i]
+      kept[#kept + 1] = tenants[i + 1]
+    end
+  end
+  tenants = kept
 end
 local count = #tenants / 2
 local heads, details, running, runs = {}, {}, {}, {}
@@ -58,7 +78,7 @@ local limit = tonumber(ARGV[2])
 local per = math.min(limit, math.ceil(limit / count) + 2)
 local request, runs_each = ARGV[4], tonumber(ARGV[6])
 local runs_left, names_left = tonumber(ARGV[7]), tonumber(ARGV[8])
-local fields = {unpack(ARGV, 10)}
+local fields = {unpack(ARGV, 11)}
 local sets = {unpack(KEYS, 4)}
 local readable = {}  -- per tenant: ids of its heads with a record to look up, soonest first
 for i = 1, count do

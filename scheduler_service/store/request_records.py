@@ -141,11 +141,15 @@ class RequestRecords:
         (claimed,) = await self.claim_many([(request_id, executor_id, owner or executor_id)])
         return claimed
 
-    async def claim_many(self, claims: Sequence[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
+    async def claim_many(
+        self, claims: Sequence[tuple[str, str, str]], caps: Mapping[str, int] | None = None
+    ) -> list[ClaimedRequest | None]:
         """``claim`` for each (request id, executor id, owner), in one pipeline: one round trip
         for a whole admission round instead of one per request. Each claim is still its own
-        script, judged on its own (None: no longer queued)."""
+        script, judged on its own (None: no longer queued, or its tenant is at its running cap in
+        ``caps``)."""
         calls: list[tuple[list[KeyT], list[EncodableT]]] = []
+        caps_json = json.dumps(dict(caps or {}))
         async with self._redis.pipeline(transaction=False) as pipe:
             for request_id, executor_id, owner in claims:
                 keys: list[KeyT] = [
@@ -158,7 +162,14 @@ class RequestRecords:
                     self.keys.tenant_vclock,
                     self.keys.tenant_running,
                 ]
-                args: list[EncodableT] = [request_id, executor_id, now_ms(), owner, self.keys.tenant_queue_prefix]
+                args: list[EncodableT] = [
+                    request_id,
+                    executor_id,
+                    now_ms(),
+                    owner,
+                    self.keys.tenant_queue_prefix,
+                    caps_json,
+                ]
                 calls.append((keys, args))
                 await self._claim(keys=keys, args=args, client=pipe)
             rows = await pipe.execute(raise_on_error=False)

@@ -84,18 +84,23 @@ return 1
 )
 
 # QUEUED -> ASSIGNED. KEYS: pending, req, running, tokens, waiting, counters, vclock, tenant_running.
-# ARGV: id, executor, now_ms, owner, tenant_queue_prefix.
+# ARGV: id, executor, now_ms, owner, tenant_queue_prefix, running caps (JSON: tenant -> cap).
 # The owner names this one assignment (executor and the link driving it): every later write
 # must present it, so a stale driver of the same executor is fenced off. The tenant's counter is
-# charged the request's expected cost once (a re-queued request is not charged again).
-# Returns the request's fields, false if it is no longer queued, or MALFORMED.
+# charged the request's expected cost once (a re-queued request is not charged again). A tenant
+# at its cap is refused here too: replicas that read its count before another's claim landed
+# would each take it past the cap.
+# Returns the request's fields, false if it is no longer queued (or its tenant is at its cap: it
+# stays queued), or MALFORMED.
 CLAIM = (
     _TENANT_LIB
     + _GUARD_LIB
     + """
 if malformed(KEYS[2], KEYS[4]) then return -9 end
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return false end
 local t = redis.call('HGET', KEYS[2], 'tenant') or 'default'
+local cap = cjson.decode(ARGV[6])[t]
+if cap and (tonumber(redis.call('HGET', KEYS[8], t)) or 0) >= cap then return false end
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return false end
 leave_tenant(ARGV[5] .. t, KEYS[5], t, ARGV[1])
 local cost = tonumber(redis.call('HGET', KEYS[2], 'fair_cost')) or 0
 local c = tonumber(redis.call('HGET', KEYS[6], t)) or 0

@@ -8,7 +8,7 @@ admission touches; the Redis side is real. The races are forced by wrapping the 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -63,8 +63,10 @@ def after_real_claims(store: Store, monkeypatch: pytest.MonkeyPatch, then: Calla
     """Make ``claim_many`` apply the claims in Redis for real, then run ``then`` before it returns."""
     real_claim = store.requests.claim_many
 
-    async def claim_then(claims: list[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
-        rows = await real_claim(claims)
+    async def claim_then(
+        claims: list[tuple[str, str, str]], caps: Mapping[str, int] | None = None
+    ) -> list[ClaimedRequest | None]:
+        rows = await real_claim(claims, caps)
         await then()
         return rows
 
@@ -115,7 +117,9 @@ async def test_settling_a_claim_redis_never_applied_changes_nothing(
 ) -> None:
     admission, link = round_.admission, round_.link
 
-    async def fail_before_sending(claims: list[tuple[str, str, str]]) -> list[ClaimedRequest | None]:
+    async def fail_before_sending(
+        claims: list[tuple[str, str, str]], caps: Mapping[str, int] | None = None
+    ) -> list[ClaimedRequest | None]:
         raise RedisConnectionError("Redis is down")
 
     real_claim = store.requests.claim_many

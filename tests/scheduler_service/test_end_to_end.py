@@ -179,8 +179,8 @@ async def test_a_cancel_that_lands_while_the_request_is_claimed_still_ends_it(
     records = stack.scheduler.store.requests
     claim_many = records.claim_many
 
-    async def cancelled_during_claim(claims: Any) -> Any:
-        results = await claim_many(claims)
+    async def cancelled_during_claim(claims: Any, caps: Any = None) -> Any:
+        results = await claim_many(claims, caps)
         for request_id, _, _ in claims:
             if request_id == "cancelled-in-claim":
                 assert await stack.scheduler.frontend.cancel(request_id) == RequestState.ASSIGNED

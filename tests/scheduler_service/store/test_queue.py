@@ -99,3 +99,15 @@ async def test_tenants_tied_past_the_read_are_drawn_not_passed_over_by_name(stor
     assert seen == {"zz", *tied}  # a sorted set's name order alone would read t00-t02 every round
     short = await store.queue.admission_view(64, 4, tie_draw=5)  # everything fits: no draw
     assert list(short.counters) == ["zz", *tied]
+
+
+async def test_tenants_at_their_running_cap_hold_no_place_in_the_read(store: Store) -> None:
+    capped = [f"c{i}" for i in range(4)]
+    for tenant in (*capped, "free", "z"):
+        await queue(store, f"{tenant}-0", tenant, 1.0)
+    await store.redis.zadd(KEYS.tenants_waiting, {**dict.fromkeys(capped, 0.0), "free": 0.5, "z": 1.0})
+    await store.redis.hset(KEYS.tenant_running, mapping={"c0": 1, "c1": 1, "c2": 1, "c3": 0, "free": 5})
+    caps = {**dict.fromkeys(capped, 1), "free": 9}
+    view = await store.queue.admission_view(3, 4, caps=caps, tie_draw=0)
+    assert list(view.counters) == ["c3", "free", "z"]  # c0-c2 are at their cap; c3 is below it
+    assert list((await store.queue.admission_view(3, 4, tie_draw=0)).counters) == ["c0", "c1", "c2"]  # no caps

@@ -422,3 +422,15 @@ async def test_an_enqueue_sent_twice_by_the_client_library_is_accepted_once(
     monkeypatch.setattr(store.requests, "_enqueue", real_enqueue)
     with pytest.raises(AlreadyExists):  # another submission of the same id
         await enqueue(store, "r1")
+
+
+async def test_a_claim_past_its_tenants_running_cap_is_refused_and_the_request_stays_queued(store: Store) -> None:
+    """Two replicas each read the tenant's count below its cap, then both claim: the script, not
+    the read, enforces the cap across the fleet."""
+    await enqueue(store, "r1")
+    await enqueue(store, "r2")
+    assert await store.requests.claim_many([("r1", "e1", "e1")], caps={"acme": 1}) != [None]
+    assert await store.requests.claim_many([("r2", "e2", "e2")], caps={"acme": 1}) == [None]
+    assert (await store.requests.get("r2") or {})["state"] == "QUEUED"
+    assert await store.queue.peek(10) == [("r2", 100.0)]
+    assert await store.requests.claim_many([("r2", "e2", "e2")], caps={"acme": 2}) != [None]
