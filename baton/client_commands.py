@@ -13,17 +13,24 @@ from typing import Any, cast
 import grpc
 
 
-def open_channel(args: argparse.Namespace) -> grpc.Channel:
-    """Plaintext, or TLS when --tls-ca is given (with --tls-cert/--tls-key for mTLS)."""
+def tls_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """TLS when --tls-ca is given (with --tls-cert/--tls-key for mTLS); None: plaintext."""
     ca = getattr(args, "tls_ca", None)
     if not ca:
-        return grpc.insecure_channel(args.target)
+        return None
     cert, key = getattr(args, "tls_cert", None), getattr(args, "tls_key", None)
-    credentials = grpc.ssl_channel_credentials(
+    return grpc.ssl_channel_credentials(
         root_certificates=Path(ca).read_bytes(),
         private_key=Path(key).read_bytes() if key else None,
         certificate_chain=Path(cert).read_bytes() if cert else None,
     )
+
+
+def open_channel(args: argparse.Namespace) -> grpc.Channel:
+    """Plaintext, or TLS when --tls-ca is given (``tls_credentials``)."""
+    credentials = tls_credentials(args)
+    if credentials is None:
+        return grpc.insecure_channel(args.target)
     return grpc.secure_channel(args.target, credentials)
 
 
@@ -32,10 +39,14 @@ def _metadata(args: argparse.Namespace) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {token}")] if token else []
 
 
-def add_connection_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tls-ca", help="CA certificate (PEM) to verify the server; enables TLS")
+def add_tls_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls-ca", help="CA certificate (PEM) to verify the scheduler; enables TLS")
     parser.add_argument("--tls-cert", help="client certificate (PEM) for mTLS")
     parser.add_argument("--tls-key", help="client private key (PEM) for mTLS")
+
+
+def add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    add_tls_flags(parser)
     parser.add_argument("--token", help="bearer token for the API (default: $BATON_TOKEN)")
 
 

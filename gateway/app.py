@@ -216,7 +216,9 @@ class Gateway:
         model_aliases: Sequence[str] = (),
         tool_call_parser: str = "",
         reasoning_parser: str = "",
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
+        """``credentials``: TLS (or mTLS) to the scheduler; None dials it in plaintext."""
         if max_body_bytes < 1:
             raise ValueError("max_body_bytes must be >= 1")
         if tool_call_parser and tool_call_parser not in TOOL_CALL_PARSERS:
@@ -232,6 +234,7 @@ class Gateway:
         self.tool_call_parser = tool_call_parser
         self.reasoning = Reasoning(reasoning_parser) if reasoning_parser else None
         self.target = target
+        self.credentials = credentials
         self.tracing = tracing
         self.auth = auth or ClientAuth()
         self.max_body_bytes = max_body_bytes
@@ -242,7 +245,11 @@ class Gateway:
     def channel(self) -> grpc.aio.Channel:
         # Made on first use: a grpc.aio channel belongs to the event loop it was made in, the server's.
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.target, interceptors=client_interceptors(self.tracing))
+            interceptors = client_interceptors(self.tracing)
+            if self.credentials is None:
+                self._channel = grpc.aio.insecure_channel(self.target, interceptors=interceptors)
+            else:
+                self._channel = grpc.aio.secure_channel(self.target, self.credentials, interceptors=interceptors)
         return self._channel
 
     @property
@@ -562,6 +569,7 @@ def create_app(
     tool_call_parser: str = "",
     reasoning_parser: str = "",
     cors: CorsPolicy = OPEN_TO_ANY_ORIGIN,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> Starlette:
     """The gateway's ASGI app, forwarding to the Baton scheduler at ``target`` (``HOST:PORT``).
 
@@ -573,9 +581,17 @@ def create_app(
     ``openai_tools.TOOL_CALL_PARSERS``) serves tool_choice "auto", reading the calls in the model's
     syntax; empty, "auto" is refused. ``reasoning_parser`` (``reasoning.REASONING_PARSERS``) splits chat
     answers' thinking from them (``reasoning``). ``cors``: which web pages may call it (``gateway.cors``).
+    ``credentials``: TLS (or mTLS) to the scheduler; None dials it in plaintext.
     """
     gateway = Gateway(
-        target, tracing, ClientAuth(auth_tokens), max_body_bytes, model_aliases, tool_call_parser, reasoning_parser
+        target,
+        tracing,
+        ClientAuth(auth_tokens),
+        max_body_bytes,
+        model_aliases,
+        tool_call_parser,
+        reasoning_parser,
+        credentials,
     )
     routes = [
         Route("/v1/completions", gateway.completions, methods=["POST"]),

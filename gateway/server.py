@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from baton.client_commands import add_tls_flags, tls_credentials
+
 log = logging.getLogger(__name__)
 
 # Open SSE streams would otherwise hold a shutdown until every generation ends.
@@ -91,6 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-credentials", action="store_true", help="let cross-origin requests carry cookies (default: not)"
     )
+    add_tls_flags(parser)  # to the scheduler, when it serves TLS (security.tls_cert)
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     parser.add_argument("--tracing", action="store_true", help="emit OpenTelemetry spans and propagate trace context")
     parser.add_argument(
@@ -135,7 +138,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cors = CorsPolicy(origins, methods, headers, args.allow_credentials)
     app = create_app(
-        args.target, tracing, tokens, max_body, args.model_alias, args.tool_call_parser, args.reasoning_parser, cors
+        args.target,
+        tracing,
+        tokens,
+        max_body,
+        args.model_alias,
+        args.tool_call_parser,
+        args.reasoning_parser,
+        cors,
+        tls_credentials(args),
     )
     freeze_startup_heap()
     # uvicorn's loop "auto" is uvloop where it is installed, the loop the services run on (common/event_loop.py).

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 
+import grpc
 import uvicorn
 
 from gateway.app import DEFAULT_MAX_BODY_BYTES, create_app
@@ -26,6 +27,7 @@ async def serve_gateway(
     model_aliases: Sequence[str] = (),
     tool_call_parser: str = "",
     reasoning_parser: str = "",
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> AsyncIterator[str]:
     """Yields the gateway's base URL, ``http://127.0.0.1:PORT``; ``auth_tokens`` turns client auth on."""
     port = free_port()
@@ -36,6 +38,7 @@ async def serve_gateway(
         model_aliases=model_aliases,
         tool_call_parser=tool_call_parser,
         reasoning_parser=reasoning_parser,
+        credentials=credentials,
     )
     server = _Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())

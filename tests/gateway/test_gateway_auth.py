@@ -13,9 +13,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from baton.cli import build_parser
+from baton.client_commands import tls_credentials
 from common.security import load_tokens
 from tests.conftest import RedisServer
 from tests.gateway.serving import serve_gateway
+from tests.scheduler_service.test_security import make_pki
 from tests.stack import Stack, stack_config, start_stack
 
 TOKENS = "tok-alice: alice\ntok-bob: bob\ntok-admin: '*'\n"
@@ -141,3 +143,42 @@ async def test_anthropic_clients_send_their_key_as_x_api_key(gateways: Gateways)
         assert keyed.status_code == 200, keyed.text
         assert await _tenant(gateways, keyed.json()["id"].removeprefix("msg_")) == "bob"
         assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+
+
+async def test_the_gateway_dials_a_scheduler_that_serves_mtls(
+    redis_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Every gRPC hop can be encrypted, the gateway's to the scheduler too (``--tls-ca``,
+    ``--tls-cert``, ``--tls-key``, as the other client commands take them)."""
+    (tmp_path / "pki").mkdir()
+    pki = make_pki(tmp_path / "pki")
+    security = {
+        "tls_cert": str(pki["server_cert"]),
+        "tls_key": str(pki["server_key"]),
+        "tls_ca": str(pki["ca"]),
+        "require_client_cert": True,
+        "client_cert": str(pki["client_cert"]),
+        "client_key": str(pki["client_key"]),
+    }
+    stack = await start_stack(stack_config(redis_url, tiny_model_dir, security=security))
+    args = build_parser().parse_args(
+        [
+            "gateway",
+            "--tls-ca",
+            str(pki["ca"]),
+            "--tls-cert",
+            str(pki["client_cert"]),
+            "--tls-key",
+            str(pki["client_key"]),
+        ]
+    )
+    try:
+        async with serve_gateway(stack.target, credentials=tls_credentials(args)) as base_url:
+            client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
+            answer = await client.completions.create(model=stack.config.executor.model, prompt="Hi", max_tokens=3)
+            await client.close()
+            assert answer.usage is not None and answer.usage.completion_tokens == 3
+        async with serve_gateway(stack.target) as base_url, httpx.AsyncClient() as http:
+            assert (await http.get(f"{base_url}/health")).status_code == 503  # plaintext: the scheduler refuses it
+    finally:
+        await stack.stop()
