@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return int(func(args) or 0)
-    except ValueError as exc:
+    except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:  # bad input: its message
         print(f"baton: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -104,7 +104,10 @@ def load_engine(
     device = resolve_device(config.device)
     dtype = DTYPES[config.dtype]
     # Chosen from the config alone: a model no backend computes exactly is refused before its weights load.
-    model_config = AutoConfig.from_pretrained(config.model)
+    try:
+        model_config = AutoConfig.from_pretrained(config.model)
+    except OSError as exc:  # no such directory, no config.json, a hub id with no network
+        raise ValueError(f"executor.model {config.model!r} cannot be loaded: {exc}") from exc
     traits = ModelTraits.from_config(model_config)
     backend_class = select_backend(traits, device, dtype, config.backend)
     threads = None

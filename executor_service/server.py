@@ -173,10 +173,17 @@ async def start_executor(config: BatonConfig, before_serving: Callable[[], objec
     await server.start()
     serve_metrics(metrics.registry, config.monitoring.executor_metrics_port)
     peers = HostPeers()
-    # Named as the fleet's schedulers name prompts, keyed by the same secret (common/block_hashing.py).
-    loaded = await asyncio.to_thread(load_engine, cfg, peers, BlockNaming.for_fleet(secret))
+    try:
+        # Named as the fleet's schedulers name prompts, keyed by the same secret (common/block_hashing.py).
+        loaded = await asyncio.to_thread(load_engine, cfg, peers, BlockNaming.for_fleet(secret))
+        await asyncio.to_thread(warm_up, loaded.engine, loaded.model_name)
+    except BaseException:
+        # A model refused (or a stop while loading): close the port here, not in a finalizer
+        # after the event loop has closed (a spurious traceback after the refusal's message).
+        await server.stop(0)
+        await redis.aclose()
+        raise
     metrics.backend.labels(loaded.backend).set(1)
-    await asyncio.to_thread(warm_up, loaded.engine, loaded.model_name)
     load = LoadSampler(str(loaded.device))
     allocator = loaded.engine.allocator
     loop = asyncio.get_running_loop()

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install Baton and its test tools into .venv (CPU torch first: its wheel is the one pinned here).
+# Install Baton and its test tools into .venv (torch first, the version pinned here: the CPU wheel
+# where the package index serves one, as these machines' does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need_apt=()
