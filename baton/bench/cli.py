@@ -253,15 +253,17 @@ async def _run_one(target: str, scenario: Scenario, args: argparse.Namespace, wa
             timings = [t for conversation in by_conversation for t in conversation]
             firsts = [turn == 0 for conversation in by_conversation for turn in range(len(conversation))]
             turns = ttft_by_turn(by_conversation)
+            streams = len(by_conversation)
         else:
             specs = wl.build()
             timings, seconds = await run_workload(target, specs, plan, bar, warm_up)
             firsts = firsts_of_groups(specs)
+            streams = len(specs)
     summary = summarize(timings, seconds)
     return ScenarioResult(
         scenario.name,
         scenario.description,
-        scenario.batch_size,
+        min(scenario.batch_size, streams),  # what was in flight at most, not the limit alone
         wl.input_len,
         wl.output_len,
         summary,
