@@ -45,6 +45,11 @@ def split_sample_id(request_id: str) -> tuple[str, int]:
     return request_id, 0
 
 
+def is_request_id(text: str) -> bool:
+    """Whether ``text`` names a request: a safe name, or ``ID~k`` for a later sample of one."""
+    return _REQUEST_ID.fullmatch(text) is not None
+
+
 def is_safe_name(name: str) -> bool:
     """Whether ``name`` may become part of a key: 1-128 characters of ``NAME_ALPHABET``."""
     return _NAME.fullmatch(name) is not None

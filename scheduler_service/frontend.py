@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 from common.block_hashing import BlockNaming
 from common.config import BatonConfig
 from common.errors import DataLoss, InvalidRequest, NotFound, Overloaded, PermissionDenied
-from common.keys import sample_id, split_sample_id
+from common.keys import MAX_NAME_CHARS, NAME_ALPHABET, is_request_id, sample_id, split_sample_id
 from common.lifecycle import FinishReason, RequestState
 from common.pb import generate_pb2 as pb
 from common.redis_client import with_redis_retry
@@ -342,6 +342,11 @@ class Frontend:
 
     async def authorize(self, request_id: str) -> dict[str, str]:
         """The request's record, if it exists and the caller's tenant owns it."""
+        if not is_request_id(request_id):
+            # Read as a key, "abc:tokens" would be request abc's token list: refused, not looked up.
+            raise InvalidRequest(
+                f"request_id must be 1-{MAX_NAME_CHARS} characters of {NAME_ALPHABET} (ID~k for a later sample)"
+            )
         record = await self.store.requests.get(request_id)
         if record is None:
             raise NotFound(f"request {request_id} does not exist or has expired")

@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from common.pb import generate_pb2 as pb
+from tests.scheduler_service.test_end_to_end import greedy
 from tests.stack import Stack, stack_config, start_stack
 
 
@@ -93,6 +94,28 @@ async def test_unknown_request_id_is_not_found(stack: Stack, rpc: str) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await getattr(stack.stub, rpc)(message)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize("request_id", ["done:tokens", "a b", "", "x" * 300, "{baton}:queue:pending"])
+async def test_an_id_no_request_can_have_is_invalid_for_every_rpc_that_names_one(stack: Stack, request_id: str) -> None:
+    """Read as a key, "done:tokens" is request done's token list (it answered INTERNAL): every RPC
+    that names a request refuses an id that could not be one, before it looks anything up."""
+    await stack.stub.Complete(greedy([1, 5, 6], 2, request_id="done"))
+
+    async def resume() -> None:
+        async for _ in stack.stub.Resume(pb.ResumeRequest(request_id=request_id)):
+            pass
+
+    calls = (
+        stack.stub.Cancel(pb.CancelRequest(request_id=request_id)),
+        stack.stub.GetRequest(pb.GetRequestRequest(request_id=request_id)),
+        resume(),
+    )
+    for call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert (await stack.stub.GetRequest(pb.GetRequestRequest(request_id="done"))).state == pb.REQUEST_STATE_FINISHED
 
 
 async def _raw_call(stack: Stack, method: str, payload: bytes) -> grpc.StatusCode:
