@@ -31,6 +31,7 @@ import grpc
 from common.grpc_errors import check_decoded, status_for
 from common.lifecycle import FinishReason
 from common.pb import generate_pb2 as pb
+from scheduler_service.first_messages import FirstMessages
 from scheduler_service.frontend import Frontend
 from scheduler_service.requests import TokenEvent
 
@@ -107,10 +108,11 @@ class BatchStream:
             check_decoded(msg)
             req = await self._frontend.submit_or_abandon(msg, self._abandon)
             request_id, unfinished = req.request_id, req.n
+            first = FirstMessages(req.prompt_ids, msg.return_prompt_token_ids)  # as Generate streams it
             async with contextlib.aclosing(self._frontend.sample_events(request_id, req.n)) as events:
                 async for k, event in events:
                     unfinished -= event.finish_reason is not FinishReason.NONE
-                    response = await self._response_of(request_id, event, k)
+                    response = first.complete(await self._response_of(request_id, event, k), k)
                     await self._post(pb.BatchEvent(position=position, response=response))
         except asyncio.CancelledError:
             raise

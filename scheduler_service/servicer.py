@@ -17,6 +17,7 @@ from common.pb import generate_pb2_grpc
 from common.stop_reason import read_stop_reason, write_stop_reason
 from scheduler_service.batch_stream import BatchStream
 from scheduler_service.chat import Chat
+from scheduler_service.first_messages import FirstMessages
 from scheduler_service.frontend import Frontend, RequestStatus
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.requests import TokenEvent
@@ -131,18 +132,12 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     ) -> AsyncIterator[pb.GenerateResponse]:
         req = await self._frontend.submit_or_abandon(request, self._abandon)
         unfinished = req.n
-        started: set[int] = set()  # the samples whose first message has gone
+        first = FirstMessages(req.prompt_ids, request.return_prompt_token_ids)
         try:
             async with contextlib.aclosing(self._frontend.sample_events(req.request_id, req.n)) as events:
                 async for k, event in events:
                     unfinished -= event.finish_reason is not FinishReason.NONE
-                    response = await self._response(req.request_id, event, k)
-                    if k not in started:  # a streaming client's usage so far needs the prompt's size
-                        started.add(k)
-                        response.usage.prompt_tokens = len(req.prompt_ids)
-                        if request.return_prompt_token_ids:
-                            response.prompt_token_ids.extend(req.prompt_ids)
-                    yield response
+                    yield first.complete(await self._response(req.request_id, event, k), k)
         finally:
             if unfinished:  # the client went away or its deadline passed: free the executor's KV blocks
                 self._abandon(req.request_id)

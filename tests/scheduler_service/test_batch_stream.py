@@ -50,6 +50,24 @@ async def test_a_batch_streams_each_request_exactly_as_generate_alone(stack: Sta
     assert len(messages) < sum(len(mine) for mine in events.values())
 
 
+async def test_each_samples_first_event_carries_what_generates_first_message_does(stack: Stack) -> None:
+    """The prompt's size in the usage, and its ids when asked (return_prompt_token_ids), on the
+    first event of every sample, as a Generate stream's first message of each sample has them."""
+    asked = greedy([1, 5, 6, 7], 3)
+    asked.return_prompt_token_ids = True
+    asked.params.n = 2
+    plain = greedy([1, 8, 9], 2)
+    events = by_position(await run_batch(stack, [asked, plain]))
+    for position, prompt, with_ids in ((0, [1, 5, 6, 7], True), (1, [1, 8, 9], False)):
+        firsts: dict[int, pb.GenerateResponse] = {}
+        for event in events[position]:
+            firsts.setdefault(event.response.sample_index, event.response)
+        assert sorted(firsts) == ([0, 1] if position == 0 else [0])
+        for response in firsts.values():
+            assert response.usage.prompt_tokens == len(prompt)
+            assert list(response.prompt_token_ids) == (prompt if with_ids else [])
+
+
 async def test_a_bad_request_fails_alone(stack: Stack) -> None:
     empty = pb.GenerateRequest(params=pb.SamplingParams(max_tokens=4))
     too_hot = greedy([1, 5, 6], 4)
