@@ -25,7 +25,6 @@ from scheduler_service.fair_share import QueuedRequest, fair_order
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.placement import Candidate, Placement, place, request_kv_blocks, unplaceable
 from scheduler_service.preemption import choose_victims
-from scheduler_service.requests import TokenEvent
 from scheduler_service.samples import affinity, may_place
 from scheduler_service.scoring import RequestScorer
 from scheduler_service.store import Store
@@ -352,8 +351,7 @@ class Admission:
         ]
 
     async def _fail_unplaceable(self, request_id: str) -> None:
-        tokens = await self.store.requests.token_count(request_id)
-        event = TokenEvent(tokens, (), "", FinishReason.ERROR, {})
+        event = await self.store.requests.final_event(request_id, FinishReason.ERROR)
         error = "the request needs more KV cache than any executor has"
         # Only while it is queued: another replica may have placed it meanwhile.
         if await self.store.requests.finish_now(request_id, "", event, error, only_if="QUEUED"):

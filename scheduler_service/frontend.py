@@ -285,7 +285,10 @@ class Frontend:
         events = []
         if end > start and (repair := await self._repair_gap(request_id, start, end)) is not None:
             events.append(repair)
-        final = TokenEvent(max(start, end), (), "", reason, {})
+        recorded = await self._retrying(
+            lambda: self.store.requests.final_event(request_id, reason), f"reading {request_id}"
+        )
+        final = replace(recorded, index=max(start, end))
         await self._retrying(lambda: self.store.streams.publish_final(request_id, final), f"ending {request_id}")
         log.warning("request %s ended without its final event; sent it from its record", request_id)
         return join_runs([*events, final])
@@ -370,7 +373,7 @@ class Frontend:
             raise NotFound(f"request {request_id} does not exist or has expired")
         if outcome.ended_here:
             # It was queued: end its stream here, as no executor will.
-            event = TokenEvent(outcome.tokens, (), "", FinishReason.CANCELLED, {})
+            event = await self.store.requests.final_event(request_id, FinishReason.CANCELLED)
             await self.store.streams.publish_final(request_id, event)
         elif outcome.state in (RequestState.ASSIGNED, RequestState.RUNNING):
             await self.dispatcher.request_abort(request_id, outcome.executor_id)

@@ -18,7 +18,7 @@ from common.pb import executor_pb2 as pb
 from common.stop_reason import read_stop_reason
 from scheduler_service.linked_requests import LinkedRequest
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.requests import TokenEvent
+from scheduler_service.requests import TokenEvent, usage_of
 from scheduler_service.store.step_publisher import StepWrite
 
 log = logging.getLogger(__name__)
@@ -113,23 +113,6 @@ class ReportWrites:
 def _logprobs(delta: pb.TokenDelta, name: str) -> Logprobs | None:
     """The delta's ``logprobs`` or ``prompt_logprobs``, when the executor set them (requests that asked)."""
     return Logprobs.from_pb(getattr(delta, name)) if delta.HasField(name) else None
-
-
-def usage_of(
-    prompt_tokens: int,
-    completion_tokens: int,
-    arrival_ms: int,
-    assigned_ms: int,
-    first_token_ms: int | None,
-    cached_tokens: int = 0,
-) -> dict[str, float]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "queue_time_ms": float(max(0, assigned_ms - arrival_ms)),
-        "ttft_ms": float(max(0, (first_token_ms or assigned_ms) - arrival_ms)),
-        "cached_tokens": cached_tokens,
-    }
 
 
 def coalesce(writes: list[StepWrite]) -> list[StepWrite]:

@@ -140,6 +140,25 @@ class TokenEvent:
         )
 
 
+def usage_of(
+    prompt_tokens: int,
+    completion_tokens: int,
+    arrival_ms: int,
+    assigned_ms: int,
+    first_token_ms: int | None,
+    cached_tokens: int = 0,
+) -> dict[str, float]:
+    """A final event's usage (a request never assigned has ``assigned_ms`` 0: no queue time, no
+    time to first token)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "queue_time_ms": float(max(0, assigned_ms - arrival_ms)),
+        "ttft_ms": float(max(0, (first_token_ms or assigned_ms) - arrival_ms)),
+        "cached_tokens": cached_tokens,
+    }
+
+
 def join_runs(events: Sequence[TokenEvent]) -> list[TokenEvent]:
     """``events`` with each run of contiguous ones joined into one (order kept)."""
     out: list[TokenEvent] = []

@@ -21,7 +21,7 @@ from common.errors import AlreadyExists, Overloaded
 from common.keys import KeySchema
 from common.lifecycle import FinishReason, RequestState, terminal_state_for
 from common.sampling_params import SamplingParams
-from scheduler_service.requests import ClaimedRequest, NewRequest, TokenEvent, parse_ids
+from scheduler_service.requests import ClaimedRequest, NewRequest, TokenEvent, parse_ids, usage_of
 from scheduler_service.samples import ALONE_FIELD, SAMPLES_FIELD
 from scheduler_service.store import request_scripts
 from scheduler_service.store.script_batcher import ScriptBatcher
@@ -303,8 +303,7 @@ class RequestRecords:
             return
         reason = FinishReason.CANCELLED if result == 2 else FinishReason.ERROR
         self.on_end(reason)
-        final = TokenEvent(await self.token_count(request_id), (), "", reason, {})
-        await self._streams.publish_final(request_id, final)
+        await self._streams.publish_final(request_id, await self.final_event(request_id, reason))
 
     async def cancel(self, request_id: str) -> CancelOutcome:
         keys = [
@@ -358,6 +357,20 @@ class RequestRecords:
             return None
         record["tokens_generated"] = str(await self._redis.llen(self.keys.tokens(request_id)))
         return record
+
+    async def final_event(self, request_id: str, reason: FinishReason) -> TokenEvent:
+        """The final event of a request that ended outside an executor's report (cancelled while
+        queued, past the migration limit, fitting no executor): at its recorded token count, with
+        the usage its record gives, as a final event from its executor has it."""
+        fields = ("prompt_len", "arrival_ms", "assigned_ms", "first_token_ms", "cached_tokens")
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(self.keys.request(request_id), fields)
+            pipe.llen(self.keys.tokens(request_id))
+            record, tokens = await pipe.execute()
+        prompt, arrival, assigned, first, cached = (int(v) if v and v.isdigit() else 0 for v in record)
+        return TokenEvent(
+            int(tokens), (), "", reason, usage_of(prompt, int(tokens), arrival, assigned, first or None, cached)
+        )
 
     async def token_count(self, request_id: str) -> int:
         """How many output tokens the request has recorded."""

@@ -230,6 +230,32 @@ async def test_under_load_the_room_a_preemption_makes_goes_to_the_request_it_was
         await stack.stop()
 
 
+async def test_a_request_cancelled_while_queued_ends_with_its_prompts_usage(
+    redis_url: str, tiny_model_dir: Path
+) -> None:
+    """Its final event is published by the scheduler, not an executor: Resume, and every reader,
+    see the usage the record gives (it was empty), as a final event from an executor has it."""
+    stack = await start(redis_url, tiny_model_dir)
+    try:
+        blocker = await block(stack)
+        waiting = stack.stub.Generate(request("queued", 4))
+        store = stack.scheduler.frontend.store
+
+        async def queued() -> bool:
+            return bool(await store.redis.exists(KEYS.request("queued")))
+
+        await eventually(queued, "the request to be queued")
+        await stack.stub.Cancel(pb.CancelRequest(request_id="queued"))
+        assert [chunk.finish_reason async for chunk in waiting][-1] == pb.FINISH_REASON_CANCELLED
+        resumed = [chunk async for chunk in stack.stub.Resume(pb.ResumeRequest(request_id="queued"))]
+        usage = resumed[-1].usage
+        assert resumed[-1].finish_reason == pb.FINISH_REASON_CANCELLED
+        assert (usage.prompt_tokens, usage.completion_tokens, usage.ttft_ms) == (4, 0, 0)
+        blocker.cancel()
+    finally:
+        await stack.stop()
+
+
 async def test_past_max_pending_low_priority_is_shed_first_with_a_retry_hint(
     redis_url: str, tiny_model_dir: Path
 ) -> None:

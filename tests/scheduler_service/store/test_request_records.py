@@ -14,7 +14,6 @@ from common.errors import AlreadyExists, Overloaded
 from common.lifecycle import FinishReason, RequestState
 from common.redis_client import connect
 from common.sampling_params import SamplingParams
-from scheduler_service.requests import TokenEvent
 from scheduler_service.samples import sample_requests
 from scheduler_service.store import Store
 from tests.scheduler_service.store_helpers import (
@@ -337,7 +336,9 @@ async def test_requeue_after_a_cancel_returns_two_and_hand_back_ends_it_cancelle
     assert await store.queue.peek(10) == []
     assert await store.requests.running_ids("e1") == set()
     events = [e for _, e in await store.streams.read_events("r2", "0", 10)]
-    assert events == [TokenEvent(2, (), "", FinishReason.CANCELLED, {})]
+    assert [(e.index, e.token_ids, e.finish_reason) for e in events] == [(2, (), FinishReason.CANCELLED)]
+    usage = events[0].usage or {}
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (3, 2)  # the record's, as an executor's end has
     for key in (KEYS.request("r2"), KEYS.tokens("r2"), KEYS.output("r2")):
         assert 0 < await store.redis.ttl(key) <= TTL_S, key
 
