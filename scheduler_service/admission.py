@@ -250,7 +250,8 @@ class Admission:
         )
         self.queue_length = view.queued
         self._runs = view.runs
-        self._found_empty_at = None if view.counters else read_at  # no waiting tenant: nothing queued
+        # No waiting tenant and nothing queued (tenants all at their caps are left out, yet wait).
+        self._found_empty_at = None if view.counters or view.queued else read_at
         if not view.counters:
             return []
         heads: dict[str, list[QueuedRequest]] = {}

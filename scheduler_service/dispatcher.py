@@ -184,6 +184,9 @@ class Dispatcher:
                     await fleet.release_lease(executor_id, self.replica_id)
         if judging:
             await self._reap_dead(now - dist.executor_timeout_ms)
+        # Heard from Redis to the end of the round: a round slow of its own (reaping, hand-backs)
+        # is no silence of Redis's. A round that failed leaves the stamp where its last success put it.
+        self._redis_answered_ms = int(time.time() * 1000)
 
     async def refresh_signals(self) -> None:
         """Feed the scorer the executors' heartbeat load and the shared length estimator."""

@@ -84,11 +84,13 @@ class FleetRegistry:
         return bool(await self._redis.set(self._keys.lease(executor_id), holder, nx=True, px=ttl_ms))
 
     async def renew_leases(self, executor_ids: Sequence[str], holder: str, ttl_ms: int) -> list[int]:
-        """Renew each lease ``holder`` still holds, in one call: 1 (renewed) or 0 per executor."""
+        """Renew each lease ``holder`` still holds, in one call: 1 (renewed) or 0 per executor. A
+        lease that lapsed and no replica took since is taken again while its executor is registered
+        (``lease_scripts.RENEW_LEASES``)."""
         if not executor_ids:
             return []
-        leases = [self._keys.lease(executor_id) for executor_id in executor_ids]
-        return cast(list[int], await self._renew(keys=leases, args=[holder, ttl_ms]))
+        keys = [*(self._keys.lease(executor_id) for executor_id in executor_ids), self._keys.executors]
+        return cast(list[int], await self._renew(keys=keys, args=[holder, ttl_ms, *executor_ids]))
 
     async def lease_holder(self, executor_id: str) -> str | None:
         """The replica that drives ``executor_id`` now, if any."""

@@ -38,8 +38,15 @@ ADMISSION_VIEW = (
 local most = tonumber(ARGV[1])
 local caps = cjson.decode(ARGV[10])
 local capped = 0
-for _ in pairs(caps) do capped = capped + 1 end
--- Read as many more as there are capped tenants: those at their cap are left out below.
+local capped_names = {}
+for name in pairs(caps) do capped_names[#capped_names + 1] = name end
+if #capped_names > 0 then
+  local counts = redis.call('HMGET', KEYS[3], unpack(capped_names))
+  for i = 1, #capped_names do
+    if (tonumber(counts[i]) or 0) >= caps[capped_names[i]] then capped = capped + 1 end
+  end
+end
+-- Read as many more as there are tenants at their cap: they are left out below.
 local want = most + capped
 local tenants = redis.call('ZRANGE', KEYS[1], 0, want - 1, 'WITHSCORES')
 if #tenants == 2 * want then
@@ -51,8 +58,14 @@ if #tenants == 2 * want then
   while inside < want and tenants[#tenants - 2 * inside] == last do inside = inside + 1 end
   local tied = redis.call('ZCOUNT', KEYS[1], last, last)
   if tied > inside then
-    local offset = tonumber(ARGV[9]) % (tied - inside + 1)
+    -- A window of the tied run from the drawn place, wrapping around its end: every tied tenant
+    -- is read with the same chance, inside / tied.
+    local offset = tonumber(ARGV[9]) % tied
     local drawn = redis.call('ZRANGE', KEYS[1], last, last, 'BYSCORE', 'LIMIT', offset, inside, 'WITHSCORES')
+    if #drawn < 2 * inside then
+      local rest = redis.call('ZRANGE', KEYS[1], last, last, 'BYSCORE', 'LIMIT', 0, inside - #drawn / 2, 'WITHSCORES')
+      for i = 1, #rest do drawn[#drawn + 1] = rest[i] end
+    end
     for i = 1, #drawn do tenants[#tenants - 2 * inside + i] = drawn[i] end
   end
 end

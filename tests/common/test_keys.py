@@ -61,7 +61,7 @@ def _script_key_groups(keys: KeySchema, rid: str, eid: str) -> dict[str, list[st
         "FINISH": [keys.request(rid), keys.running(eid), keys.tokens(rid), keys.pending],
         "REQUEUE": [keys.request(rid), keys.running(eid), keys.pending],
         "CANCEL": [keys.request(rid), keys.pending, keys.tokens(rid)],
-        "LEASE": [keys.lease(eid)],
+        "LEASE": [keys.lease(eid), keys.executors],
         "APPLY_EVENTS": [keys.cached_blocks(eid), keys.lease(eid)],
         "DROP": [keys.cached_blocks(eid), keys.lease(eid)],
         "LEADING_RUNS": [keys.request(rid), keys.cached_blocks(eid), keys.cached_blocks(eid + "-2")],

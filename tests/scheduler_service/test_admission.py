@@ -16,6 +16,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from common.config import BatonConfig
+from common.config_loading import with_overrides
 from common.lifecycle import FinishReason
 from common.pb import executor_pb2 as pb
 from scheduler_service.admission import Admission
@@ -177,6 +178,20 @@ async def test_a_claim_that_lands_while_its_link_fences_goes_back_and_the_fences
     await link._on_reports([pb.StepReport(plan_seq=fence.seq, finished=[cancelled])])  # the abort's answer
     assert await state_and_owner(store, "r1") == ("QUEUED", "")
     assert link.ready and await admission.run([link]) == 1
+
+
+async def test_a_queue_whose_every_tenant_is_at_its_cap_is_not_taken_for_empty(store: Store) -> None:
+    """The read leaves out tenants at their cap; with every waiting tenant left out it names none,
+    yet the queue holds their work: a finish (which only frees room) must read it again."""
+    config = with_overrides(CONFIG, scheduler={"request_level": {"tenant_max_running": {"acme": 1}}})
+    scorer = RequestScorer(config)
+    await queued(store, scorer, "r1")
+    await queued(store, scorer, "r2")
+    admission = Admission(store, config, scorer, SchedulerMetrics())
+    link = open_link(store)
+    assert await admission.run([link]) == 1  # r1: acme is at its cap now
+    assert await admission.run([link]) == 0
+    assert not admission.queue_known_empty
 
 
 async def test_a_queue_found_empty_is_read_again_only_when_the_queue_moved(store: Store, round_: Round) -> None:

@@ -9,10 +9,14 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
 
 from common.keys import KeySchema
 from common.pb import generate_pb2 as pb
+from common.redis_client import connect
+from scheduler_service.dispatcher import Dispatcher
+from scheduler_service.store import Store
 from tests.conftest import RedisServer
 from tests.executor_service.reference import assert_matches_reference, load_reference_model, reference_greedy
 from tests.scheduler_service.test_end_to_end import greedy, random_prompts
@@ -165,3 +169,27 @@ async def test_redis_away_longer_than_the_leases_migrates_nothing(tmp_path: Path
     finally:
         await stack.stop()
         server.stop()
+
+
+async def test_a_discovery_round_slow_of_its_own_is_no_redis_outage(
+    redis_url: str, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grace after an outage (no heartbeat judged) is for Redis's silence: a round that spent
+    its time reaping or handing back, with Redis answering all along, must not start it, or a
+    replica whose rounds are slow would never judge a heartbeat again."""
+    config = stack_config(redis_url, tiny_model_dir)
+    store = Store(connect(redis_url), KeySchema(), config.distributed.request_ttl_s)
+    dispatcher = Dispatcher(store, config)
+    real_reap = dispatcher._reap_dead
+
+    async def slow_reap(cutoff_ms: int) -> None:
+        await asyncio.sleep(1.0)  # past the silence that counts as an outage (0.4 s here)
+        await real_reap(cutoff_ms)
+
+    monkeypatch.setattr(dispatcher, "_reap_dead", slow_reap)
+    try:
+        for _ in range(2):
+            await dispatcher.discover_once()
+        assert dispatcher._judge_heartbeats_from_ms == 0
+    finally:
+        await store.close()

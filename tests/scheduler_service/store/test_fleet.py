@@ -53,14 +53,17 @@ async def test_a_lease_has_one_holder_until_released(store: Store) -> None:
 
 
 async def test_a_lapsed_lease_no_one_took_is_taken_again_by_its_renewal(store: Store) -> None:
-    assert await store.fleet.take_lease("e1", "replica-a", 10_000)
-    assert await store.fleet.take_lease("e2", "replica-a", 10_000)
-    await store.redis.delete(KEYS.lease("e1"), KEYS.lease("e2"))  # both lapsed: Redis was away
+    for executor_id in ("e1", "e2", "e3"):
+        await register(store, executor_id, 5_000)
+        assert await store.fleet.take_lease(executor_id, "replica-a", 10_000)
+    await store.redis.delete(KEYS.lease("e1"), KEYS.lease("e2"), KEYS.lease("e3"))  # they lapsed: Redis was away
     assert await store.fleet.take_lease("e2", "replica-b", 10_000)  # another replica took one since
-    assert await store.fleet.renew_leases(["e1", "e2"], "replica-a", 10_000) == [1, 0]
+    await store.fleet.forget("e3")  # and another reaped one as dead
+    assert await store.fleet.renew_leases(["e1", "e2", "e3"], "replica-a", 10_000) == [1, 0, 0]
     assert cast(str, await store.redis.get(KEYS.lease("e1"))) == "replica-a"
     assert int(await store.redis.pttl(KEYS.lease("e1"))) > 5_000
     assert cast(str, await store.redis.get(KEYS.lease("e2"))) == "replica-b"
+    assert await store.redis.get(KEYS.lease("e3")) is None
 
 
 async def test_renewal_restarts_the_lease_ttl(store: Store) -> None:
