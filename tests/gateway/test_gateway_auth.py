@@ -145,11 +145,11 @@ async def test_anthropic_clients_send_their_key_as_x_api_key(gateways: Gateways)
         assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
 
 
-async def test_the_gateway_dials_a_scheduler_that_serves_mtls(
-    redis_url: str, tiny_model_dir: Path, tmp_path: Path
-) -> None:
+async def test_the_gateway_dials_a_scheduler_that_serves_mtls(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Every gRPC hop can be encrypted, the gateway's to the scheduler too (``--tls-ca``,
-    ``--tls-cert``, ``--tls-key``, as the other client commands take them)."""
+    ``--tls-cert``, ``--tls-key``, as the other client commands take them). A Redis of its own: the
+    module's stack runs on the shared one, and its executor would share this one's id."""
+    redis = RedisServer(tmp_path)
     (tmp_path / "pki").mkdir()
     pki = make_pki(tmp_path / "pki")
     security = {
@@ -160,7 +160,7 @@ async def test_the_gateway_dials_a_scheduler_that_serves_mtls(
         "client_cert": str(pki["client_cert"]),
         "client_key": str(pki["client_key"]),
     }
-    stack = await start_stack(stack_config(redis_url, tiny_model_dir, security=security))
+    stack = await start_stack(stack_config(redis.url, tiny_model_dir, security=security))
     args = build_parser().parse_args(
         [
             "gateway",
@@ -182,3 +182,4 @@ async def test_the_gateway_dials_a_scheduler_that_serves_mtls(
             assert (await http.get(f"{base_url}/health")).status_code == 503  # plaintext: the scheduler refuses it
     finally:
         await stack.stop()
+        redis.stop()

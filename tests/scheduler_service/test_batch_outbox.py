@@ -26,6 +26,7 @@ EVENTS_PER_REQUEST = 20
 class _Submitted:
     request_id: str
     n: int = 1
+    prompt_ids: tuple[int, ...] = (1, 2, 3)
 
 
 class _EagerFrontend:
