@@ -115,9 +115,11 @@ class StructuredOutput:
 
     @classmethod
     def from_pb(cls, msg: pb.StructuredOutput) -> StructuredOutput | None:
-        """The message's constraint; None when no kind is set (the field left empty)."""
+        """The message's constraint; None when the field is left empty."""
         which = msg.WhichOneof("kind")
         if which is None:
+            if msg.starts_after or msg.reopened_by:  # where a constraint starts, but none to start
+                raise InvalidRequest("structured_output sets starts_after or reopened_by but no kind of constraint")
             return None
         kind = StructuredKind(which)
         after, reopened = msg.starts_after, msg.reopened_by

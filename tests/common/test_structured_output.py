@@ -74,6 +74,12 @@ def test_unset_constraint_is_none_everywhere() -> None:
     assert SamplingParams.from_json('{"max_tokens": 3}').structured_output is None  # a record from before it
 
 
+def test_where_a_constraint_starts_without_a_constraint_is_refused() -> None:
+    for empty in (pb.StructuredOutput(starts_after="</think>"), pb.StructuredOutput(reopened_by="<think>")):
+        with pytest.raises(InvalidRequest, match="no kind of constraint"):
+            StructuredOutput.from_pb(empty)
+
+
 def test_json_object_false_is_refused() -> None:
     with pytest.raises(InvalidRequest, match="json_object must be true"):
         StructuredOutput.from_pb(pb.StructuredOutput(json_object=False))
