@@ -262,7 +262,8 @@ class Frontend:
                 if end > next_index or event.finish_reason is not FinishReason.NONE:
                     if event.index < next_index:  # a replayed prefix: keep the new tail
                         skip = min(next_index - event.index, len(event.token_ids))
-                        event = replace(event.after(skip), index=next_index)
+                        # (A final event behind a resume past the end says where the output ends.)
+                        event = replace(event.after(skip), index=min(next_index, end))
                         if event.token_ids:  # its text was the whole event's: the tail's, decoded
                             event = replace(event, text=await self._decode(request_id, event.token_ids))
                     next_index = max(next_index, end)

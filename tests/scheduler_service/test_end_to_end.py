@@ -278,6 +278,8 @@ async def test_resume_replays_a_finished_request_from_an_index(stack: Stack) -> 
     assert joined_tokens(resumed) == list(whole.token_ids)[4:]
     assert resumed[0].index == 4
     assert resumed[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    past = [c async for c in stack.stub.Resume(pb.ResumeRequest(request_id="replay-me", from_index=100))]
+    assert [(c.index, list(c.token_ids), c.finish_reason) for c in past] == [(10, [], pb.FINISH_REASON_LENGTH)]
 
 
 async def test_resume_inside_a_chunk_of_tokens_sends_the_text_of_the_rest(stack: Stack, tiny_model_dir: Path) -> None:
