@@ -360,13 +360,35 @@ class Frontend:
         return record
 
     async def cancel(self, request_id: str) -> RequestState:
-        """Cancel the request; with n > 1 every sample of it (the state returned is sample 0's)."""
-        n = samples_of(await self.authorize(request_id))
+        """Cancel the request; with n > 1 every sample of it (the state returned is sample 0's, or,
+        when sample 0 ended and expired while later ones go on, the first of those)."""
+        try:
+            record = await self.authorize(request_id)
+        except NotFound:
+            return await self._cancel_outliving_samples(request_id)
+        n = samples_of(record)
         state = await self._cancel_one(request_id)
         for k in range(1, n):
             with contextlib.suppress(NotFound):  # it expired before sample 0: nothing left to cancel
                 await self._cancel_one(sample_id(request_id, k))
         return state
+
+    async def _cancel_outliving_samples(self, request_id: str) -> RequestState:
+        """Cancel the later samples of a request whose sample 0 ended and expired (its record named
+        their count) while they went on: a sample preempted or re-queued often can outlive it."""
+        if split_sample_id(request_id)[1]:
+            raise NotFound(f"request {request_id} does not exist or has expired")
+        limit = self.config.scheduler.request_level.max_samples
+        samples = [sample_id(request_id, k) for k in range(1, limit)]
+        states = []
+        for sample, exists in zip(samples, await self.store.requests.exist(samples), strict=True):
+            if exists:
+                await self.authorize(sample)
+                with contextlib.suppress(NotFound):  # it expired meanwhile
+                    states.append(await self._cancel_one(sample))
+        if not states:
+            raise NotFound(f"request {request_id} does not exist or has expired")
+        return states[0]
 
     async def _cancel_one(self, request_id: str) -> RequestState:
         outcome = await self.store.requests.cancel(request_id)

@@ -372,6 +372,13 @@ class RequestRecords:
             int(tokens), (), "", reason, usage_of(prompt, int(tokens), arrival, assigned, first or None, cached)
         )
 
+    async def exist(self, request_ids: Sequence[str]) -> list[bool]:
+        """Whether each request has a record, in one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.exists(self.keys.request(request_id))
+            return [bool(found) for found in await pipe.execute()]
+
     async def token_count(self, request_id: str) -> int:
         """How many output tokens the request has recorded."""
         return int(await self._redis.llen(self.keys.tokens(request_id)))

@@ -156,6 +156,30 @@ async def test_cancel_of_the_request_cancels_every_sample(stack: Stack) -> None:
     await eventually(all_cancelled, "every sample to be recorded CANCELLED")
 
 
+async def test_a_later_sample_outliving_sample_0s_record_is_still_cancelled_by_the_requests_id(
+    stack: Stack,
+) -> None:
+    """Sample 0 ended and its record expired (it named the sample count) while sample 1 goes on."""
+    call = stack.stub.Generate(sampled("outlived", prompt(10, seed=6), 2, seed=1, max_tokens=3000))
+    chunks = aiter(call)
+    got = [await anext(chunks)]
+    frontend = stack.scheduler.frontend
+    await frontend._cancel_one("outlived")  # sample 0 alone ends, its client reads its end...
+    while not any(c.sample_index == 0 and c.finish_reason for c in got):
+        got.append(await anext(chunks))
+    keys = frontend.store.keys
+    await frontend.store.redis.delete(keys.request("outlived"), keys.tokens("outlived"))  # ...and it expires
+    reply = await stack.stub.Cancel(pb.CancelRequest(request_id="outlived"))
+    assert reply.state in (pb.REQUEST_STATE_RUNNING, pb.REQUEST_STATE_ASSIGNED, pb.REQUEST_STATE_CANCELLED)
+    got += [chunk async for chunk in chunks]
+    assert {c.sample_index: c.finish_reason for c in got if c.finish_reason} == dict.fromkeys(
+        range(2), pb.FINISH_REASON_CANCELLED
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as gone:  # no sample of it is left
+        await stack.stub.Cancel(pb.CancelRequest(request_id="never-was"))
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 async def test_a_client_that_walks_away_cancels_every_sample(stack: Stack) -> None:
     call = stack.stub.Generate(sampled("walks-away", prompt(10, seed=5), 2, seed=1, max_tokens=3000))
     await call.read()
