@@ -167,7 +167,8 @@ class Dispatcher:
         self._redis_answered_ms = now
         judging = now >= self._judge_heartbeats_from_ms
         held = list(self.links)
-        # A lease that lapsed and that no replica took since is taken again with the renewal.
+        # A lease that lapsed and that no replica took since is taken again with the renewal, while
+        # its executor is registered (``lease_scripts.RENEW_LEASES``).
         renewals = await fleet.renew_leases(held, self.replica_id, dist.lease_ttl_ms)
         for executor_id, renewed in zip(held, renewals, strict=True):
             if executor_id not in self._link_tasks:
