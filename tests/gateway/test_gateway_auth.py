@@ -17,7 +17,7 @@ from baton.client_commands import tls_credentials
 from common.security import load_tokens
 from tests.conftest import RedisServer
 from tests.gateway.serving import serve_gateway
-from tests.scheduler_service.test_security import make_pki
+from tests.scheduler_service.test_security import make_pki, mtls_security
 from tests.stack import Stack, stack_config, start_stack
 
 TOKENS = "tok-alice: alice\ntok-bob: bob\ntok-admin: '*'\n"
@@ -152,15 +152,7 @@ async def test_the_gateway_dials_a_scheduler_that_serves_mtls(tiny_model_dir: Pa
     redis = RedisServer(tmp_path)
     (tmp_path / "pki").mkdir()
     pki = make_pki(tmp_path / "pki")
-    security = {
-        "tls_cert": str(pki["server_cert"]),
-        "tls_key": str(pki["server_key"]),
-        "tls_ca": str(pki["ca"]),
-        "require_client_cert": True,
-        "client_cert": str(pki["client_cert"]),
-        "client_key": str(pki["client_key"]),
-    }
-    stack = await start_stack(stack_config(redis.url, tiny_model_dir, security=security))
+    stack = await start_stack(stack_config(redis.url, tiny_model_dir, security=mtls_security(pki)))
     args = build_parser().parse_args(
         [
             "gateway",

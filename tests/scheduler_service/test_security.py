@@ -63,6 +63,18 @@ def make_pki(root: Path) -> dict[str, Path]:
     return paths
 
 
+def mtls_security(pki: dict[str, Path]) -> dict[str, object]:
+    """The ``security`` section of a fleet on mutual TLS: every hop's server and client certificates."""
+    return {
+        "tls_cert": str(pki["server_cert"]),
+        "tls_key": str(pki["server_key"]),
+        "tls_ca": str(pki["ca"]),
+        "require_client_cert": True,
+        "client_cert": str(pki["client_cert"]),
+        "client_key": str(pki["client_key"]),
+    }
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return make_pki(tmp_path_factory.mktemp("pki"))
@@ -74,15 +86,7 @@ async def secure_stack(
 ) -> AsyncIterator[Stack]:
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text("tok-alice: alice\ntok-bob: bob\ntok-admin: '*'\n")
-    security = {
-        "tls_cert": str(pki["server_cert"]),
-        "tls_key": str(pki["server_key"]),
-        "tls_ca": str(pki["ca"]),
-        "require_client_cert": True,
-        "client_cert": str(pki["client_cert"]),
-        "client_key": str(pki["client_key"]),
-        "auth_tokens_file": str(tokens),
-    }
+    security = {**mtls_security(pki), "auth_tokens_file": str(tokens)}
     stack = await start_stack(stack_config(redis_url, tiny_model_dir, security=security))
     await stack.channel.close()
     credentials = grpc.ssl_channel_credentials(
