@@ -10,11 +10,12 @@ from collections.abc import Callable, Mapping
 from typing import cast
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, RedisError
 from redis.typing import EncodableT, FieldT
 
 from common.keys import KeySchema
 from common.periodic import Periodic
+from common.redis_client import TRANSIENT_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,16 @@ class Registration:
             await pipe.execute()
 
     async def start(self) -> None:
-        await self.beat()
+        try:
+            await self.beat()
+        except TRANSIENT_ERRORS as exc:
+            if isinstance(exc, AuthenticationError):  # a wrong password is no outage: say so, and stop
+                raise
+            # Redis is away (a restart, a failover) as this executor starts: it serves, and registers
+            # with the first heartbeat that lands, as the other services ride out an outage.
+            log.warning("registering failed (%s); registering with the next heartbeat that lands", exc)
+            self._heartbeats.start()
+            return
         self._heartbeats.start(wait_first=True)
 
     async def _next_beat(self) -> None:

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
+import subprocess
+from pathlib import Path
 
 from common.keys import KeySchema
 from common.redis_client import connect
 from executor_service.registration import Registration
+from tests.conftest import RedisServer, free_port
+from tests.stack import eventually
 
 
 async def test_stop_ends_the_heartbeat_wherever_it_lands(redis_url: str) -> None:
@@ -71,3 +76,30 @@ async def test_a_beat_that_fails_with_a_defect_does_not_end_the_heartbeats(redis
     finally:
         await registration.stop()
         await redis.aclose()
+
+
+async def test_an_executor_started_while_redis_is_away_registers_once_it_answers(tmp_path: Path) -> None:
+    """Started during a Redis restart, an executor exited (its first beat failed the start): it
+    serves, and registers with the first heartbeat that lands, as the other services ride it out."""
+    port = free_port()
+    redis = connect(f"redis://127.0.0.1:{port}/0")
+    keys = KeySchema("regtest4")
+    registration = Registration(redis, keys, "e1", {"address": "a"}, lambda: {"kv": 1}, 50, 5000)
+    server = None
+    try:
+        await registration.start()  # nothing listens on the port yet
+        binary = shutil.which("redis-server") or "redis-server"
+        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        server = subprocess.Popen([*args, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+        RedisServer._wait_ready_on(port)
+
+        async def registered() -> bool:
+            return bool(await redis.zscore(keys.executors, "e1"))
+
+        await eventually(registered, "the executor to register once Redis answers", timeout=30)
+    finally:
+        await registration.stop()
+        await redis.aclose()
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=10)
