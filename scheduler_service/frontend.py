@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -178,9 +179,15 @@ class Frontend:
         scored_prompt = req.params.prompt_logprobs is not None
         block_size = 0 if scored_prompt else limits.block_size
         fields = {**scored.fields, **prefix_fields(req.prompt_ids, block_size, req.cache_salt, self.naming)}
+        samples, traceparent, submission = sample_requests(req), current_traceparent(), secrets.token_hex(8)
         try:
-            await self.store.requests.enqueue_samples(
-                sample_requests(req), scored.score, limit, current_traceparent(), fields
+            # Rides out a Redis restart as every other call does: sent again, the same submission
+            # finds its own record if the first attempt landed.
+            await self._retrying(
+                lambda: self.store.requests.enqueue_samples(
+                    samples, scored.score, limit, traceparent, fields, submission
+                ),
+                f"queueing {req.request_id}",
             )
         except Overloaded as exc:
             self.metrics.shed.labels(str(req.priority)).inc()

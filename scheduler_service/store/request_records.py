@@ -92,9 +92,12 @@ class RequestRecords:
         max_pending: int,
         traceparent: str = "",
         scheduling: Mapping[str, str] | None = None,
+        submission: str = "",
     ) -> None:
         """Queue the samples of one request (``scheduler_service.samples``) in one script: all or
-        none. Sample 0's record keeps their count; each counts against ``max_pending``."""
+        none. Sample 0's record keeps their count; each counts against ``max_pending``.
+        ``submission`` names the client's call (random when not given): a retry of this call with
+        the same one, after its first attempt landed and its reply was lost, succeeds."""
         first = samples[0]
         keys = [
             self.keys.pending,
@@ -103,8 +106,8 @@ class RequestRecords:
             self.keys.tenant_vclock,
             self.keys.tenants_seen,
         ]
-        # Tells this call's own record from another's, should the client library send it twice.
-        submission = secrets.token_hex(8)
+        # Tells this call's own record from another's, should it be sent twice.
+        submission = submission or secrets.token_hex(8)
         args: list[EncodableT] = [max_pending, self.keys.tenant_queue_prefix, first.tenant, now_ms(), submission]
         for req in samples:
             fields = {

@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import grpc
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from common.keys import KeySchema
 from common.lifecycle import FinishReason, RequestState
@@ -348,3 +349,25 @@ async def test_a_token_write_lost_by_redis_is_recovered_exactly(stack: Stack, ti
     assert_matches_reference(got, reference_greedy(load_reference_model(tiny_model_dir), prompt, 90), "recovered")
     assert [c.index for c in first + rest] == sorted({c.index for c in first + rest})
     assert int(cast(str, await redis.hget(KeySchema().request("loses-a-write"), "migrations"))) >= 1
+
+
+async def test_a_submission_whose_reply_redis_dropped_is_sent_again_and_runs_once(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submission rides out a Redis outage as every other call does: the queueing landed, its
+    reply was lost with the connection, and the retry (the same submission) finds its own record."""
+    records = stack.scheduler.store.requests
+    real_enqueue = records._enqueue
+    dropped: list[bool] = []
+
+    async def reply_lost_once(keys: Any, args: Any) -> Any:
+        result = await real_enqueue(keys, args)
+        if not dropped:
+            dropped.append(True)
+            raise RedisConnectionError("the connection dropped before the reply")
+        return result
+
+    monkeypatch.setattr(records, "_enqueue", reply_lost_once)
+    chunks = await stack.generate(greedy([1, 7, 7, 7], 4, request_id="sent-twice"))
+    assert dropped and chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert len(joined_tokens(chunks)) == 4
