@@ -38,12 +38,16 @@ ADMISSION_VIEW = (
 local most = tonumber(ARGV[1])
 local caps = cjson.decode(ARGV[10])
 local capped = 0
+local at_cap = {}  -- the tenants at their running cap, read once
 local capped_names = {}
 for name in pairs(caps) do capped_names[#capped_names + 1] = name end
 if #capped_names > 0 then
   local counts = redis.call('HMGET', KEYS[3], unpack(capped_names))
   for i = 1, #capped_names do
-    if (tonumber(counts[i]) or 0) >= caps[capped_names[i]] then capped = capped + 1 end
+    if (tonumber(counts[i]) or 0) >= caps[capped_names[i]] then
+      at_cap[capped_names[i]] = true
+      capped = capped + 1
+    end
   end
 end
 -- Read as many more as there are tenants at their cap: they are left out below.
@@ -75,8 +79,7 @@ if capped > 0 then
   -- tenants that can run.
   local kept = {}
   for i = 1, #tenants, 2 do
-    local cap = caps[tenants[i]]
-    if #kept < 2 * most and (not cap or (tonumber(redis.call('HGET', KEYS[3], tenants[i])) or 0) < cap) then
+    if #kept < 2 * most and not at_cap[tenants[i]] then
       kept[#kept + 1] = tenants[i]
       kept[#kept + 1] = tenants[i + 1]
     end
