@@ -132,7 +132,8 @@ class KeySchema:
     @property
     def tenants_seen(self) -> str:
         """Sorted set: tenant -> when it last queued a request (ms). A tenant idle past
-        ``request_level.forget_idle_tenants_s`` loses its counter and its length estimates."""
+        ``request_level.forget_idle_tenants_s`` loses its counter and its length estimates; none is
+        kept where that is 0."""
         return f"{self._tagged}:tenants:seen"
 
     @property

@@ -180,12 +180,13 @@ class Frontend:
         block_size = 0 if scored_prompt else limits.block_size
         fields = {**scored.fields, **prefix_fields(req.prompt_ids, block_size, req.cache_salt, self.naming)}
         samples, traceparent, submission = sample_requests(req), current_traceparent(), secrets.token_hex(8)
+        forgets_tenants = request_level.forget_idle_tenants_s > 0
         try:
             # Rides out a Redis restart as every other call does: sent again, the same submission
             # finds its own record if the first attempt landed.
             await self._retrying(
                 lambda: self.store.requests.enqueue_samples(
-                    samples, scored.score, limit, traceparent, fields, submission
+                    samples, scored.score, limit, traceparent, fields, submission, forgets_tenants
                 ),
                 f"queueing {req.request_id}",
             )

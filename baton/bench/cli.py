@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from baton.bench.client import RunPlan, run_conversations, run_workload
 from baton.bench.multi_turn import MultiTurnSpec
 from baton.bench.prefix_scenarios import PREFIX_SCENARIOS
@@ -24,6 +26,7 @@ from baton.bench.reuse import prefix_reuse, ttft_by_turn
 from baton.bench.shared_prefix import ORDERS, SharedPrefixSpec, firsts_of_groups
 from baton.bench.stats import parse_goodput, summarize
 from baton.bench.workload import SCENARIOS, Scenario, WorkloadSpec, arrival_offsets
+from baton.client_commands import add_tls_flags, tls_credentials
 
 DEFAULT_WORKDIR = Path(tempfile.gettempdir()) / "baton-bench"
 CUSTOM = Scenario("custom", "from the flags", WorkloadSpec(64, (32, 256), (16, 128)), 64)
@@ -33,6 +36,7 @@ CUSTOM = Scenario("custom", "from the flags", WorkloadSpec(64, (32, 256), (16, 1
 def _target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="127.0.0.1:50051", help="scheduler HOST:PORT (default 127.0.0.1:50051)")
     p.add_argument("--token", help="bearer token, when the scheduler has auth on")
+    add_tls_flags(p)
     p.add_argument(
         "--local", action="store_true", help="start redis-server, an executor and a scheduler here and bench those"
     )
@@ -243,9 +247,14 @@ def _metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {args.token}"),) if args.token else ()
 
 
+def _credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    # A stack started here (--local) serves plaintext.
+    return None if args.local else tls_credentials(args)
+
+
 async def _run_one(target: str, scenario: Scenario, args: argparse.Namespace, warm_up: bool) -> ScenarioResult:
     wl = scenario.workload
-    plan = RunPlan(scenario.batch_size, timeout_s=args.timeout, metadata=_metadata(args))
+    plan = RunPlan(scenario.batch_size, None, args.timeout, _metadata(args), _credentials(args))
     turns: tuple[float, ...] = ()
     with progress_bar(wl.num_requests, f"{scenario.name}", enabled=not args.no_progress) as bar:
         if isinstance(wl, MultiTurnSpec):
@@ -298,7 +307,7 @@ def run_serve(args: argparse.Namespace) -> int:
     specs = workload.build()
     offsets = arrival_offsets(len(specs), args.request_rate, args.burstiness, args.seed)
     concurrency = args.max_concurrency or len(specs)
-    plan = RunPlan(concurrency, offsets, args.timeout, _metadata(args))
+    plan = RunPlan(concurrency, offsets, args.timeout, _metadata(args), _credentials(args))
     print(
         f"[bench] {len(specs)} requests, prompt {workload.input_len}, output {workload.output_len}, "
         f"rate {args.request_rate} req/s, burstiness {args.burstiness}, max concurrency {args.max_concurrency}",

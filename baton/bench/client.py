@@ -29,6 +29,7 @@ class RunPlan:
     offsets: Sequence[float] | None = None  # send times from the start (s); None sends as fast as allowed
     timeout_s: float = 600.0  # gRPC deadline of each request
     metadata: tuple[tuple[str, str], ...] = ()
+    credentials: grpc.ChannelCredentials | None = None  # TLS to the scheduler; None dials plaintext
 
     def __post_init__(self) -> None:
         if self.max_concurrency < 1:
@@ -64,13 +65,15 @@ async def stream_one(
         timing.error = "no tokens"
 
 
-async def wait_until_serving(stub: GenerationStub, timeout_s: float = 120.0) -> None:
+async def wait_until_serving(
+    stub: GenerationStub, timeout_s: float = 120.0, metadata: tuple[tuple[str, str], ...] = ()
+) -> None:
     """Send a short warm-up request until one succeeds: UNAVAILABLE until an executor has attached."""
     deadline = time.monotonic() + timeout_s
     warm = RequestSpec(WARM_PROMPT, WARM_TOKENS)
     while True:
         try:
-            async for _ in stub.Generate(request_pb(warm), timeout=timeout_s):
+            async for _ in stub.Generate(request_pb(warm), timeout=timeout_s, metadata=metadata or None):
                 pass
             return
         except grpc.aio.AioRpcError as exc:
@@ -80,10 +83,16 @@ async def wait_until_serving(stub: GenerationStub, timeout_s: float = 120.0) -> 
 
 
 @contextlib.asynccontextmanager
-async def open_stubs(target: str, in_flight: int) -> AsyncIterator[list[GenerationStub]]:
-    """Stubs over enough channels for ``in_flight`` concurrent streams, closed on exit."""
+async def open_stubs(
+    target: str, in_flight: int, credentials: grpc.ChannelCredentials | None = None
+) -> AsyncIterator[list[GenerationStub]]:
+    """Stubs over enough channels for ``in_flight`` concurrent streams, closed on exit; TLS with
+    ``credentials``."""
+    options = [("grpc.use_local_subchannel_pool", 1)]
     channels = [
-        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+        grpc.aio.secure_channel(target, credentials, options=options)
+        if credentials is not None
+        else grpc.aio.insecure_channel(target, options=options)
         for _ in range(max(1, in_flight) // STREAMS_PER_CHANNEL + 1)
     ]
     try:
@@ -105,9 +114,9 @@ async def run_workload(
     warm_up: bool = True,
 ) -> tuple[list[RequestTiming], float]:
     """Send ``specs`` per ``plan``; return their timings and the seconds from the first send to the last finish."""
-    async with open_stubs(target, min(plan.max_concurrency, len(specs))) as stubs:
+    async with open_stubs(target, min(plan.max_concurrency, len(specs)), plan.credentials) as stubs:
         if warm_up:
-            await wait_until_serving(stubs[0])
+            await wait_until_serving(stubs[0], metadata=plan.metadata)
         timings = [RequestTiming(len(s.prompt_ids), s.output_len) for s in specs]
         slots = asyncio.Semaphore(plan.max_concurrency)
         started = time.perf_counter()
@@ -135,9 +144,9 @@ async def run_conversations(
     model's real answers; at most ``plan.max_concurrency`` conversations at once (``plan.offsets``
     unused). Returns the timings by conversation and turn, and the seconds from the first send to
     the last finish. A failed turn ends its conversation: its later turns are recorded as failed."""
-    async with open_stubs(target, min(plan.max_concurrency, len(conversations))) as stubs:
+    async with open_stubs(target, min(plan.max_concurrency, len(conversations)), plan.credentials) as stubs:
         if warm_up:
-            await wait_until_serving(stubs[0])
+            await wait_until_serving(stubs[0], metadata=plan.metadata)
         timings: list[list[RequestTiming]] = [[] for _ in conversations]
         slots = asyncio.Semaphore(plan.max_concurrency)
         started = time.perf_counter()

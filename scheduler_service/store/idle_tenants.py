@@ -2,7 +2,8 @@
 tenant would otherwise grow with every tenant name ever sent (without auth, a client names its
 own tenant).
 
-The ENQUEUE script stamps a tenant in ``tenants:seen`` with each request it queues; a tenant
+The ENQUEUE script stamps a tenant in ``tenants:seen`` with each request it queues (unless
+forgetting is off: the stamps would only grow); a tenant
 stamped longer ago than ``request_level.forget_idle_tenants_s``, with nothing queued or running,
 loses its counter, its estimates and its stamp, and comes back as a new tenant would: level with
 the tenants waiting (its counter was lifted to them on return anyway, unless it had used more

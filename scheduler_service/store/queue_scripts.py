@@ -41,10 +41,12 @@ local capped = 0
 local at_cap = {}  -- the tenants at their running cap, read once
 local capped_names = {}
 for name in pairs(caps) do capped_names[#capped_names + 1] = name end
-if #capped_names > 0 then
-  local counts = redis.call('HMGET', KEYS[3], unpack(capped_names))
-  for i = 1, #capped_names do
-    if (tonumber(counts[i]) or 0) >= caps[capped_names[i]] then
+-- In slices: Lua's unpack takes at most a few thousand values, and thousands of caps may be set.
+for first = 1, #capped_names, 1000 do
+  local last = math.min(first + 999, #capped_names)
+  local counts = redis.call('HMGET', KEYS[3], unpack(capped_names, first, last))
+  for i = first, last do
+    if (tonumber(counts[i - first + 1]) or 0) >= caps[capped_names[i]] then
       at_cap[capped_names[i]] = true
       capped = capped + 1
     end

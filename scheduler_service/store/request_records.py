@@ -93,11 +93,14 @@ class RequestRecords:
         traceparent: str = "",
         scheduling: Mapping[str, str] | None = None,
         submission: str = "",
+        stamp_tenant: bool = True,
     ) -> None:
         """Queue the samples of one request (``scheduler_service.samples``) in one script: all or
         none. Sample 0's record keeps their count; each counts against ``max_pending``.
         ``submission`` names the client's call (random when not given): a retry of this call with
-        the same one, after its first attempt landed and its reply was lost, succeeds."""
+        the same one, after its first attempt landed and its reply was lost, succeeds.
+        ``stamp_tenant`` marks the tenant seen now, for forgetting idle tenants (off where that
+        is off: the stamps would only grow)."""
         first = samples[0]
         keys = [
             self.keys.pending,
@@ -108,7 +111,8 @@ class RequestRecords:
         ]
         # Tells this call's own record from another's, should it be sent twice.
         submission = submission or secrets.token_hex(8)
-        args: list[EncodableT] = [max_pending, self.keys.tenant_queue_prefix, first.tenant, now_ms(), submission]
+        stamp = now_ms() if stamp_tenant else ""
+        args: list[EncodableT] = [max_pending, self.keys.tenant_queue_prefix, first.tenant, stamp, submission]
         for req in samples:
             fields = {
                 "state": RequestState.QUEUED.name,

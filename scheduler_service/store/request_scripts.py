@@ -51,7 +51,8 @@ MALFORMED = -9
 CANCEL_PENDING = 3  # RECORD_STEP: tokens accepted, and a cancel waits for the executor to abort it
 
 # Queue one request, or all the samples of one (all or none). KEYS: pending, waiting, counters,
-# vclock, seen, then req_i per request. ARGV: shed_limit, tenant_queue_prefix, tenant, now_ms,
+# vclock, seen, then req_i per request. ARGV: shed_limit, tenant_queue_prefix, tenant, now_ms
+# (the tenant's stamp in seen; '' where idle tenants are never forgotten, so none is kept),
 # submission (a nonce the first record keeps), then per request: id, score, m, then m field/value
 # strings. Refused (-1) when any of the records exists, and (-2) when the requests would take the
 # queue past the shed limit (lower for lower priorities), so room stays for important work and
@@ -78,7 +79,7 @@ for i = 1, count do
   join_tenant(ARGV[2] .. ARGV[3], KEYS[2], KEYS[3], KEYS[4], ARGV[3], score, id, true)
   a = a + 3 + m
 end
-redis.call('ZADD', KEYS[5], ARGV[4], ARGV[3])
+if ARGV[4] ~= '' then redis.call('ZADD', KEYS[5], ARGV[4], ARGV[3]) end
 return 1
 """
 )

@@ -14,7 +14,9 @@ from baton.bench.client import RunPlan, run_conversations, run_workload
 from baton.bench.multi_turn import MultiTurnSpec
 from baton.bench.stats import RequestTiming, summarize
 from baton.bench.workload import WorkloadSpec, arrival_offsets
-from tests.stack import Stack
+from tests.conftest import RedisServer
+from tests.scheduler_service.test_security import make_pki, mtls_security
+from tests.stack import Stack, stack_config, start_stack
 
 
 async def test_run_workload_times_every_request(stack: Stack) -> None:
@@ -98,3 +100,27 @@ async def test_bench_prefix_scenarios_report_first_and_repeat_ttft(stack: Stack,
     assert "prompt cached" in out
     assert multi["name"] == "multi-turn" and multi["summary"]["completed"] == 6
     assert multi["reuse"]["firsts"] == 2 and len(multi["ttft_by_turn"]) == 3
+
+
+async def test_bench_dials_a_scheduler_on_mtls_with_a_token(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The warm-up request carries the token too (it was refused UNAUTHENTICATED before the run).
+    A Redis of its own: the module's stack runs on the shared one, and its executor would share
+    this one's id."""
+    redis = RedisServer(tmp_path)
+    (tmp_path / "pki").mkdir()
+    pki = make_pki(tmp_path / "pki")
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text("tok-alice: alice\n")
+    security = {**mtls_security(pki), "auth_tokens_file": str(tokens)}
+    stack = await start_stack(stack_config(redis.url, tiny_model_dir, security=security))
+    try:
+        argv = ["bench", "--target", stack.target, "--scenario", "short", "--num-requests", "2", "--output-len", "2"]
+        tls = ["--tls-ca", str(pki["ca"]), "--tls-cert", str(pki["client_cert"]), "--tls-key", str(pki["client_key"])]
+        code, out = await _baton(*argv, *tls, "--token", "tok-alice", "--no-progress")
+        assert code == 0, out
+        assert "short" in out
+        code, out = await _baton(*argv, *tls, "--no-progress")  # no token: every request refused
+        assert code != 0 and "UNAUTHENTICATED" in out
+    finally:
+        await stack.stop()
+        redis.stop()

@@ -25,6 +25,12 @@ async def test_a_queued_request_stamps_its_tenant(store: Store) -> None:
     assert stamp is not None and before <= stamp <= now_ms()
 
 
+async def test_no_stamp_is_kept_where_idle_tenants_are_never_forgotten(store: Store) -> None:
+    await store.requests.enqueue_samples([replace(new_request("r"), tenant="acme")], 100.0, 100, stamp_tenant=False)
+    assert await store.redis.zscore(KEYS.tenants_seen, "acme") is None
+    assert (await store.requests.get("r") or {}).get("state") == "QUEUED"
+
+
 async def test_only_tenants_idle_past_the_bound_with_nothing_in_the_system_are_forgotten(store: Store) -> None:
     for tenant in ("gone", "queued", "running", "recent"):
         await arrive(store, f"{tenant}-0", tenant)

@@ -114,3 +114,14 @@ async def test_tenants_at_their_running_cap_hold_no_place_in_the_read(store: Sto
     view = await store.queue.admission_view(3, 4, caps=caps, tie_draw=0)
     assert list(view.counters) == ["c3", "free", "z"]  # c0-c2 are at their cap; c3 is below it
     assert list((await store.queue.admission_view(3, 4, tie_draw=0)).counters) == ["c0", "c1", "c2"]  # no caps
+
+
+async def test_thousands_of_configured_caps_are_read_in_slices(store: Store) -> None:
+    # Lua's unpack takes a few thousand values at most: one HMGET of every capped name failed.
+    caps = {f"t{i:05d}": 1 for i in range(12_000)}
+    for tenant in ("t00000", "t11999", "free"):
+        await queue(store, f"{tenant}-0", tenant, 1.0)
+    await store.redis.zadd(KEYS.tenants_waiting, {"t00000": 0.0, "t11999": 0.0, "free": 0.5})
+    await store.redis.hset(KEYS.tenant_running, mapping={"t00000": 1, "t11999": 1})
+    view = await store.queue.admission_view(2, 4, caps=caps, tie_draw=0)
+    assert list(view.counters) == ["free"]  # both at their cap, the last slice's as the first's
