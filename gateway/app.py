@@ -355,8 +355,10 @@ class Gateway:
             apply_model_defaults(parsed.request.params, body, served.sampling_defaults)
         requests = parsed.requests()  # one per prompt: a completion may list several
         reply = Reply.for_request(chat, parsed, model, reasoning)
-        log.debug("request %s: %s, stream=%s", reply.request_id, request.url.path, parsed.stream)
-        return _Generation(parsed, requests, reply, {REQUEST_ID_HEADER: reply.request_id})
+        # Baton's id, for GetRequest and Cancel: the body's request_id only names the response.
+        baton_id = parsed.request.request_id
+        log.debug("request %s: %s, stream=%s", baton_id, request.url.path, parsed.stream)
+        return _Generation(parsed, requests, reply, {REQUEST_ID_HEADER: baton_id})
 
     async def _whole(self, request: Request, caller: Caller, generation: _Generation) -> dict[str, Any] | Response:
         """The whole answer's body; a Response where the client left before it."""

@@ -296,7 +296,9 @@ def _sampling(body: Mapping[str, Any], default_max_tokens: int | None, min_max_t
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", min_max_tokens)
-    if max_tokens is None:
+    if max_tokens is None and "max_tokens" not in body:
+        # Only an absent max_tokens takes the default: an explicit null is the room left in the
+        # context, as vLLM reads a completion's.
         max_tokens = default_max_tokens
     if max_tokens is None:
         params.fill_context = True  # the scheduler caps it by the model's max_new_tokens, as vLLM does
@@ -376,15 +378,20 @@ def tenant_of_user(user: str) -> str:
 
 
 def _stream_options(body: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
-    """``include_usage``, and vLLM's ``continuous_usage_stats`` (which needs it, as in vLLM)."""
+    """``include_usage`` (true unless set false, as vLLM reads it), and vLLM's
+    ``continuous_usage_stats`` (which needs it, as in vLLM)."""
     options = body.get("stream_options")
     if options is None:
         return False, False
     if not isinstance(options, dict):
         raise BadRequest("stream_options must be an object", param="stream_options")
-    if not stream and options:  # as OpenAI and vLLM answer (an empty object asks for nothing)
-        raise BadRequest("stream_options is only allowed when stream is true", param="stream_options")
-    include = _bool(options, "include_usage")
+    if not stream:
+        if options:  # as OpenAI and vLLM answer (an empty object asks for nothing)
+            raise BadRequest("stream_options is only allowed when stream is true", param="stream_options")
+        return False, False
+    # vLLM's default, where OpenAI's is false: a client that sends stream_options at all (only
+    # continuous_usage_stats, say) gets the usage unless it says otherwise.
+    include = _bool(options, "include_usage", default=True)
     return include, include and _bool(options, "continuous_usage_stats")
 
 

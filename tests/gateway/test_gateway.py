@@ -496,6 +496,18 @@ async def test_request_id_header_is_idempotency_key(client: openai.AsyncOpenAI) 
         await client.completions.create(model="tiny", prompt="Hi", max_tokens=2, extra_headers=headers)
 
 
+async def test_the_baton_id_header_names_the_baton_request_when_the_body_labels_the_response(served: Served) -> None:
+    """vLLM's body ``request_id`` names the response only; the header still names Baton's
+    request, for GetRequest and Cancel (it carried the label, which names no request)."""
+    body = {"model": ALIAS, "prompt": "Hi", "max_tokens": 2, "request_id": "label-xyz", **NO_EOS}
+    async with httpx.AsyncClient(base_url=served.base_url) as http:
+        answer = await http.post("/v1/completions", json=body)
+    baton_id = answer.headers["x-baton-request-id"]
+    assert answer.json()["id"] == "cmpl-label-xyz" and baton_id != "label-xyz"
+    status = await served.stack.stub.GetRequest(pb.GetRequestRequest(request_id=baton_id))
+    assert status.state == pb.REQUEST_STATE_FINISHED and status.tokens_generated == 2
+
+
 async def _wait_state(served: Served, request_id: str, state: int, timeout: float = 10.0) -> None:
     async with asyncio.timeout(timeout):
         while True:

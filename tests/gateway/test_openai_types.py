@@ -241,6 +241,13 @@ def test_cache_salt_goes_to_baton() -> None:
     assert parse_completion({"prompt": "a", "cache_salt": None}).request.cache_salt == ""
 
 
+def test_a_null_max_tokens_is_the_room_left_in_the_context() -> None:
+    # As vLLM reads a completion's: only an absent max_tokens means OpenAI's 16.
+    assert parse_completion({"prompt": "a"}).request.params.max_tokens == 16
+    params = parse_completion({"prompt": "a", "max_tokens": None}).request.params
+    assert params.fill_context and params.max_tokens == 0
+
+
 def test_chat_defaults_to_batons_max_tokens() -> None:
     parsed = parse_chat({"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 3})
     assert parsed.request.params.max_tokens == 3
@@ -395,13 +402,17 @@ def test_stream_options_refusals(body: dict[str, Any]) -> None:
 def test_include_usage_is_read_from_stream_options() -> None:
     assert not parse_completion({"prompt": "a", "stream_options": {}}).include_usage  # vLLM accepts it too
     chat = {"messages": [{"role": "user", "content": "Hi"}], "stream": True}
-    assert not parse_chat({**chat, "stream_options": {}}).include_usage
+    # vLLM's default (OpenAI's is false): stream_options at all asks for the usage, unless it says not.
+    assert parse_chat({**chat, "stream_options": {}}).include_usage
     assert not parse_completion({"prompt": "a", "stream": True, "stream_options": None}).include_usage
     assert parse_completion({"prompt": "a", "stream": True, "stream_options": {"include_usage": True}}).include_usage
     both = {"include_usage": True, "continuous_usage_stats": True}
     assert parse_completion({"prompt": "a", "stream": True, "stream_options": both}).continuous_usage
-    alone = {"continuous_usage_stats": True}  # it needs include_usage, as in vLLM
-    assert not parse_completion({"prompt": "a", "stream": True, "stream_options": alone}).continuous_usage
+    alone = {"continuous_usage_stats": True}  # include_usage true by default, as in vLLM
+    assert parse_completion({"prompt": "a", "stream": True, "stream_options": alone}).continuous_usage
+    off = {"include_usage": False, "continuous_usage_stats": True}  # it needs include_usage, as in vLLM
+    assert not parse_completion({"prompt": "a", "stream": True, "stream_options": off}).continuous_usage
+    assert not parse_completion({"prompt": "a", "stream": True, "stream_options": off}).include_usage
 
 
 def test_running_usage_counts_each_choices_output() -> None:
