@@ -17,9 +17,9 @@ from common.logprobs import MAX_LOGPROBS
 from common.pb import executor_pb2 as pb
 from common.structured_output import StructuredOutput
 
-# A temperature this small samples greedily, as in vLLM (its _SAMPLING_EPS): dividing logits by it
-# reaches float32's range, and what is left of the distribution is its most likely token anyway.
-GREEDY_BELOW_TEMPERATURE = 1e-5
+# A positive temperature below this one samples at this one, as vLLM raises it (its _MAX_TEMP), and
+# only 0 is greedy: dividing logits by a tinier one reached float32's range (a NaN softmax).
+LEAST_TEMPERATURE = 0.01
 # A smaller repetition penalty counts as this one. Dividing a logit by a tiny penalty (and then by a
 # temperature) overflowed float32: the softmax was NaN and multinomial failed the whole step. With
 # both at least 1e-5 and bias within +-100, every adjusted logit stays finite, so nothing has to be
@@ -88,8 +88,8 @@ class SamplingParams:
         object.__setattr__(self, "bad_words_token_ids", tuple(tuple(map(int, w)) for w in self.bad_words_token_ids))
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise InvalidRequest(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.temperature < GREEDY_BELOW_TEMPERATURE:
-            object.__setattr__(self, "temperature", 0.0)
+        if 0 < self.temperature < LEAST_TEMPERATURE:
+            object.__setattr__(self, "temperature", LEAST_TEMPERATURE)
         if not (0.0 < self.top_p <= 1.0):  # also rejects NaN
             raise InvalidRequest(f"top_p must lie in (0, 1] (0 means 1), got {self.top_p}")
         if self.top_k < 0:

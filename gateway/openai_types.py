@@ -317,7 +317,7 @@ def _sampling(body: Mapping[str, Any], default_max_tokens: int | None, min_max_t
     if top_k is not None:
         params.top_k = max(top_k, 0)  # vLLM's -1, like 0, means every token
     seed = _int(body, "seed", -(2**63), 2**64 - 1)
-    if seed is not None:
+    if seed is not None and seed != -1:  # vLLM's -1 is no seed at all
         params.seed = seed % 2**64  # vLLM takes any int64; a negative one as its two's complement
     stop_ids = body.get("stop_token_ids")
     if stop_ids is not None:

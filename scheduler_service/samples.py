@@ -14,9 +14,10 @@ partial block. A later sample so waits one prefill for its first token; the flee
 prompt once rather than n times. Should sample 0 end or vanish before its first token, its
 siblings are released anyway (they then run on their own, as separate requests would).
 
-Sampling: with a seed, sample k uses seed + k (as vLLM does), so the samples differ and the
-request is reproducible; without one, each sample's generator is seeded from fresh randomness.
-Greedy samples are identical.
+Sampling: with a seed, sample k uses seed + k (as vLLM does; modulo 2^64, as a negative seed sent
+to the OpenAI API arrives in two's complement), so the samples differ and the request is
+reproducible; without one, each sample's generator is seeded from fresh randomness. Greedy samples
+are identical.
 """
 
 from __future__ import annotations
@@ -41,14 +42,11 @@ _PLACED = (RequestState.ASSIGNED.name, RequestState.RUNNING.name, RequestState.F
 _LIVE_BEFORE_OUTPUT = (RequestState.QUEUED.name, RequestState.ASSIGNED.name, RequestState.RUNNING.name)
 
 
-def check_samples(n: int, seed: int | None, limit: int) -> int:
-    """The request's sample count (proto3's 0 means 1); InvalidRequest past ``limit`` or when
-    seed + n - 1 would leave the seed's range."""
+def check_samples(n: int, limit: int) -> int:
+    """The request's sample count (proto3's 0 means 1); InvalidRequest past ``limit``."""
     n = n or 1
     if n > limit:
         raise InvalidRequest(f"n must lie in [1, {limit}] (request_level.max_samples and the batch size), got {n}")
-    if seed is not None and seed + n - 1 > SEED_MAX:
-        raise InvalidRequest(f"seed + n - 1 must fit in 64 bits (sample k samples with seed + k), got seed {seed}")
     return n
 
 
@@ -57,7 +55,7 @@ def sample_requests(req: NewRequest) -> list[NewRequest]:
     out = [req]
     for k in range(1, req.n):
         seed = req.params.seed
-        params = req.params if seed is None else replace(req.params, seed=seed + k)
+        params = req.params if seed is None else replace(req.params, seed=(seed + k) & SEED_MAX)
         out.append(replace(req, request_id=sample_id(req.request_id, k), params=params, n=1))
     return out
 

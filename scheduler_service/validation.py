@@ -69,8 +69,6 @@ def _params(
     """The request's parameters: the checks that need the model or the config here, the value checks
     in ``SamplingParams`` itself. ``encode_word`` tokenises a bad word (None: bad words are refused)."""
     room = limits.max_model_len - prompt_len
-    if msg.top_k > limits.vocab_size:
-        raise InvalidRequest(f"top_k must be at most the vocabulary size {limits.vocab_size}, got {msg.top_k}")
     if msg.HasField("max_tokens") and msg.max_tokens == 0 and not msg.HasField("prompt_logprobs"):
         raise InvalidRequest(
             "max_tokens must be at least 1 (leave it unset for the server default; 0 only with prompt_logprobs)"
@@ -112,7 +110,7 @@ def _params(
         max_tokens=msg.max_tokens if msg.HasField("max_tokens") else _default_max_tokens(msg, room, limits, config),
         temperature=float(msg.temperature),
         top_p=float(msg.top_p) or 1.0,  # proto3's unset 0 means "no top-p"
-        top_k=int(msg.top_k),
+        top_k=0 if msg.top_k >= limits.vocab_size else int(msg.top_k),  # every token: off, as vLLM reads it
         seed=int(msg.seed) if msg.HasField("seed") else None,
         stop=tuple(msg.stop),
         stop_token_ids=tuple(msg.stop_token_ids),
@@ -192,7 +190,7 @@ def validate(
     if len(prompt_ids) >= limits.max_model_len:
         raise InvalidRequest(f"prompt has {len(prompt_ids)} tokens; max_model_len is {limits.max_model_len}")
     params = _params(msg.params, len(prompt_ids), limits, config, encode_word)
-    n = check_samples(msg.params.n, params.seed, config.max_samples if max_samples is None else max_samples)
+    n = check_samples(msg.params.n, config.max_samples if max_samples is None else max_samples)
     tenant = msg.tenant or "default"
     # A tenant's name cannot hold NUL, so no request's own salt can take another tenant's place.
     salt = f"{tenant}\0{msg.cache_salt}" if config.prefix_cache_per_tenant else msg.cache_salt

@@ -201,10 +201,12 @@ def test_logprobs_are_the_raw_distribution(temperature: float) -> None:
     ids=["tiny-temperature", "tiny-repetition-penalty"],
 )
 def test_an_overflowing_row_takes_its_most_likely_token_and_harms_no_other(extreme: SamplingParams) -> None:
-    """A tiny positive temperature (vLLM samples greedily below 1e-5) or repetition penalty scaled a
-    logit past float32's range: the softmax was NaN, multinomial raised, and the step failed for
-    every request in it (the engine thread with it). Both are bounded where the request is read."""
-    assert SamplingParams(temperature=1e-6).greedy and not SamplingParams(temperature=1e-5).greedy
+    """A tiny positive temperature or repetition penalty scaled a logit past float32's range: the
+    softmax was NaN, multinomial raised, and the step failed for every request in it (the engine
+    thread with it). Both are bounded where the request is read: a temperature as vLLM bounds it
+    (raised to 0.01, and only 0 is greedy)."""
+    assert SamplingParams(temperature=1e-6).temperature == 0.01 and not SamplingParams(temperature=1e-6).greedy
+    assert SamplingParams(temperature=0.0).greedy and SamplingParams(temperature=0.5).temperature == 0.5
     logits = _logits(2)
     neighbour = SamplingParams(temperature=0.8, seed=3)
     rows = [Row("x", extreme, output_ids=[int(logits[0].argmax())]), Row("n", neighbour)]

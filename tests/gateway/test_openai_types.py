@@ -524,7 +524,9 @@ def test_vllm_spellings_of_defaults_are_accepted() -> None:
     """Values vLLM's clients send for "no restriction" or "the default", which a stricter reading refused."""
     params = parse_completion({"prompt": "a", "top_k": -1, "stop_token_ids": [], "seed": -1}).request.params
     assert params.top_k == 0 and not params.stop_token_ids
-    assert params.seed == 2**64 - 1  # any int64 seeds, as in vLLM; a negative one as its two's complement
+    assert not params.HasField("seed")  # vLLM's -1: no seed, each request sampled afresh
+    # Any other int64 seeds, as in vLLM; a negative one as its two's complement.
+    assert parse_completion({"prompt": "a", "seed": -2}).request.params.seed == 2**64 - 2
     assert parse_completion({"prompt": "a", "top_p": 1e-9}).request.params.top_p == pytest.approx(1e-9)
 
 

@@ -40,12 +40,18 @@ def test_samples_get_derived_ids_and_consecutive_seeds() -> None:
 
 
 def test_check_samples() -> None:
-    assert check_samples(0, None, 8) == 1  # proto3's unset
-    assert check_samples(8, 2**64 - 8, 8) == 8
+    assert check_samples(0, 8) == 1  # proto3's unset
+    assert check_samples(8, 8) == 8
     with pytest.raises(InvalidRequest, match="n must lie"):
-        check_samples(9, None, 8)
-    with pytest.raises(InvalidRequest, match="seed"):
-        check_samples(2, 2**64 - 1, 8)
+        check_samples(9, 8)
+
+
+def test_sample_seeds_wrap_around_the_seed_range() -> None:
+    # A negative seed reaches Baton in two's complement (-2 as 2**64 - 2): its samples take -2, -1,
+    # 0, ... as vLLM's seed + k does, rather than being refused for leaving the range.
+    req = replace(new_request("job"), n=3)
+    req = replace(req, params=replace(req.params, seed=2**64 - 2))
+    assert [s.params.seed for s in sample_requests(req)] == [2**64 - 2, 2**64 - 1, 0]
 
 
 def test_samples_of_a_record() -> None:
