@@ -1,8 +1,9 @@
 """Log probabilities of consecutive tokens: what the executor computes, Redis keeps and the API returns.
 
 One ``Logprobs`` covers a run of positions (a step's new tokens, or the prompt). For each position
-it holds the token that is there (the one generated, or the prompt's) with its log probability,
-and the ``num_top`` most likely tokens with theirs, most likely first. The layout is flat and
+it holds the token that is there (the one generated, or the prompt's) with its log probability and
+its rank (vLLM's: how many tokens are at least as likely; 0 where unknown), and the ``num_top`` most
+likely tokens with theirs, most likely first. The layout is flat and
 columnar (``top_ids[i * num_top : (i + 1) * num_top]`` belong to position ``i``), so a run is
 sliced and joined without touching its numbers, and it travels as packed arrays: protobuf's packed
 repeated fields between executor and scheduler, and one base64 string of little-endian arrays in
@@ -41,6 +42,7 @@ class Logprobs:
     num_top: int = 0  # alternatives per position
     top_ids: tuple[int, ...] = ()  # num_top per position, most likely first
     top_logprobs: tuple[float, ...] = ()
+    ranks: tuple[int, ...] = ()  # the token's rank at each position, 0 where unknown; () all unknown
 
     def __post_init__(self) -> None:
         n, k = len(self.token_ids), self.num_top
@@ -49,6 +51,10 @@ class Logprobs:
                 f"logprobs of {n} positions need {n} logprobs and {n} x {self.num_top} alternatives, got "
                 f"{len(self.logprobs)}, {len(self.top_ids)} and {len(self.top_logprobs)}"
             )
+        if not self.ranks:
+            object.__setattr__(self, "ranks", (0,) * n)
+        elif len(self.ranks) != n:
+            raise ValueError(f"logprobs of {n} positions need {n} ranks, got {len(self.ranks)}")
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -60,6 +66,7 @@ class Logprobs:
         logprobs: Sequence[float],
         top_ids: Sequence[Sequence[int]] = (),
         top_logprobs: Sequence[Sequence[float]] = (),
+        ranks: Sequence[int] = (),
     ) -> Logprobs:
         """From per-position lists of alternatives (all of one length)."""
         num_top = len(top_ids[0]) if top_ids else 0
@@ -69,6 +76,7 @@ class Logprobs:
             num_top,
             tuple(t for row in top_ids for t in row),
             tuple(x for row in top_logprobs for x in row),
+            tuple(ranks),
         )
 
     def top(self, position: int) -> list[tuple[int, float]]:
@@ -89,6 +97,7 @@ class Logprobs:
             k,
             self.top_ids[start * k : end * k],
             self.top_logprobs[start * k : end * k],
+            self.ranks[start:end],
         )
 
     def then(self, later: Logprobs) -> Logprobs:
@@ -105,6 +114,7 @@ class Logprobs:
             self.num_top,
             self.top_ids + later.top_ids,
             self.top_logprobs + later.top_logprobs,
+            self.ranks + later.ranks,
         )
 
     # ---- Redis: one base64 string of little-endian arrays ----------------------------------
@@ -117,6 +127,7 @@ class Logprobs:
                 np.array(self.logprobs, dtype=_FLOATS).tobytes(),
                 np.array(self.top_ids, dtype=_IDS).tobytes(),
                 np.array(self.top_logprobs, dtype=_FLOATS).tobytes(),
+                np.array(self.ranks, dtype=_IDS).tobytes(),
             )
         )
         return base64.b64encode(raw).decode("ascii")
@@ -125,16 +136,17 @@ class Logprobs:
     def unpack(cls, text: str) -> Logprobs:
         raw = base64.b64decode(text, validate=True)
         n, k = (int(x) for x in np.frombuffer(raw, dtype=_HEADER, count=2))
-        expected = 8 + 4 * (2 * n + 2 * n * k)
-        if len(raw) != expected:
-            raise ValueError(f"packed logprobs of {n} x {k} need {expected} bytes, got {len(raw)}")
+        unranked = 8 + 4 * (2 * n + 2 * n * k)  # as written before ranks were kept
+        if len(raw) not in (unranked, unranked + 4 * n):
+            raise ValueError(f"packed logprobs of {n} x {k} need {unranked + 4 * n} bytes, got {len(raw)}")
         offset = 8
         parts = []
-        for dtype, count in ((_IDS, n), (_FLOATS, n), (_IDS, n * k), (_FLOATS, n * k)):
+        columns = [(_IDS, n), (_FLOATS, n), (_IDS, n * k), (_FLOATS, n * k)]
+        for dtype, count in columns + ([(_IDS, n)] if len(raw) > unranked else []):
             parts.append(np.frombuffer(raw, dtype=dtype, count=count, offset=offset).tolist())
             offset += 4 * count
-        ids, lps, top_ids, top_lps = parts
-        return cls(tuple(ids), tuple(lps), k, tuple(top_ids), tuple(top_lps))
+        ids, lps, top_ids, top_lps, *ranks = parts
+        return cls(tuple(ids), tuple(lps), k, tuple(top_ids), tuple(top_lps), tuple(ranks[0]) if ranks else ())
 
     # ---- the executor -> scheduler wire ----------------------------------------------------
     def to_pb(self) -> pb.TokenLogprobs:
@@ -144,12 +156,18 @@ class Logprobs:
             num_top=self.num_top,
             top_token_ids=self.top_ids,
             top_logprobs=self.top_logprobs,
+            ranks=self.ranks,
         )
 
     @classmethod
     def from_pb(cls, msg: pb.TokenLogprobs) -> Logprobs:
         return cls(
-            tuple(msg.token_ids), tuple(msg.logprobs), msg.num_top, tuple(msg.top_token_ids), tuple(msg.top_logprobs)
+            tuple(msg.token_ids),
+            tuple(msg.logprobs),
+            msg.num_top,
+            tuple(msg.top_token_ids),
+            tuple(msg.top_logprobs),
+            tuple(msg.ranks),
         )
 
 

@@ -1,8 +1,9 @@
 """Log probabilities of chosen tokens and their top alternatives, gathered on the device in one batch.
 
 The sampler uses it for the generated tokens, ``prompt_logprobs`` for the prompt's: one
-``log_softmax`` over the rows that ask, one ``topk`` at the widest count asked for, and one copy
-to the host; each request then takes its own rows and count.
+``log_softmax`` over the rows that ask, one ``topk`` at the widest count asked for, each chosen
+token's rank (vLLM's: how many tokens are at least as likely), and one copy to the host; each
+request then takes its own rows and count.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class LogprobRows:
     logprobs: list[float]
     top_ids: list[list[int]]
     top_logprobs: list[list[float]]
+    ranks: list[int]
 
     def take(self, start: int, end: int, num_top: int) -> Logprobs:
         """Rows ``start..end-1`` as one request's run of positions, with its own alternatives count."""
@@ -33,17 +35,19 @@ class LogprobRows:
             k,
             tuple(t for row in self.top_ids[start:end] for t in row[:k]),
             tuple(x for row in self.top_logprobs[start:end] for x in row[:k]),
+            tuple(self.ranks[start:end]),
         )
 
 
 def gather(logits: torch.Tensor, chosen: torch.Tensor, width: int) -> LogprobRows:
     """For logits [N, V] (raw, any float dtype): the log probability of ``chosen`` [N] in each row,
-    and the ``width`` most likely tokens (at most V), most likely first."""
+    its rank, and the ``width`` most likely tokens (at most V), most likely first."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     chosen_lp = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
+    ranks = (logprobs >= chosen_lp.unsqueeze(1)).sum(dim=-1).tolist()
     width = min(width, logprobs.shape[-1])
     if width:
         values, ids = torch.topk(logprobs, width, dim=-1)
-        return LogprobRows(width, chosen.tolist(), chosen_lp.tolist(), ids.tolist(), values.tolist())
+        return LogprobRows(width, chosen.tolist(), chosen_lp.tolist(), ids.tolist(), values.tolist(), ranks)
     none: list[list[int]] = [[] for _ in range(logprobs.shape[0])]
-    return LogprobRows(0, chosen.tolist(), chosen_lp.tolist(), none, [[] for _ in none])
+    return LogprobRows(0, chosen.tolist(), chosen_lp.tolist(), none, [[] for _ in none], ranks)

@@ -539,7 +539,7 @@ def _choice_logprobs(reply: Reply, parsed: Parsed, request: pb.GenerateRequest) 
     prompt = "" if request.params.HasField("truncate_prompt_tokens") else request.prompt
     if reply.chat:
         prompt = parsed.echo_text
-    return ChoiceLogprobs(reply.chat, parsed.echo, parsed.logprobs, prompt, parsed.tokens_as_ids)
+    return ChoiceLogprobs(reply.chat, parsed.echo, parsed.logprobs, prompt, parsed.tokens_as_ids, parsed.echo_top)
 
 
 async def _version(request: Request) -> Response:

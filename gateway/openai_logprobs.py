@@ -1,4 +1,4 @@
-"""Baton's log probabilities (``PositionLogprobs``) in OpenAI's two shapes.
+"""Baton's log probabilities (``PositionLogprobs``) in OpenAI's two shapes, and the prompt's in vLLM's.
 
 Tokens are named by their text as Baton decodes them alone (vLLM's ``decoded_token``); a token
 that holds part of a character shows as U+FFFD, and chat's ``bytes`` are that text's UTF-8 bytes,
@@ -12,6 +12,11 @@ probabilities ("up to logprobs + 1 elements", as OpenAI says), and ``text_offset
 character offset in the choice's text, counted as vLLM does from the tokens' texts.
 
 Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": None}``.
+
+vLLM's ``prompt_logprobs``: per prompt position ``null`` (the first) or ``{token id: {"logprob",
+"rank", "decoded_token"}}``, the prompt's token first with its rank (how many tokens are at least as
+likely), then the most likely tokens ranked 1, 2, ... (the prompt's token among them keeps its place
+and takes their entry), as vLLM builds them.
 
 With vLLM's ``return_tokens_as_token_ids``, a token is named ``token_id:N`` instead of by its text
 (so tokens whose texts collide, or hold part of a character, stay apart), in ``tokens``, the
@@ -62,6 +67,25 @@ class CompletionLogprobs:
         return out
 
 
+def _vllm_entry(entry: pb.TokenLogprob, rank: int | None) -> dict[str, Any]:
+    return {"logprob": max(entry.logprob, LOGPROB_FLOOR), "rank": rank, "decoded_token": entry.text}
+
+
+def vllm_prompt_logprobs(positions: Iterable[pb.PositionLogprobs], num_top: int) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs``, each position with ``num_top`` alternatives at most."""
+    out: list[dict[str, Any] | None] = []
+    for position in positions:
+        token = position.token
+        if not token.HasField("logprob"):
+            out.append(None)
+            continue
+        entries = {str(token.token_id): _vllm_entry(token, token.rank if token.HasField("rank") else None)}
+        for rank, alt in enumerate(position.top[:num_top], start=1):
+            entries[str(alt.token_id)] = _vllm_entry(alt, rank)
+        out.append(entries)
+    return out
+
+
 def _chat_entry(entry: pb.TokenLogprob, as_token_ids: bool) -> dict[str, Any]:
     name = _name(entry, as_token_ids)
     return {"token": name, "logprob": _value(entry), "bytes": list(name.encode("utf-8"))}
@@ -83,22 +107,29 @@ class ChoiceLogprobs:
     Messages are Baton's ``GenerateResponse`` stream, or one ``CompleteResponse`` for the whole
     answer: both carry ``text``, ``logprobs`` and ``prompt_logprobs``. The prompt's text is the one
     the request gave; a prompt given as token ids is echoed as Baton decodes its tokens together
-    (``prompt_text``), as vLLM does."""
+    (``prompt_text``), as vLLM does. A completion's echoed prompt positions show ``echo_top``
+    alternatives (its ``logprobs``), however many vLLM's ``prompt_logprobs`` had computed; a chat's
+    echo is its assistant message's text alone (``prompt``)."""
 
-    def __init__(self, chat: bool, echo: bool, logprobs: bool, prompt: str, as_token_ids: bool = False) -> None:
+    def __init__(
+        self, chat: bool, echo: bool, logprobs: bool, prompt: str, as_token_ids: bool = False, echo_top: int = 0
+    ) -> None:
         self.chat = chat
         self.echo = echo
         self.wanted = logprobs
         self.prompt = prompt
         self.as_token_ids = as_token_ids
+        self.echo_top = echo_top
         self._completion = CompletionLogprobs(as_token_ids)
         self._first = True
 
     def shape(self, message: Any) -> tuple[str, dict[str, Any] | None]:
         """The message's text and logprobs object (None when the request did not ask for them)."""
         text, positions = message.text, list(message.logprobs)
-        if self._first and self.echo:
-            prompt = list(message.prompt_logprobs)
+        if self._first and self.echo and self.chat:
+            text = self.prompt + text
+        elif self._first and self.echo:
+            prompt = [pb.PositionLogprobs(token=p.token, top=p.top[: self.echo_top]) for p in message.prompt_logprobs]
             text = (self.prompt or message.prompt_text) + text
             positions = prompt + positions
         self._first = False

@@ -10,8 +10,9 @@ Sampling: ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (token 
 Baton's ``SamplingParams`` fields of the same names. Log probabilities (see ``openai_logprobs``):
 completions' ``logprobs`` (0-20 alternatives) and ``echo`` (the prompt before the text, and with
 ``logprobs`` the prompt tokens' log probabilities first, the first one ``null``; ``max_tokens`` 0
-then scores the prompt without generating); chat's ``logprobs`` and ``top_logprobs`` (0-20). They
-are the model's raw distribution, before penalties, bias and temperature (vLLM's default).
+then scores the prompt without generating); chat's ``logprobs`` and ``top_logprobs`` (0-20); and
+vLLM's ``prompt_logprobs`` (0-20, whole responses only), in vLLM's shape. They are the model's raw
+distribution, before penalties, bias and temperature (vLLM's default).
 
 Several choices (``n``): Baton's ``SamplingParams.n``, so the choices are samples of one prompt
 sharing its KV (with ``seed``, choice i samples with seed + i). ``choices[i].index`` is the
@@ -68,6 +69,7 @@ from common.logprobs import MAX_LOGPROBS
 from common.pb import generate_pb2 as pb
 from common.stop_reason import read_stop_reason
 from gateway.errors import BadRequest
+from gateway.openai_logprobs import vllm_prompt_logprobs
 from gateway.openai_structured import structured_output
 from gateway.openai_tools import AUTO, ToolCalling, chat_messages, parse_tools
 from gateway.reasoning import Reasoning
@@ -91,8 +93,7 @@ FINISH_REASON: dict[int, str] = {
 # Field -> values that mean "not asked for"; anything else is refused with a 400. vLLM's own
 # extensions are here where serving them would need what Baton does not do: beam search (and its
 # length penalty), server-side logits processors, vLLM's scheduling priority (Baton's is the
-# x-baton-priority header, on its own scale), prompt log probabilities in vLLM's response field
-# (completions' echo with logprobs returns them in OpenAI's shape), grammar forms xgrammar is not
+# x-baton-priority header, on its own scale), grammar forms xgrammar is not
 # given here (a whitespace pattern, structural tags), truncating a prompt's end, the log
 # probabilities of chosen token ids, a budget of thinking tokens, and repetition detection.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -105,7 +106,6 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "priority": (None, 0),
     "modalities": (None, ["text"]),
     "audio": (None,),
-    "prompt_logprobs": (None,),
     "guided_whitespace_pattern": (None,),
     "structural_tag": (None,),
     "truncation_side": (None, "left"),  # Baton's truncate_prompt_tokens keeps the prompt's end
@@ -124,6 +124,7 @@ class Parsed:
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage, and no choices
     echo: bool = False  # completions: the prompt goes before the text (and its logprobs first); chat: see echo_text
+    echo_top: int = 0  # completions' echo: the alternatives each prompt position shows (its logprobs)
     echo_text: str = ""  # chat's echo: the assistant's last message, which the answer goes after
     logprobs: bool = False  # the answer carries a ``logprobs`` object
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
@@ -136,6 +137,10 @@ class Parsed:
     # Completions with a list of prompts: every prompt (text, or token ids), the first of them also
     # in ``request``; empty: ``request``'s prompt alone.
     prompts: tuple[str | tuple[int, ...], ...] = ()
+    # vLLM's prompt_logprobs: the prompt's log probabilities with this many alternatives, in vLLM's
+    # shape (``openai_logprobs.vllm_prompt_logprobs``): each choice's (completions) or the
+    # response's (chat). None: not asked for.
+    prompt_logprobs: int | None = None
     # vLLM's body request_id: the response's id is made from it, as vLLM's is, and nothing else. It is
     # not Baton's request id, an idempotency key (x-baton-request-id), as vLLM serves a repeated or
     # any string there; empty: the response is named by Baton's request id.
@@ -356,6 +361,9 @@ def _parsed(
     tokens_as_ids = _bool(body, "return_tokens_as_token_ids")
     request.return_prompt_token_ids = token_ids = _bool(body, "return_token_ids")
     include_usage, continuous_usage = _stream_options(body, stream)
+    prompt_logprobs = _int(body, "prompt_logprobs", 0, MAX_LOGPROBS)
+    if prompt_logprobs is not None and stream:  # as vLLM answers: they come with a whole response only
+        raise BadRequest("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
     return Parsed(
         request,
         model,
@@ -364,8 +372,19 @@ def _parsed(
         tokens_as_ids=tokens_as_ids,
         continuous_usage=continuous_usage,
         token_ids=token_ids,
+        prompt_logprobs=prompt_logprobs,
         label=label or "",
     )
+
+
+def _asking_prompt_logprobs(parsed: Parsed) -> None:
+    """Baton computes one set of prompt log probabilities: as wide as vLLM's ``prompt_logprobs``
+    and completions' echo (``logprobs`` alternatives) ask, each answer then taking its own."""
+    if parsed.prompt_logprobs is None:
+        return
+    params = parsed.request.params
+    echoed = params.prompt_logprobs if params.HasField("prompt_logprobs") else 0
+    params.prompt_logprobs = max(echoed, parsed.prompt_logprobs)
 
 
 def tenant_of_user(user: str) -> str:
@@ -443,7 +462,9 @@ def parse_completion(body: Mapping[str, Any]) -> Parsed:
         # echo; or a prompt to score (max_tokens 0), which needs them: Baton computes the prompt
         # whatever it is asked.
         params.prompt_logprobs = logprobs or 0
-    return replace(parsed, echo=echo, logprobs=logprobs is not None, prompts=tuple(prompts) if len(prompts) > 1 else ())
+    _asking_prompt_logprobs(parsed)
+    prompt_list = tuple(prompts) if len(prompts) > 1 else ()
+    return replace(parsed, echo=echo, logprobs=logprobs is not None, echo_top=logprobs or 0, prompts=prompt_list)
 
 
 def _content(message: Mapping[str, Any]) -> str:
@@ -539,6 +560,7 @@ def parse_chat(body: Mapping[str, Any], tool_call_parser: str = "") -> Parsed:
         raise BadRequest("top_logprobs needs logprobs set to true", param="top_logprobs")
     if logprobs:
         parsed.request.params.logprobs = top or 0
+    _asking_prompt_logprobs(parsed)
     return replace(parsed, logprobs=logprobs)
 
 
@@ -638,6 +660,7 @@ class Reply:
     reasoning: Reasoning | None = None  # chat: the thinking is split from the answer
     token_ids: bool = False  # vLLM's return_token_ids
     include_reasoning: bool = True  # the thinking goes out in ``reasoning`` (else it is dropped)
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: alternatives per position; None: none
 
     @classmethod
     def for_request(cls, chat: bool, parsed: Parsed, model: str, reasoning: Reasoning | None = None) -> Reply:
@@ -655,6 +678,7 @@ class Reply:
             thinking,
             parsed.token_ids,
             parsed.include_reasoning,
+            parsed.prompt_logprobs,
         )
 
     @property
@@ -682,8 +706,21 @@ class Reply:
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
         if self.chat and self.token_ids:  # vLLM's place for a chat's: the response's
             body["prompt_token_ids"] = list(per_prompt[0][0].prompt_token_ids)
+        if self.prompt_logprobs is not None:  # vLLM's places: a chat response's, each completion choice's
+            scored = [self._prompt_logprobs(samples) for samples in per_prompt]
+            if self.chat:
+                body["prompt_logprobs"] = scored[0]
+            else:
+                for choice in choices:
+                    choice["prompt_logprobs"] = scored[choice["index"] // len(per_prompt[0])]
         body["usage"] = usage_dict(prompts_usage([[sample.usage for sample in samples] for samples in per_prompt]))
         return body
+
+    def _prompt_logprobs(self, samples: Sequence[pb.CompleteResponse]) -> list[dict[str, Any] | None]:
+        """A prompt's log probabilities in vLLM's shape, from whichever of its samples carries them
+        (each computes its prompt whole; they agree)."""
+        positions = next((s.prompt_logprobs for s in samples if s.prompt_logprobs), samples[0].prompt_logprobs)
+        return vllm_prompt_logprobs(positions, self.prompt_logprobs or 0)
 
     def _whole_choice(
         self, index: int, sample: pb.CompleteResponse, text: str, logprobs: dict[str, Any] | None

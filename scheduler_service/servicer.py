@@ -59,8 +59,13 @@ def positions_pb(logprobs: Logprobs, texts: TokenTexts) -> list[pb.PositionLogpr
         if not logprobs.predicted(i):
             out.append(pb.PositionLogprobs(token=pb.TokenLogprob(token_id=token, text=texts(token))))
             continue
-        top = [pb.TokenLogprob(token_id=t, logprob=x, text=texts(t)) for t, x in logprobs.top(i)]
+        top = [
+            pb.TokenLogprob(token_id=t, logprob=x, text=texts(t), rank=place)
+            for place, (t, x) in enumerate(logprobs.top(i), start=1)
+        ]
         chosen = pb.TokenLogprob(token_id=token, logprob=logprobs.logprobs[i], text=texts(token))
+        if logprobs.ranks[i]:  # 0: an executor that did not rank it
+            chosen.rank = logprobs.ranks[i]
         out.append(pb.PositionLogprobs(token=chosen, top=top))
     return out
 

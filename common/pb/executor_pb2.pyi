@@ -117,18 +117,20 @@ class Plan(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., iteration: _Optional[int] = ..., admit: _Optional[_Iterable[_Union[AdmitRequest, _Mapping]]] = ..., abort: _Optional[_Iterable[str]] = ..., preempt: _Optional[_Iterable[str]] = ..., prefill: _Optional[_Iterable[_Union[PrefillGrant, _Mapping]]] = ..., token_budget: _Optional[int] = ...) -> None: ...
 
 class TokenLogprobs(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "num_top", "top_token_ids", "top_logprobs")
+    __slots__ = ("token_ids", "logprobs", "num_top", "top_token_ids", "top_logprobs", "ranks")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOP_FIELD_NUMBER: _ClassVar[int]
     TOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     num_top: int
     top_token_ids: _containers.RepeatedScalarFieldContainer[int]
     top_logprobs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., num_top: _Optional[int] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., num_top: _Optional[int] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TokenDelta(_message.Message):
     __slots__ = ("request_id", "token_ids", "text", "index", "logprobs", "prompt_logprobs", "cached_tokens")

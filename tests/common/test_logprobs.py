@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import math
 
 import pytest
@@ -10,7 +11,11 @@ from common.logprobs import NO_LOGPROBS, Logprobs, unpredicted
 from common.pb import executor_pb2 as pb
 
 THREE = Logprobs.build(
-    [5, 6, 7], [-0.5, -0.25, -3.0], [[5, 1], [6, 2], [9, 7]], [[-0.5, -1.5], [-0.25, -2.0], [-0.125, -3.0]]
+    [5, 6, 7],
+    [-0.5, -0.25, -3.0],
+    [[5, 1], [6, 2], [9, 7]],
+    [[-0.5, -1.5], [-0.25, -2.0], [-0.125, -3.0]],
+    ranks=[1, 1, 2],
 )
 
 
@@ -35,6 +40,18 @@ def test_packed_and_wire_round_trips_are_exact(logprobs: Logprobs) -> None:
     assert Logprobs.unpack(logprobs.pack()) == logprobs
     assert Logprobs.from_pb(pb.TokenLogprobs.FromString(logprobs.to_pb().SerializeToString())) == logprobs
     assert logprobs.pack().isascii()  # a Redis stream field, as text
+
+
+def test_entries_written_before_ranks_were_kept_read_as_unranked() -> None:
+    # A stream entry or an executor from before ranks: the same positions, every rank unknown (0).
+    unranked = Logprobs(THREE.token_ids, THREE.logprobs, 2, THREE.top_ids, THREE.top_logprobs)
+    assert unranked.ranks == (0, 0, 0)
+    old_entry = base64.b64encode(base64.b64decode(THREE.pack())[: -4 * len(THREE)]).decode()
+    assert Logprobs.unpack(old_entry) == unranked
+    old_wire = THREE.to_pb()
+    del old_wire.ranks[:]
+    assert Logprobs.from_pb(old_wire) == unranked
+    assert THREE.slice(1).ranks == (1, 2) and unranked.then(THREE).ranks == (0, 0, 0, 1, 1, 2)
 
 
 def test_the_unpredicted_first_prompt_token_survives_packing() -> None:

@@ -58,6 +58,11 @@ def assert_positions(got: Logprobs, expected: torch.Tensor, tokens: list[int], n
     assert list(got.token_ids) == tokens and got.num_top == num_top
     want = expected.gather(1, torch.tensor(tokens)[:, None])[:, 0]
     assert got.logprobs == pytest.approx(want.tolist(), abs=TOLERANCE)
+    # vLLM's rank: how many tokens are at least as likely; tokens within the tolerance may fall either side.
+    surely_above = (expected > want[:, None] + TOLERANCE).sum(dim=-1)
+    maybe_above = (expected >= want[:, None] - TOLERANCE).sum(dim=-1)
+    for rank, low, high in zip(got.ranks, surely_above.tolist(), maybe_above.tolist(), strict=True):
+        assert low + 1 <= rank <= high
     if num_top:
         top = torch.topk(expected, num_top, dim=-1)
         for i in range(len(tokens)):

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 import redis.asyncio as aioredis
+import torch
 from openai.types.chat import ChatCompletionMessageParam
 from transformers import AutoTokenizer
 
@@ -632,6 +633,41 @@ async def test_echo_scores_a_prompt_as_lm_eval_asks(served: Served, client: open
     assert only.usage is not None and only.usage.completion_tokens == 0
     assert only.choices[0].logprobs is not None and only.choices[0].logprobs.token_logprobs is not None
     assert len(only.choices[0].logprobs.token_logprobs) == len(context)
+
+
+async def test_prompt_logprobs_in_vllms_shape(served: Served) -> None:
+    """vLLM's prompt_logprobs: null, then per position the prompt's token with its rank and the
+    most likely tokens ranked 1..k, keyed by token id; each completion choice's, a chat's at the
+    top. An echo beside them keeps its own count of alternatives."""
+    prompt = list((await served.stack.stub.Tokenize(pb.TokenizeRequest(text="The river bank"))).token_ids)
+    expected = model_logprobs(load_reference_model(served.model_dir), prompt)
+    body = {"model": ALIAS, "prompt": prompt, "max_tokens": 2, "n": 2, "temperature": 0, "prompt_logprobs": 3}
+    async with httpx.AsyncClient(base_url=served.base_url) as http:
+        completion = (await http.post("/v1/completions", json={**body, "echo": True, "logprobs": 1})).json()
+        messages = [{"role": "user", "content": "Hi"}]
+        chat_body = {"messages": messages, "max_tokens": 2, "prompt_logprobs": 0}
+        chat = (await http.post("/v1/chat/completions", json=chat_body)).json()
+        streamed = await http.post("/v1/completions", json={**body, "stream": True})
+    assert streamed.status_code == 400 and "prompt_logprobs" in streamed.json()["error"]["message"]
+    first, second = (choice["prompt_logprobs"] for choice in completion["choices"])
+    assert first == second and len(first) == len(prompt) and first[0] is None
+    for q, position in enumerate(first[1:], start=1):
+        row, token = expected[q - 1], prompt[q]
+        entries = list(position.items())
+        assert entries[0][0] == str(token) and len(position) in (3, 4)  # the token, and the top 3 it may be among
+        value, rank = float(row[token]), entries[0][1]["rank"]
+        assert entries[0][1]["logprob"] == pytest.approx(value, abs=1e-4)
+        # How many tokens are at least as likely (those within the tolerance may fall either side).
+        assert int((row > value + 1e-4).sum()) + 1 <= rank <= int((row >= value - 1e-4).sum())
+        alternatives = sorted((e for e in position.values() if e["rank"] <= 3), key=lambda e: e["rank"])
+        assert [e["logprob"] for e in alternatives] == pytest.approx(torch.topk(row, 3).values.tolist(), abs=1e-4)
+        assert all(isinstance(e["decoded_token"], str) for e in position.values())
+    # The echo's own alternatives: logprobs=1 (and the prompt's token), not prompt_logprobs' 3.
+    echo_top = completion["choices"][0]["logprobs"]["top_logprobs"]
+    assert echo_top[0] is None and all(len(top) <= 2 for top in echo_top[1 : len(prompt)])
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"] and chat["prompt_logprobs"][0] is None
+    assert all(len(p) == 1 and next(iter(p.values()))["rank"] >= 1 for p in chat["prompt_logprobs"][1:])
+    assert "prompt_logprobs" not in chat["choices"][0]
 
 
 async def test_a_prompt_of_token_ids_is_echoed_as_its_tokens_decode_together(

@@ -12,7 +12,7 @@ import pytest
 from common.keys import is_safe_name
 from common.pb import generate_pb2 as pb
 from gateway.errors import BadRequest, from_rpc_error
-from gateway.openai_logprobs import ChoiceLogprobs, CompletionLogprobs, chat_logprobs
+from gateway.openai_logprobs import ChoiceLogprobs, CompletionLogprobs, chat_logprobs, vllm_prompt_logprobs
 from gateway.openai_types import (
     Reply,
     RunningUsage,
@@ -298,7 +298,6 @@ def test_chat_defaults_to_batons_max_tokens() -> None:
         ({"prompt": "a", "length_penalty": 0.5}, "length_penalty"),
         ({"prompt": "a", "logits_processors": ["x"]}, "logits_processors"),
         ({"prompt": "a", "priority": 3}, "priority"),
-        ({"prompt": "a", "prompt_logprobs": 1}, "prompt_logprobs"),
         ({"prompt": "a", "return_tokens_as_token_ids": 1}, "return_tokens_as_token_ids"),
         ({"prompt": "a", "guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
         ({"prompt": "a", "structural_tag": "{}"}, "structural_tag"),
@@ -551,3 +550,37 @@ def test_an_integral_float_is_an_integer_and_the_neutral_values_of_refused_field
     """As vLLM's pydantic models read them."""
     body = {"prompt": "a", "max_tokens": 5.0, "truncation_side": "left", "thinking_token_budget": -1}
     assert parse_completion(body).request.params.max_tokens == 5
+
+
+def test_prompt_logprobs_ask_as_wide_as_the_echo_and_vllms_field_together() -> None:
+    asked = parse_completion({"prompt": "a", "prompt_logprobs": 3})
+    assert asked.prompt_logprobs == 3 and asked.request.params.prompt_logprobs == 3
+    echoed = parse_completion({"prompt": "a", "echo": True, "logprobs": 5, "prompt_logprobs": 2})
+    assert echoed.request.params.prompt_logprobs == 5 and (echoed.echo_top, echoed.prompt_logprobs) == (5, 2)
+    chat = parse_chat({"messages": [{"role": "user", "content": "Hi"}], "prompt_logprobs": 0})
+    assert chat.prompt_logprobs == 0 and chat.request.params.prompt_logprobs == 0
+    for bad in ({"prompt_logprobs": -1}, {"prompt_logprobs": 21}, {"prompt_logprobs": 1, "stream": True}):
+        with pytest.raises(BadRequest):
+            parse_completion({"prompt": "a", **bad})
+
+
+def test_vllm_prompt_logprobs_put_the_prompts_token_first() -> None:
+    def entry(token: int, logprob: float, rank: int | None = None) -> pb.TokenLogprob:
+        out = pb.TokenLogprob(token_id=token, logprob=logprob, text=f"t{token}")
+        if rank is not None:
+            out.rank = rank
+        return out
+
+    positions = [
+        pb.PositionLogprobs(token=pb.TokenLogprob(token_id=1, text="t1")),  # nothing predicts it
+        pb.PositionLogprobs(token=entry(7, -3.0, 4), top=[entry(2, -0.5, 1), entry(3, -1.0, 2)]),
+        pb.PositionLogprobs(token=entry(3, -1.0, 2), top=[entry(2, -0.5, 1), entry(3, -1.0, 2)]),
+        pb.PositionLogprobs(token=entry(5, float("-inf"), 9)),
+    ]
+    none, outside, inside, floored = vllm_prompt_logprobs(positions, 2)
+    assert none is None and outside is not None and inside is not None and floored is not None
+    assert list(outside) == ["7", "2", "3"] and outside["7"] == {"logprob": -3.0, "rank": 4, "decoded_token": "t7"}
+    assert [e["rank"] for e in outside.values()] == [4, 1, 2]
+    assert list(inside) == ["3", "2"] and inside["3"]["rank"] == 2  # among the top: one entry, in its place
+    assert floored["5"]["logprob"] == -9999.0  # JSON has no -infinity
+    assert list(vllm_prompt_logprobs(positions[1:2], 1)[0] or {}) == ["7", "2"]

@@ -57,6 +57,11 @@ def assert_logprobs(
         assert [t.logprob for t in entry.top] == pytest.approx(top.values.tolist(), abs=TOLERANCE)
         for alt in entry.top:
             assert float(expected[i, alt.token_id]) == pytest.approx(alt.logprob, abs=TOLERANCE)
+        assert [alt.rank for alt in entry.top] == list(range(1, num_top + 1))
+        # vLLM's rank: how many tokens are at least as likely (tokens within the tolerance either side).
+        value = float(expected[i, token])
+        above, near = int((expected[i] > value + TOLERANCE).sum()), int((expected[i] >= value - TOLERANCE).sum())
+        assert entry.token.HasField("rank") and above + 1 <= entry.token.rank <= near
 
 
 async def test_logprobs_stream_complete_and_resume(stack: Stack, model: GenerationMixin, tiny_model_dir: Path) -> None:
@@ -75,6 +80,7 @@ async def test_logprobs_stream_complete_and_resume(stack: Stack, model: Generati
     assert all(not c.prompt_logprobs for c in chunks[1:])
     first = prompt_entries[0]
     assert first.token.token_id == prompt[0] and not first.token.HasField("logprob") and not first.top
+    assert not first.token.HasField("rank")
     assert_logprobs(prompt_entries[1:], expected[: len(prompt) - 1], prompt[1:], 2, tokenizer.decode)
 
     whole = await stack.stub.Complete(msg)
