@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from common.grpc_metadata import accepted
 from common.keys import sample_id
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
@@ -387,14 +388,18 @@ class Gateway:
         self, request: Request, caller: Caller, generation: _Generation
     ) -> AsyncIterator[dict[str, Any] | None] | Response:
         """The stream's chunks (``_chunks``) once Baton has accepted its requests; a refusal is
-        raised as its HTTP error, and a Response is returned where the client left while queued."""
+        raised as its HTTP error, and a Response is returned where the client left before that."""
         reply, requests = generation.reply, generation.requests
         calls = [self.stub.Generate(r, metadata=caller.metadata) for r in requests]
         watcher = asyncio.create_task(_cancel_on_disconnect(request, calls))
         try:
-            # Waiting for the first messages before answering lets a refused request (bad input, full
-            # queue) get its HTTP status instead of a 200 with an error event.
-            firsts = list(await asyncio.gather(*(call.read() for call in calls)))
+            # Baton's headers come once it has accepted a request, before its first token: the
+            # answer starts then, as vLLM's does, while a refused request (bad input, full queue),
+            # which ends without them, gets its HTTP status instead of a 200 with an error event.
+            headers = await asyncio.gather(*(call.initial_metadata() for call in calls))
+            firsts = None
+            if not all(accepted(h) for h in headers):  # refused: reading raises its error
+                firsts = list(await asyncio.gather(*(call.read() for call in calls)))
         except grpc.aio.AioRpcError as exc:
             watcher.cancel()
             for call in calls:
@@ -414,21 +419,24 @@ class Gateway:
     async def _chunks(
         self,
         calls: list[grpc.aio.UnaryStreamCall],
-        firsts: list[Any],
+        firsts: list[Any] | None,
         watcher: asyncio.Task[None],
         caller: Caller,
         generation: _Generation,
     ) -> AsyncIterator[dict[str, Any] | None]:
         """Each chunk of the stream (or an error body, which ends it), then None where the stream
-        ended without its client leaving."""
+        ended without its client leaving. ``firsts``: each call's first message, where already read."""
         parsed, requests, reply = generation.parsed, generation.requests, generation.reply
         n = max(1, parsed.request.params.n)
         # Each finished choice's usage, by prompt and sample; the stream ends when every choice has one.
         usages: dict[tuple[int, int], pb.Usage] = {}
         choices: dict[int, ChoiceStream] = {}  # each choice's chunks, message by message
-        running = RunningUsage([first.usage.prompt_tokens for first in firsts]) if parsed.continuous_usage else None
-        messages = _messages(calls, firsts)
+        messages: AsyncGenerator[tuple[int, Any], None] | None = None
         try:
+            if firsts is None:
+                firsts = list(await asyncio.gather(*(call.read() for call in calls)))
+            running = RunningUsage([first.usage.prompt_tokens for first in firsts]) if parsed.continuous_usage else None
+            messages = _messages(calls, firsts)
             if reply.chat:
                 for index in range(n):  # a chat has one prompt
                     usage = running.of(0, index) if running else None
@@ -468,7 +476,8 @@ class Gateway:
             log.info("request %s: client disconnected mid-stream; cancelled", reply.request_id)
             return
         finally:
-            await messages.aclose()
+            if messages is not None:
+                await messages.aclose()
             watcher.cancel()
             for call in calls:  # a no-op for a call that ended; otherwise Baton cancels the request
                 call.cancel()

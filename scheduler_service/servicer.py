@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from common.grpc_metadata import REQUEST_ID_METADATA
 from common.keys import sample_id, split_sample_id
 from common.lifecycle import FinishReason
 from common.logprobs import Logprobs
@@ -136,6 +137,9 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         req = await self._frontend.submit_or_abandon(request, self._abandon)
+        # The response's headers say it was accepted, before its first token: a client (the
+        # gateway) can start its own answer while the request waits in the queue.
+        await context.send_initial_metadata(((REQUEST_ID_METADATA, req.request_id),))
         unfinished = req.n
         first = FirstMessages(req.prompt_ids, request.return_prompt_token_ids)
         try:

@@ -87,7 +87,9 @@ class GenerationServicer:
     """
 
     def Generate(self, request, context):
-        """/ Streams the tokens of one request as they are generated.
+        """/ Streams the tokens of one request as they are generated. The response's headers (initial
+        / metadata) go out once the request is accepted, before its first token, with its id in
+        / x-baton-request-id; a refused request ends with its status and no headers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -75,8 +75,29 @@ async def test_leaving_while_queued_cancels(one_slot: tuple[Stack, str], stream:
         )
         for rid in request_ids:
             await _wait_state(stack, rid, pb.REQUEST_STATE_QUEUED)
-        call.cancel()  # httpx closes the connection: the gateway sees the disconnect before any token
-        with pytest.raises(asyncio.CancelledError):
-            await call
+        if stream:
+            # The answer starts once Baton has accepted the requests, while they wait in the queue.
+            started = await asyncio.wait_for(call, 30)
+            assert isinstance(started, openai.AsyncStream)
+            await started.close()  # httpx closes the connection before any token
+        else:
+            call.cancel()  # httpx closes the connection: the gateway sees the disconnect before any token
+            with pytest.raises(asyncio.CancelledError):
+                await call
     for rid in request_ids:
         await _wait_state(stack, rid, pb.REQUEST_STATE_CANCELLED)
+
+
+async def test_generate_sends_its_headers_once_accepted_before_any_token(one_slot: tuple[Stack, str]) -> None:
+    """What lets the gateway start its answer while the request waits: the call's initial metadata
+    names the accepted request; a refused call ends without them."""
+    stack, _ = one_slot
+    call = stack.stub.Generate(pb.GenerateRequest(prompt_token_ids=[1, 5], params=pb.SamplingParams(max_tokens=2)))
+    headers = dict(await asyncio.wait_for(call.initial_metadata(), 30))
+    request_id = headers["x-baton-request-id"]
+    assert await _state(stack, request_id) == pb.REQUEST_STATE_QUEUED  # the only slot is the blocker's
+    call.cancel()
+    await _wait_state(stack, request_id, pb.REQUEST_STATE_CANCELLED)
+    refused = stack.stub.Generate(pb.GenerateRequest(prompt_token_ids=[1], params=pb.SamplingParams(top_p=2.0)))
+    assert "x-baton-request-id" not in dict(await refused.initial_metadata() or ())
+    assert await refused.code() == grpc.StatusCode.INVALID_ARGUMENT
