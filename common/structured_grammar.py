@@ -6,10 +6,12 @@ exactly what the executor could not compile:
 - json_schema: the schema, written with ", " and ": " between items and no other whitespace
   (``any_whitespace=False``): one layout, the fewest tokens, and no model can stall in an endless
   run of spaces. xgrammar's strict mode: properties and items the schema does not name are not
-  generated unless it allows them (the output still validates against the schema). Strings with a
-  length bound go to xgrammar as the equivalent ``pattern`` (``bounded_strings_as_patterns``).
+  generated unless it allows them, and a name an object requires is named for it
+  (``required_properties_named``), so the output still validates against the schema. Strings with
+  a length bound keep to JSON's string characters (``_json_schema_grammar``).
 - json_object: the schema ``{"type": "object"}`` in the same layout, with any properties.
-- regex, grammar (EBNF, xgrammar's GBNF-like syntax with a ``root`` rule): as given.
+- regex: as given. grammar: EBNF (xgrammar's GBNF-like syntax with a ``root`` rule) or Lark (a
+  ``start`` rule), told apart as vLLM tells them: a grammar with a ``::=`` rule is EBNF.
 - choice: the EBNF alternation of the choices as string literals.
 """
 
@@ -39,39 +41,64 @@ def choice_ebnf(choices: tuple[str, ...]) -> str:
 
 # Keys whose values are data, not schemas: nothing under them is rewritten.
 _DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
-# The largest bound written as a pattern: xgrammar expands ``.{a,b}`` into b states, and compiling
-# it grows with b squared (9,000: 31 s of one core; 256: about 0.02 s). Larger bounds stay xgrammar's.
-_MOST_PATTERN_BOUND = 256
 
 
-def bounded_strings_as_patterns(schema: Any) -> Any:
-    """``schema`` with each ``{"type": "string", "minLength": a, "maxLength": b}`` (no pattern or
-    format of its own) written as ``{"type": "string", "pattern": "^.{a,b}$"}``, which accepts the
-    same strings.
+def required_properties_named(schema: Any) -> Any:
+    """``schema`` with every name an object ``required`` but its ``properties`` left out added to
+    them, as the schema its other keywords give such a name (``patternProperties`` it matches, else
+    ``additionalProperties``, else any value).
 
-    Why: xgrammar 0.2.9 turns a length-bounded string into a repetition of one character class that
-    admits raw control characters (a tab, say), which JSON forbids inside strings, so strict parsers
-    (Python's ``json.loads``, JavaScript's ``JSON.parse``) refuse the output. Its pattern path keeps
-    to JSON's string rules. Neither writes escapes inside a bounded string. Bounds above
-    ``_MOST_PATTERN_BOUND`` are left as they are: as a pattern, their compile time would let one
-    request hold the executor's compile thread (and the scheduler's check) for minutes.
-    """
+    Why: xgrammar's strict mode generates only the properties an object names, so a required name
+    it does not was never written and no output validated. ValueError where the schema forbids the
+    name it requires (no output could validate)."""
     if isinstance(schema, list):
-        return [bounded_strings_as_patterns(item) for item in schema]
+        return [required_properties_named(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: value if key in _DATA_KEYS else bounded_strings_as_patterns(value) for key, value in schema.items()}
-    low, high = out.get("minLength"), out.get("maxLength")
-    low = low if isinstance(low, int) and not isinstance(low, bool) else None
-    high = high if isinstance(high, int) and not isinstance(high, bool) else None
-    bounded = (low is not None or high is not None) and max(low or 0, high or 0) <= _MOST_PATTERN_BOUND
-    if out.get("type") == "string" and bounded and "pattern" not in out and "format" not in out:
-        low = low or 0
-        high = "" if high is None else high
-        out.pop("minLength", None)
-        out.pop("maxLength", None)
-        out["pattern"] = f"^.{{{low},{high}}}$"
-    return out
+    out = {key: value if key in _DATA_KEYS else required_properties_named(value) for key, value in schema.items()}
+    required, properties = out.get("required"), out.get("properties", {})
+    if not isinstance(required, list) or not isinstance(properties, dict):
+        return out
+    missing = [name for name in required if isinstance(name, str) and name not in properties]
+    if not missing:
+        return out
+    patterns = out.get("patternProperties")
+    patterns = patterns if isinstance(patterns, dict) else {}
+    extra = out.get("additionalProperties", True)
+    added: dict[str, Any] = {}
+    for name in missing:
+        matched = [sub for pattern, sub in patterns.items() if _searches(pattern, name)]
+        if matched:
+            added[name] = matched[0]
+        elif extra is False:
+            raise ValueError(f"the schema requires {name!r} and allows no such property")
+        else:
+            added[name] = extra if isinstance(extra, dict) else {}
+    return {**out, "properties": {**properties, **added}}
+
+
+def _searches(pattern: str, name: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return False  # xgrammar says what is wrong with it
+
+
+# xgrammar 0.2.9 writes a string with a length bound as a repetition of one character class that
+# admits raw control characters (a tab, say), which JSON forbids inside strings, so strict parsers
+# (Python's ``json.loads``, JavaScript's ``JSON.parse``) refuse the output. The grammar's text
+# (``str`` of a Grammar, read back by ``Grammar.from_ebnf``: both public) is written again with
+# JSON's string characters in that class; the repetition stays xgrammar's own, which compiles in
+# milliseconds at any bound (as a regular expression, 9,000 took 31 s). Neither writes escapes
+# inside a bounded string. tests/common/test_structured_output.py pins the class's text.
+_BOUNDED_CHARACTERS = re.compile(r'^(\S+) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
+_JSON_STRING_CHARACTERS = r'(([^\0-\x1f\"\\]))'
+
+
+def _json_schema_grammar(schema_text: str) -> xgr.Grammar:
+    grammar = xgr.Grammar.from_json_schema(schema_text, any_whitespace=False)
+    text, bounded = _BOUNDED_CHARACTERS.subn(lambda rule: f"{rule[1]} ::= {_JSON_STRING_CHARACTERS}", str(grammar))
+    return xgr.Grammar.from_ebnf(text, root_rule_name="root") if bounded else grammar
 
 
 # Keywords xgrammar accepts and then does not enforce (0.2.9): an output could break them while
@@ -79,6 +106,30 @@ def bounded_strings_as_patterns(schema: Any) -> Any:
 # served wrongly. (An unknown ``format`` is ignored, as JSON Schema says a validator may.)
 _UNENFORCED = ("not", "if", "dependentRequired", "dependentSchemas", "contains")
 _LOOKAROUND = re.compile(r"\(\?<?[=!]")
+# After a backslash, outside a character class: a quote, a backslash or a control character.
+_RAW_ESCAPES = frozenset('"\\tnrfv')
+
+
+def writes_raw_characters(pattern: str) -> bool:
+    """Whether a string ``pattern`` writes a quote, a backslash or a control character as a literal
+    outside a character class: xgrammar 0.2.9 puts such a literal into the JSON string as it is (a
+    quote ends the string early), while it holds a class's characters to JSON's rules."""
+    in_class, i = False, 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\" and i + 1 < len(pattern):
+            if not in_class and pattern[i + 1] in _RAW_ESCAPES:
+                return True
+            i += 2
+            continue
+        if char == "[":
+            in_class = True
+        elif char == "]":
+            in_class = False
+        elif not in_class and (char == '"' or ord(char) < 0x20):
+            return True
+        i += 1
+    return False
 
 
 def unenforced_keyword(schema: Any) -> str | None:
@@ -98,6 +149,8 @@ def unenforced_keyword(schema: Any) -> str | None:
         return "'minLength' or 'maxLength' beside a 'pattern' or 'format'"
     if isinstance(schema.get("pattern"), str) and _LOOKAROUND.search(schema["pattern"]):
         return "a lookahead or lookbehind in a 'pattern'"
+    if isinstance(schema.get("pattern"), str) and writes_raw_characters(schema["pattern"]):
+        return "a 'pattern' that writes a quote, a backslash or a control character outside a character class"
     return next(
         (found for key, value in schema.items() if key not in _DATA_KEYS and (found := unenforced_keyword(value))),
         None,
@@ -111,16 +164,24 @@ def _schema(spec: StructuredOutput) -> str:
         return spec.spec  # xgrammar says what is wrong with it
     if (keyword := unenforced_keyword(schema)) is not None:
         raise ValueError(f"the schema uses {keyword}, which the grammar could not enforce")
-    return json.dumps(bounded_strings_as_patterns(schema))
+    return json.dumps(required_properties_named(schema))
+
+
+def _grammar(text: str) -> xgr.Grammar:
+    """EBNF or Lark, as vLLM tells them apart: a grammar with a ``::=`` on a line (comments aside)
+    is EBNF."""
+    if any("::=" in re.sub(r"(#|//).*$", "", line) for line in text.splitlines()):
+        return xgr.Grammar.from_ebnf(text)
+    return xgr.Grammar.from_lark(text)
 
 
 _PARSE: dict[StructuredKind, Callable[[StructuredOutput], xgr.Grammar]] = {
-    StructuredKind.JSON_SCHEMA: lambda s: xgr.Grammar.from_json_schema(_schema(s), any_whitespace=False),
+    StructuredKind.JSON_SCHEMA: lambda s: _json_schema_grammar(_schema(s)),
     StructuredKind.JSON_OBJECT: lambda s: xgr.Grammar.from_json_schema(
         _JSON_OBJECT_SCHEMA, any_whitespace=False, strict_mode=False
     ),
     StructuredKind.REGEX: lambda s: xgr.Grammar.from_regex(s.spec),
-    StructuredKind.GRAMMAR: lambda s: xgr.Grammar.from_ebnf(s.spec),
+    StructuredKind.GRAMMAR: lambda s: _grammar(s.spec),
     StructuredKind.CHOICE: lambda s: xgr.Grammar.from_ebnf(choice_ebnf(s.choices)),
 }
 

@@ -7,8 +7,11 @@
   ``{"type": "text"}`` asks for nothing.
 - vLLM's ``structured_outputs`` extension (send it with the client's ``extra_body``): one of
   ``json`` (a schema, as an object or as JSON text), ``regex``, ``choice`` (a list of strings),
-  ``grammar`` (EBNF) or ``json_object`` (true). Its other options (a whitespace pattern, a
-  backend, structural tags) are refused rather than ignored.
+  ``grammar`` (EBNF or Lark) or ``json_object`` (true). Its options that ask for what Baton does
+  anyway are accepted (``disable_any_whitespace``: Baton writes no optional whitespace;
+  ``disable_additional_properties``: objects hold only the properties a schema allows;
+  ``disable_fallback``: there is one backend); the others (a whitespace pattern, a backend,
+  structural tags) are refused rather than ignored.
 - vLLM's older top-level names: ``guided_json``, ``guided_regex``, ``guided_choice`` and
   ``guided_grammar``.
 
@@ -28,6 +31,8 @@ from gateway.errors import BadRequest
 # vLLM's older request fields -> the ``structured_outputs`` key each stands for.
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
+# vLLM's options that ask for what Baton does whatever they say (see the module's docstring).
+_MOOT = ("disable_any_whitespace", "disable_additional_properties", "disable_fallback")
 
 
 def _schema_text(schema: Any, param: str) -> str:
@@ -62,7 +67,10 @@ def _from_response_format(value: Any) -> pb.StructuredOutput | None:
 
 def _from_vllm(options: Mapping[str, Any], param: str) -> pb.StructuredOutput:
     """vLLM's ``structured_outputs`` object: exactly one kind."""
-    unknown = sorted(k for k, v in options.items() if k not in _KINDS and v not in (None, False))
+    unknown = sorted(k for k, v in options.items() if k not in _KINDS and v not in (None, False) and k not in _MOOT)
+    moot = [k for k in _MOOT if not isinstance(options.get(k, False), bool | None)]
+    if moot:
+        raise BadRequest(f"{param}.{moot[0]} must be true or false", param=param)
     if unknown:
         raise BadRequest(f"{param} options {unknown} are not supported by this server", param=param)
     kinds = [k for k in _KINDS if options.get(k) not in (None, False)]

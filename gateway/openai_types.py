@@ -112,6 +112,8 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logprob_token_ids": (None,),
     "thinking_token_budget": (None, -1),
     "repetition_detection": (None,),
+    # vLLM takes no backend per request either; Baton's one is xgrammar.
+    "guided_decoding_backend": (None, "auto", "xgrammar"),
 }
 
 

@@ -136,26 +136,28 @@ def test_json_schema_output_layout_is_fixed() -> None:
         assert (matcher.accept_string(text) and matcher.is_completed()) == ok, text
 
 
-def test_length_bounded_strings_become_patterns_outside_data() -> None:
+def test_required_names_the_properties_leave_out_are_named() -> None:
+    """xgrammar's strict mode writes only the properties an object names: a required name it did
+    not was never written, and no output validated."""
     schema = {
         "type": "object",
-        "properties": {
-            "a": {"type": "string", "minLength": 1, "maxLength": 3},
-            "b": {"type": "array", "items": {"type": "string", "maxLength": 2}},
-            "c": {"type": "string", "minLength": 2, "pattern": "^x+$"},  # its own pattern wins
-            "d": {"enum": [{"type": "string", "maxLength": 1}]},  # data, not a schema
-        },
+        "properties": {"a": {"type": "integer"}, "o": {"type": "object", "required": ["deep"]}},
+        "patternProperties": {"^n_": {"type": "number"}},
+        "required": ["a", "b", "n_1"],
+        "additionalProperties": {"type": "boolean"},
+        "enum": [{"required": ["data"]}],  # data, not a schema
     }
-    out = structured_grammar.bounded_strings_as_patterns(schema)
-    assert out["properties"]["a"] == {"type": "string", "pattern": "^.{1,3}$"}
-    assert out["properties"]["b"]["items"] == {"type": "string", "pattern": "^.{0,2}$"}
-    assert out["properties"]["c"] == schema["properties"]["c"]  # type: ignore[index]
-    assert out["properties"]["d"] == schema["properties"]["d"]  # type: ignore[index]
-    only_min = structured_grammar.bounded_strings_as_patterns({"type": "string", "minLength": 2})
-    assert only_min == {"type": "string", "pattern": "^.{2,}$"}
-    # A large bound stays a bound: as a pattern, its compile grew with the bound squared (9,000: 31 s).
-    long = {"type": "string", "maxLength": 9_000}
-    assert structured_grammar.bounded_strings_as_patterns(long) == long
+    out = structured_grammar.required_properties_named(schema)
+    assert out["properties"]["b"] == {"type": "boolean"} and out["properties"]["n_1"] == {"type": "number"}
+    assert out["properties"]["o"]["properties"] == {"deep": {}}  # any value, as JSON Schema allows
+    assert out["enum"] == schema["enum"]
+    with pytest.raises(InvalidRequest, match="requires 'b' and allows no such property"):
+        strict = {"type": "object", "properties": {}, "required": ["b"], "additionalProperties": False}
+        structured_grammar.parse(StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(strict)))
+    info = xgr.TokenizerInfo([chr(c) for c in range(32, 127)] + ["</s>"], stop_token_ids=[95])
+    spec = StructuredOutput(StructuredKind.JSON_SCHEMA, '{"type":"object","properties":{},"required":["b"]}')
+    matcher = xgr.GrammarMatcher(structured_grammar.compile_grammar(xgr.GrammarCompiler(info, max_threads=1), spec))
+    assert matcher.accept_string('{"b": [1]}') and matcher.is_completed()
 
 
 def test_choices_past_the_basic_multilingual_plane_stay_utf8() -> None:
@@ -167,15 +169,20 @@ def test_choices_past_the_basic_multilingual_plane_stay_utf8() -> None:
     assert matcher.accept_string("😀") and matcher.is_completed()
 
 
-def test_bounded_strings_never_hold_raw_control_characters() -> None:
-    """JSON forbids them inside strings; strict parsers refuse the output."""
+@pytest.mark.parametrize("most", [3, 9_000])
+def test_bounded_strings_never_hold_raw_control_characters(most: int) -> None:
+    """JSON forbids them inside strings; strict parsers refuse the output. xgrammar's own class for
+    a bounded string let them through at any bound (its text, rewritten, is pinned here)."""
     info = xgr.TokenizerInfo([chr(c) for c in range(0, 127)] + ["é", "</s>"], stop_token_ids=[128])
     compiler = xgr.GrammarCompiler(info, max_threads=1)
-    spec = StructuredOutput(StructuredKind.JSON_SCHEMA, '{"type": "string", "minLength": 1, "maxLength": 3}')
+    schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 1, "maxLength": most}}}
+    spec = StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps({**schema, "required": ["s"]}))
+    assert "root_prop_0_characters ::= (([^\\0-\\x1f\\\"\\\\]))" in str(structured_grammar.parse(spec))
     compiled = structured_grammar.compile_grammar(compiler, spec)
-    for text, ok in [('"a\tb"', False), ('"a\x01"', False), ('"abc"', True), ('"éa"', True), ('""', False)]:
+    cases = [("a\tb", False), ("a\x01", False), ("abc", True), ("éa", True), ("", False), ("a" * (most + 1), False)]
+    for text, ok in cases:
         matcher = xgr.GrammarMatcher(compiled)
-        assert (matcher.accept_string(text) and matcher.is_completed()) == ok, repr(text)
+        assert (matcher.accept_string(f'{{"s": "{text}"}}') and matcher.is_completed()) == ok, repr(text)
 
 
 @pytest.mark.parametrize(
@@ -190,6 +197,10 @@ def test_bounded_strings_never_hold_raw_control_characters() -> None:
         {"type": "string", "pattern": "a+", "maxLength": 3},
         {"type": "object", "properties": {"e": {"type": "string", "format": "email", "minLength": 5}}},
         {"type": "string", "pattern": "(?=x)y"},
+        # A quote, a backslash or a control character written literally went into the JSON as it is.
+        {"type": "string", "pattern": '^"[a-z]+"$'},
+        {"type": "string", "pattern": "^a\\\\b$"},
+        {"type": "string", "pattern": "^a\\tb$"},
     ],
 )
 def test_keywords_the_grammar_would_not_enforce_are_refused(schema: dict[str, Any]) -> None:
@@ -206,3 +217,20 @@ def test_what_the_grammar_enforces_or_may_ignore_is_served() -> None:
         {"type": "array", "uniqueItems": False},
     ):
         assert structured_grammar.parse(StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(schema)))
+
+
+def test_patterns_whose_classes_hold_quotes_are_served() -> None:
+    # A class's characters are held to JSON's rules: only literals outside classes were written raw.
+    for pattern in ('^[^@"]+@[a-z]+$', "^[\\w\\s]+$", "^a\\.b$", "^[\\\\/]+$"):
+        assert not structured_grammar.writes_raw_characters(pattern), pattern
+    assert structured_grammar.writes_raw_characters('^a\\"b$')
+
+
+def test_lark_grammars_are_told_from_ebnf_as_vllm_tells_them() -> None:
+    info = xgr.TokenizerInfo(["yes", "no", "maybe", "</s>"], stop_token_ids=[3])
+    compiler = xgr.GrammarCompiler(info, max_threads=1)
+    for grammar in ('start: "yes" | "no"', '// a comment with ::= in it\nstart: "yes" | "no"', 'root ::= "yes" | "no"'):
+        compiled = structured_grammar.compile_grammar(compiler, StructuredOutput(StructuredKind.GRAMMAR, grammar))
+        for text, ok in (("yes", True), ("maybe", False)):
+            matcher = xgr.GrammarMatcher(compiled)
+            assert (matcher.accept_string(text) and matcher.is_completed()) == ok, (grammar, text)

@@ -53,6 +53,11 @@ COMPACT = json.dumps(SCHEMA, separators=(",", ":"))
         ),
         ({"structured_outputs": {"grammar": 'root ::= "a"'}}, pb.StructuredOutput(grammar='root ::= "a"')),
         ({"structured_outputs": {"json_object": True}}, pb.StructuredOutput(json_object=True)),
+        (  # vLLM's options asking for what Baton does anyway
+            {"structured_outputs": {"regex": "a", "disable_any_whitespace": True, "disable_fallback": False}},
+            pb.StructuredOutput(regex="a"),
+        ),
+        ({"structured_outputs": {"grammar": 'start: "a"'}}, pb.StructuredOutput(grammar='start: "a"')),  # Lark
         ({"guided_json": SCHEMA}, pb.StructuredOutput(json_schema=COMPACT)),
         ({"guided_regex": "x"}, pb.StructuredOutput(regex="x")),
         ({"guided_choice": ["y"]}, pb.StructuredOutput(choice=pb.StructuredChoice(choices=["y"]))),
@@ -82,6 +87,7 @@ def test_each_way_of_asking_maps_to_one_constraint(body: dict[str, Any], expecte
         ({"structured_outputs": {"choice": ["a", 1]}}, "structured_outputs.choice", "non-empty list"),
         ({"structured_outputs": {"regex": 5}}, "structured_outputs.regex", "must be a string"),
         ({"structured_outputs": {"regex": "a", "whitespace_pattern": " "}}, "structured_outputs", "not supported"),
+        ({"structured_outputs": {"regex": "a", "disable_fallback": "yes"}}, "structured_outputs", "true or false"),
         ({"structured_outputs": "json"}, "structured_outputs", "must be an object"),
         (
             {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},

@@ -584,3 +584,9 @@ def test_vllm_prompt_logprobs_put_the_prompts_token_first() -> None:
     assert list(inside) == ["3", "2"] and inside["3"]["rank"] == 2  # among the top: one entry, in its place
     assert floored["5"]["logprob"] == -9999.0  # JSON has no -infinity
     assert list(vllm_prompt_logprobs(positions[1:2], 1)[0] or {}) == ["7", "2"]
+
+
+def test_a_structured_output_backend_other_than_batons_is_refused() -> None:
+    assert parse_completion({"prompt": "a", "guided_decoding_backend": "xgrammar"}).request.prompt == "a"
+    with pytest.raises(BadRequest, match="guided_decoding_backend"):
+        parse_completion({"prompt": "a", "guided_decoding_backend": "outlines"})
