@@ -216,10 +216,18 @@ async def test_a_batch_stream_tags_each_samples_events(stack: Stack) -> None:
 
 @pytest.mark.parametrize(
     ("request_id", "n", "message"),
-    [("too-many", 129, "n must lie in"), ("job~1", 2, "request_id"), ("seed-wraps", 2, "seed")],
+    [("too-many", 129, "n must lie in"), ("job~1", 2, "request_id")],
 )
 async def test_bad_sample_requests_are_invalid_argument(stack: Stack, request_id: str, n: int, message: str) -> None:
-    request = sampled(request_id, [1, 5, 6], n, seed=2**64 - 1 if request_id == "seed-wraps" else 1)
+    request = sampled(request_id, [1, 5, 6], n, seed=1)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stack.stub.Complete(request)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in str(err.value.details())
+
+
+async def test_sample_seeds_wrap_past_the_end_of_the_seed_range(stack: Stack) -> None:
+    # Sample 1 of seed 2**64 - 1 samples with seed 0, as vLLM's seed + k wraps in torch's generator.
+    wrapped = await stack.stub.Complete(sampled("seed-wraps", [1, 5, 6], 2, seed=2**64 - 1))
+    zero = await stack.stub.Complete(sampled("seed-zero", [1, 5, 6], 1, seed=0))
+    by_index = {s.sample_index: list(s.token_ids) for s in wrapped.samples}
+    assert by_index[1] == list(zero.token_ids)
