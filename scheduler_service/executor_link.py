@@ -84,6 +84,9 @@ class ExecutorLink:
         self._channel: grpc.aio.Channel | None = None
         self._outbox: asyncio.Queue[pb.Plan | None] = asyncio.Queue()
         self._pending = pb.Plan()
+        # Requests aborted here for a pending cancel: every report until the executor applies the
+        # abort still carries their tokens, and each would send (and log) the abort again.
+        self._cancel_aborted: set[str] = set()
         # Plan numbers start at a random base, so acknowledgements of an earlier stream's plans
         # (still in flight when this link attached) can never pass for this link's.
         self._base_seq = secrets.randbits(62) + 1
@@ -317,7 +320,9 @@ class ExecutorLink:
         only for a request it already drives: one that landed while the request was being claimed
         (or rode in the same plan as its admit, which the executor applies after the abort) was
         lost, and the request ran on to its end. Its executor reports it CANCELLED once aborted."""
-        aborting = [rid for rid in request_ids if rid in self.requests and rid not in self._pending.abort]
+        self._cancel_aborted &= self.requests.keys()  # those that left the link need no memory
+        aborting = [rid for rid in request_ids if rid in self.requests and rid not in self._cancel_aborted]
+        self._cancel_aborted.update(aborting)
         for request_id in aborting:
             log.info("request %s: a cancel is pending; aborting it on %s", request_id, self.executor_id)
             self.abort(request_id)

@@ -186,3 +186,24 @@ async def test_a_hand_back_that_meets_a_redis_blip_is_retried_not_the_links_end(
         assert (await store.requests.get("preempted") or {})["state"] == "QUEUED"
     finally:
         await client.aclose()
+
+
+async def test_a_pending_cancel_is_sent_to_the_executor_once(redis_url: str) -> None:
+    """Every report until the executor applies the abort still carries the request's tokens, and
+    Redis says the cancel is pending each time: the abort went out (and was logged) with each."""
+    client = connect(redis_url)
+    try:
+        store = Store(client, KeySchema(), request_ttl_s=60)
+        link = await running_on_a_link(store, redis_url, "leaving", "exec-c")
+        link.info = epb.InfoResponse(max_batch_size=8, token_budget=64)
+        link.flush()
+        assert list(link._outbox.get_nowait().admit) and link._outbox.empty()  # type: ignore[union-attr]
+        await store.requests.cancel("leaving")
+        for index in range(3):
+            delta = epb.TokenDelta(request_id="leaving", token_ids=[40 + index], index=index)
+            await link._on_reports([epb.StepReport(tokens=[delta])])
+        abort = link._outbox.get_nowait()
+        assert abort is not None and list(abort.abort) == ["leaving"]
+        assert link._outbox.empty()
+    finally:
+        await client.aclose()
