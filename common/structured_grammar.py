@@ -84,21 +84,24 @@ def _searches(pattern: str, name: str) -> bool:
         return False  # xgrammar says what is wrong with it
 
 
-# xgrammar 0.2.9 writes a string with a length bound as a repetition of one character class that
-# admits raw control characters (a tab, say), which JSON forbids inside strings, so strict parsers
-# (Python's ``json.loads``, JavaScript's ``JSON.parse``) refuse the output. The grammar's text
-# (``str`` of a Grammar, read back by ``Grammar.from_ebnf``: both public) is written again with
-# JSON's string characters in that class; the repetition stays xgrammar's own, which compiles in
-# milliseconds at any bound (as a regular expression, 9,000 took 31 s). Neither writes escapes
-# inside a bounded string. tests/common/test_structured_output.py pins the class's text.
-_BOUNDED_CHARACTERS = re.compile(r'^(\S+) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
-_JSON_STRING_CHARACTERS = r'(([^\0-\x1f\"\\]))'
+# xgrammar 0.2.9 writes the characters of a string with a length bound (repeated, or one optional
+# character for a bound of 1) with a class that admits raw control characters (a tab, say), which
+# JSON forbids inside strings, so strict parsers (Python's ``json.loads``, JavaScript's
+# ``JSON.parse``) refuse the output. The grammar's text (``str`` of a Grammar, read back by
+# ``Grammar.from_ebnf``: both public) is written again with JSON's string characters in that
+# class, which xgrammar writes for nothing else; the repetition stays xgrammar's own, which
+# compiles in milliseconds at any bound (as a regular expression, 9,000 took 31 s). Neither writes
+# escapes inside a bounded string. tests/common/test_structured_output.py pins the class's text.
+_BOUNDED_STRING_CLASS = r'[^\"\\\r\n]'
+_JSON_STRING_CLASS = r'[^\0-\x1f\"\\]'
 
 
 def _json_schema_grammar(schema_text: str) -> xgr.Grammar:
     grammar = xgr.Grammar.from_json_schema(schema_text, any_whitespace=False)
-    text, bounded = _BOUNDED_CHARACTERS.subn(lambda rule: f"{rule[1]} ::= {_JSON_STRING_CHARACTERS}", str(grammar))
-    return xgr.Grammar.from_ebnf(text, root_rule_name="root") if bounded else grammar
+    text = str(grammar)
+    if _BOUNDED_STRING_CLASS not in text:
+        return grammar
+    return xgr.Grammar.from_ebnf(text.replace(_BOUNDED_STRING_CLASS, _JSON_STRING_CLASS), root_rule_name="root")
 
 
 # Keywords xgrammar accepts and then does not enforce (0.2.9): an output could break them while
@@ -106,27 +109,42 @@ def _json_schema_grammar(schema_text: str) -> xgr.Grammar:
 # served wrongly. (An unknown ``format`` is ignored, as JSON Schema says a validator may.)
 _UNENFORCED = ("not", "if", "dependentRequired", "dependentSchemas", "contains")
 _LOOKAROUND = re.compile(r"\(\?<?[=!]")
-# After a backslash, outside a character class: a quote, a backslash or a control character.
-_RAW_ESCAPES = frozenset('"\\tnrfv')
+# Escapes that stand for a quote, a backslash or a control character (``\cX`` too, and
+# ``\xHH`` or ``\uHHHH`` of one: ``_stands_for_raw``).
+_RAW_ESCAPES = frozenset('"\\tnrfv0c')
+_HEX_ESCAPE = re.compile(r"x([0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})")
+
+
+def _stands_for_raw(pattern: str, at: int) -> tuple[bool, int]:
+    """Whether the escape whose backslash is at ``at`` stands for a quote, a backslash or a control
+    character, and where the escape ends."""
+    if pattern[at + 1] in _RAW_ESCAPES:
+        return True, at + 2
+    if hex_escape := _HEX_ESCAPE.match(pattern, at + 1):
+        code = int(hex_escape[1] or hex_escape[2], 16)
+        return code < 0x20 or code in (0x22, 0x5C), hex_escape.end()
+    return False, at + 2
 
 
 def writes_raw_characters(pattern: str) -> bool:
-    """Whether a string ``pattern`` writes a quote, a backslash or a control character as a literal
-    outside a character class: xgrammar 0.2.9 puts such a literal into the JSON string as it is (a
-    quote ends the string early), while it holds a class's characters to JSON's rules."""
-    in_class, i = False, 0
+    """Whether a string ``pattern`` can write a quote, a backslash or a control character, as a
+    literal or from a class that lists one: xgrammar 0.2.9 puts such a character into the JSON
+    string as it is (a quote ends the string early). A negated class, ``.`` and shorthands like
+    ``\\s`` it holds to JSON's rules, so they may exclude or span such characters freely."""
+    in_class = negated = False
+    i = 0
     while i < len(pattern):
         char = pattern[i]
         if char == "\\" and i + 1 < len(pattern):
-            if not in_class and pattern[i + 1] in _RAW_ESCAPES:
+            raw, i = _stands_for_raw(pattern, i)
+            if raw and not negated:
                 return True
-            i += 2
             continue
-        if char == "[":
-            in_class = True
-        elif char == "]":
-            in_class = False
-        elif not in_class and (char == '"' or ord(char) < 0x20):
+        if char == "[" and not in_class:
+            in_class, negated = True, pattern.startswith("^", i + 1)
+        elif char == "]" and in_class:
+            in_class = negated = False
+        elif not negated and (char == '"' or ord(char) < 0x20):
             return True
         i += 1
     return False
@@ -150,7 +168,7 @@ def unenforced_keyword(schema: Any) -> str | None:
     if isinstance(schema.get("pattern"), str) and _LOOKAROUND.search(schema["pattern"]):
         return "a lookahead or lookbehind in a 'pattern'"
     if isinstance(schema.get("pattern"), str) and writes_raw_characters(schema["pattern"]):
-        return "a 'pattern' that writes a quote, a backslash or a control character outside a character class"
+        return "a 'pattern' that writes a quote, a backslash or a control character (outside a negated class)"
     return next(
         (found for key, value in schema.items() if key not in _DATA_KEYS and (found := unenforced_keyword(value))),
         None,

@@ -11,7 +11,8 @@ Baton's ``SamplingParams`` fields of the same names. Log probabilities (see ``op
 completions' ``logprobs`` (0-20 alternatives) and ``echo`` (the prompt before the text, and with
 ``logprobs`` the prompt tokens' log probabilities first, the first one ``null``; ``max_tokens`` 0
 then scores the prompt without generating); chat's ``logprobs`` and ``top_logprobs`` (0-20); and
-vLLM's ``prompt_logprobs`` (0-20, whole responses only), in vLLM's shape. They are the model's raw
+vLLM's ``prompt_logprobs`` (0-20; with a stream only 0, which answers nothing, as in vLLM), in
+vLLM's shape. They are the model's raw
 distribution, before penalties, bias and temperature (vLLM's default).
 
 Several choices (``n``): Baton's ``SamplingParams.n``, so the choices are samples of one prompt
@@ -365,7 +366,9 @@ def _parsed(
     include_usage, continuous_usage = _stream_options(body, stream)
     prompt_logprobs = _int(body, "prompt_logprobs", 0, MAX_LOGPROBS)
     if prompt_logprobs is not None and stream:  # as vLLM answers: they come with a whole response only
-        raise BadRequest("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
+        if prompt_logprobs > 0:
+            raise BadRequest("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
+        prompt_logprobs = None  # 0, which vLLM takes with a stream and answers nothing for
     return Parsed(
         request,
         model,

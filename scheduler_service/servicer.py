@@ -137,12 +137,13 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         req = await self._frontend.submit_or_abandon(request, self._abandon)
-        # The response's headers say it was accepted, before its first token: a client (the
-        # gateway) can start its own answer while the request waits in the queue.
-        await context.send_initial_metadata(((REQUEST_ID_METADATA, req.request_id),))
         unfinished = req.n
         first = FirstMessages(req.prompt_ids, request.return_prompt_token_ids)
         try:
+            # The response's headers say it was accepted, before its first token: a client (the
+            # gateway) can start its own answer while the request waits in the queue. Inside the
+            # try: a client that leaves as they go out still gets its request cancelled.
+            await context.send_initial_metadata(((REQUEST_ID_METADATA, req.request_id),))
             async with contextlib.aclosing(self._frontend.sample_events(req.request_id, req.n)) as events:
                 async for k, event in events:
                     unfinished -= event.finish_reason is not FinishReason.NONE

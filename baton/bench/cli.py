@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import sys
 import tempfile
 import time
@@ -35,7 +36,7 @@ CUSTOM = Scenario("custom", "from the flags", WorkloadSpec(64, (32, 256), (16, 1
 # ---- flags -----------------------------------------------------------------------------------
 def _target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="127.0.0.1:50051", help="scheduler HOST:PORT (default 127.0.0.1:50051)")
-    p.add_argument("--token", help="bearer token, when the scheduler has auth on")
+    p.add_argument("--token", help="bearer token, when the scheduler has auth on (default: $BATON_TOKEN)")
     add_tls_flags(p)
     p.add_argument(
         "--local", action="store_true", help="start redis-server, an executor and a scheduler here and bench those"
@@ -244,12 +245,16 @@ def _target(args: argparse.Namespace) -> Iterator[str]:
 
 
 def _metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {args.token}"),) if args.token else ()
+    token = args.token or os.environ.get("BATON_TOKEN", "")  # as the other client commands read it
+    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 def _credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
-    # A stack started here (--local) serves plaintext.
-    return None if args.local else tls_credentials(args)
+    if not args.local:
+        return tls_credentials(args)
+    if args.tls_ca or args.tls_cert or args.tls_key:
+        raise SystemExit("baton bench: the --tls-* flags are for --target; a --local stack serves plaintext")
+    return None
 
 
 async def _run_one(target: str, scenario: Scenario, args: argparse.Namespace, warm_up: bool) -> ScenarioResult:

@@ -169,17 +169,20 @@ def test_choices_past_the_basic_multilingual_plane_stay_utf8() -> None:
     assert matcher.accept_string("😀") and matcher.is_completed()
 
 
-@pytest.mark.parametrize("most", [3, 9_000])
+@pytest.mark.parametrize("most", [1, 3, 9_000])
 def test_bounded_strings_never_hold_raw_control_characters(most: int) -> None:
     """JSON forbids them inside strings; strict parsers refuse the output. xgrammar's own class for
-    a bounded string let them through at any bound (its text, rewritten, is pinned here)."""
+    a bounded string let them through at any bound (its text, rewritten, is pinned here; a bound of
+    1 is one optional character rather than a repetition)."""
     info = xgr.TokenizerInfo([chr(c) for c in range(0, 127)] + ["é", "</s>"], stop_token_ids=[128])
     compiler = xgr.GrammarCompiler(info, max_threads=1)
     schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 1, "maxLength": most}}}
     spec = StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps({**schema, "required": ["s"]}))
-    assert "root_prop_0_characters ::= (([^\\0-\\x1f\\\"\\\\]))" in str(structured_grammar.parse(spec))
+    grammar = str(structured_grammar.parse(spec))
+    assert "[^\\0-\\x1f\\\"\\\\]" in grammar and "[^\\\"\\\\\\r\\n]" not in grammar
     compiled = structured_grammar.compile_grammar(compiler, spec)
-    cases = [("a\tb", False), ("a\x01", False), ("abc", True), ("éa", True), ("", False), ("a" * (most + 1), False)]
+    cases = [("\t", False), ("\x01", False), ("é", True), ("", False), ("a" * (most + 1), False)]
+    cases += [("a\tb", False), ("abc", True), ("éa", True)] if most >= 3 else []
     for text, ok in cases:
         matcher = xgr.GrammarMatcher(compiled)
         assert (matcher.accept_string(f'{{"s": "{text}"}}') and matcher.is_completed()) == ok, repr(text)
@@ -219,11 +222,20 @@ def test_what_the_grammar_enforces_or_may_ignore_is_served() -> None:
         assert structured_grammar.parse(StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(schema)))
 
 
-def test_patterns_whose_classes_hold_quotes_are_served() -> None:
-    # A class's characters are held to JSON's rules: only literals outside classes were written raw.
-    for pattern in ('^[^@"]+@[a-z]+$', "^[\\w\\s]+$", "^a\\.b$", "^[\\\\/]+$"):
+@pytest.mark.parametrize(
+    "pattern",
+    ['a\\"b', "a\\u0022b", "a\\x5cb", "a\\u0009b", "a\\cIb", "a\\0b", 'a["]b', "a[\\t]b", "a[\\\\]b", "a[\\n ]b"],
+)
+def test_patterns_that_write_a_raw_quote_backslash_or_control_character_are_found(pattern: str) -> None:
+    # Each went into the JSON as it is: a literal, an escape of one, or a class listing one (a
+    # one-member class is a literal to xgrammar).
+    assert structured_grammar.writes_raw_characters(pattern)
+
+
+def test_patterns_that_only_exclude_or_span_such_characters_are_served() -> None:
+    # A negated class, ``.``, shorthands and ranges are held to JSON's rules by xgrammar itself.
+    for pattern in ('^[^@"]+@[a-z]+$', "^[\\w\\s]+$", "^a\\.b$", "^[^\\\\/]+$", "^[ -~]{3}$", "^\\x41\\u00e9$"):
         assert not structured_grammar.writes_raw_characters(pattern), pattern
-    assert structured_grammar.writes_raw_characters('^a\\"b$')
 
 
 def test_lark_grammars_are_told_from_ebnf_as_vllm_tells_them() -> None:

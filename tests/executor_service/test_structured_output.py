@@ -158,10 +158,11 @@ def test_json_schema_outputs_parse_and_validate(engine: Engine, schemas: list[di
 
 
 def test_a_json_string_takes_only_well_formed_utf8(engine: Engine) -> None:
-    """xgrammar's matcher alone takes the overlong sequence E0 88 88 as one character of a string of
-    maxLength 1 (it decodes to three U+FFFD); the engine's mask keeps the output well-formed."""
+    """xgrammar's matcher alone takes the overlong sequence E0 88 88 as one character of a string
+    whose pattern is one character (it decodes to three U+FFFD); the engine's mask keeps the output
+    well-formed."""
     assert engine.grammars is not None and engine.grammar_masks is not None
-    schema = {"type": "array", "items": {"type": "string", "maxLength": 1}}
+    schema = {"type": "array", "items": {"type": "string", "pattern": "^.$"}}
     grammar = engine.grammars.get(json_schema(schema)).result(timeout=60)
     tokenizer = engine.tokenizer
     # Byte-level tokens for '["', the bytes E0 88 88, then '"]': found by a drawn schema, greedy.

@@ -562,6 +562,8 @@ def test_prompt_logprobs_ask_as_wide_as_the_echo_and_vllms_field_together() -> N
     for bad in ({"prompt_logprobs": -1}, {"prompt_logprobs": 21}, {"prompt_logprobs": 1, "stream": True}):
         with pytest.raises(BadRequest):
             parse_completion({"prompt": "a", **bad})
+    streamed = parse_completion({"prompt": "a", "prompt_logprobs": 0, "stream": True})  # vLLM takes it, sends none
+    assert streamed.prompt_logprobs is None and not streamed.request.params.HasField("prompt_logprobs")
 
 
 def test_vllm_prompt_logprobs_put_the_prompts_token_first() -> None:
