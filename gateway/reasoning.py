@@ -9,12 +9,16 @@ no end tag:
 - ``deepseek_r1``: the model's template opens the thinking in the prompt, so an output is
   reasoning until ``</think>`` (an output without one is all reasoning, cut short); a leading
   ``<think>`` is dropped.
-- ``qwen3``: thinking can be switched off (``chat_template_kwargs: {"enable_thinking": false}``),
-  so an output without ``</think>`` is all answer. Streamed, an output is reasoning until
-  ``</think>`` only if it opens with ``<think>``.
-- ``glm45``: GLM-4.5 to 4.7, read as ``qwen3`` (their templates switch thinking off the same way,
-  ``enable_thinking``).
-- ``mistral``: as ``qwen3``, with Magistral's ``[THINK]`` and ``[/THINK]``. They are special
+- ``qwen3``: Qwen3 and Qwen3.5, thinking unless the template variable ``enable_thinking`` is
+  false (then all answer): as ``deepseek_r1`` (Qwen3.5's and the 2507 thinking models' templates
+  open the thinking in the prompt; earlier ones let the model write ``<think>``), except that a
+  call in Qwen3-Coder's form (``<tool_call>`` then ``<function=``) ends the thinking too, and
+  begins the answer, as vLLM reads it.
+- ``glm45``: GLM-4.5 to 4.7, whose output opens its thinking with ``<think>`` (their templates
+  switch thinking off with ``enable_thinking``, closing it in the prompt): an output that does not
+  open with the tag is all answer; one that does is reasoning until ``</think>`` (all of it, cut
+  short, without one).
+- ``mistral``: as ``glm45``, with Magistral's ``[THINK]`` and ``[/THINK]``. They are special
   tokens, whose text an output keeps only with ``skip_special_tokens`` false, so the parser asks
   for it unless the request says otherwise, as vLLM's does.
 - ``deepseek_v3``: DeepSeek V3.1 and later, whose thinking is off unless the request's template
@@ -54,7 +58,9 @@ END = "</think>"
 class _Tags:
     start: str
     end: str
-    opened_in_prompt: bool  # an output without the end tag is all thinking (else all answer)
+    # True: an output is thinking until the end tag (all of it without one); False: only an output
+    # that opens with the start tag thinks (until the end tag), any other is all answer.
+    opened_in_prompt: bool
     special: bool = False  # the tags are special tokens: their text must be kept
     harmony: bool = False  # messages with channels (gpt-oss), which ``harmony`` splits; ``end`` opens the answer
     # Whether the model thinks when the request's template variables do not say (None: always);
@@ -66,7 +72,9 @@ class _Tags:
 
 _PARSERS = {
     "deepseek_r1": _Tags(START, END, opened_in_prompt=True),
-    "qwen3": _Tags(START, END, opened_in_prompt=False),
+    "qwen3": _Tags(
+        START, END, True, thinks_by_default=True, switch=("enable_thinking",), implicit_end="<tool_call>\n<function="
+    ),
     "glm45": _Tags(START, END, opened_in_prompt=False),
     "mistral": _Tags("[THINK]", "[/THINK]", opened_in_prompt=False, special=True),
     "openai_gptoss": _Tags("", harmony.FINAL_BODY, opened_in_prompt=False, special=True, harmony=True),
@@ -126,14 +134,12 @@ class Reasoning:
         tags = self.tags
         if tags.harmony:
             return harmony.split(text, keep_calls)
-        if not self.thinking:
-            return None, text or None
+        if not self.thinking or (not tags.opened_in_prompt and not text.startswith(tags.start)):
+            return None, text or None  # it did not think (a stream reads such an output so too)
         implicit = text.find(tags.implicit_end) if tags.implicit_end else -1
         if implicit >= 0 and (tags.end not in text or implicit < text.find(tags.end)):
             return self._after_start(text[:implicit]) or None, text[implicit:]
-        if tags.end not in text:
-            if not tags.opened_in_prompt:
-                return None, text
+        if tags.end not in text:  # cut short: all thinking
             return self._after_start(text) or None, None
         reasoning, _, answer = text.partition(tags.end)
         return self._after_start(reasoning) or None, answer or None

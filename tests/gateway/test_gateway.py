@@ -968,11 +968,12 @@ async def test_auto_tool_choice_reads_the_calls_the_model_writes(served: Served)
 async def test_a_reasoning_parser_splits_thinking_from_the_answer(served: Served) -> None:
     """The model thinks in tags, then answers, then calls a tool. A structured output constrains
     the answer, after ``</think>``: the regex writes the tags here only because the prompt already
-    closed the thinking (``enable_thinking: false``), which holds the constraint from the start."""
+    closed the thinking (``enable_thinking: false``), which holds the constraint from the start.
+    ``glm45`` reads the output itself (``qwen3`` would take the switch as all answer)."""
     written = r'<think>Two and two\.</think>It is 4\.<tool_call>\{"name": "clock", "arguments": \{\}\}</tool_call>'
     ask = {**_written("2 + 2?", written), "chat_template_kwargs": {"enable_thinking": False}}
     gateway = serve_gateway(
-        served.stack.target, model_aliases=(ALIAS,), tool_call_parser="hermes", reasoning_parser="qwen3"
+        served.stack.target, model_aliases=(ALIAS,), tool_call_parser="hermes", reasoning_parser="glm45"
     )
     async with gateway as base_url, httpx.AsyncClient(base_url=base_url) as http:
         whole = (await http.post("/v1/chat/completions", json=ask)).json()
@@ -992,7 +993,7 @@ async def test_a_reasoning_parser_splits_thinking_from_the_answer(served: Served
         del thinking["chat_template_kwargs"]
         answer = (await http.post("/v1/chat/completions", json=thinking)).json()["choices"][0]
         assert answer["finish_reason"] == "length" and answer["message"]["content"]
-        assert answer["message"]["reasoning_content"] is None  # qwen3: no tags, all answer
+        assert answer["message"]["reasoning_content"] is None  # glm45: no opening tag, all answer
 
 
 async def test_template_variables_switch_the_thinking_the_parser_reads(served: Served) -> None:

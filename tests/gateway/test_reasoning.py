@@ -19,11 +19,17 @@ CASES = [
     (R1, "<think>Still thinking", ("Still thinking", None)),  # cut short: all thinking
     (R1, "<think>Done.</think>", ("Done.", None)),
     (QWEN3, "<think>Hmm.</think>\n\nIt is 4.", ("Hmm.", "\n\nIt is 4.")),
-    (QWEN3, "It is 4.", (None, "It is 4.")),  # enable_thinking false: no tags, all answer
+    (Reasoning("qwen3", thinking=False), "It is 4.", (None, "It is 4.")),  # enable_thinking false: all answer
     (QWEN3, "<think></think>It is 4.", (None, "It is 4.")),
-    (QWEN3, "<thinking aloud> is no tag", (None, "<thinking aloud> is no tag")),
+    (QWEN3, "Hmm.</think>It is 4.", ("Hmm.", "It is 4.")),  # Qwen3.5's template opened the thinking
+    (QWEN3, "<think>Still thinking", ("Still thinking", None)),  # cut short: all thinking, as vLLM reads it
+    (QWEN3, "Plan.<tool_call>\n<function=f>\n</function>", ("Plan.", "<tool_call>\n<function=f>\n</function>")),
+    (QWEN3, "Say <tool_call> then.</think>Ok", ("Say <tool_call> then.", "Ok")),  # a mention ends nothing
     (Reasoning("glm45"), "<think>Hmm.</think>It is 4.", ("Hmm.", "It is 4.")),
     (Reasoning("glm45"), "It is 4.", (None, "It is 4.")),  # enable_thinking false
+    (Reasoning("glm45"), "a</think>b", (None, "a</think>b")),  # it did not open its thinking: all answer
+    (Reasoning("glm45"), "<think>abc", ("abc", None)),
+    (Reasoning("glm45"), "<thinking aloud> is no tag", (None, "<thinking aloud> is no tag")),
     (MISTRAL, "[THINK]Hmm.[/THINK]It is 4.", ("Hmm.", "It is 4.")),  # Magistral's tags
     (MISTRAL, "It is 4.", (None, "It is 4.")),
     (MISTRAL, "<think>x</think>y", (None, "<think>x</think>y")),  # another family's tags are text
@@ -102,7 +108,8 @@ def test_gpt_oss_s_tags_are_kept_and_its_answer_is_not_constrained() -> None:
         ("deepseek_v3", {"enable_thinking": True}, True),
         ("kimi_k2", {}, True),  # Kimi's thinking models think unless told not to
         ("kimi_k2", {"thinking": False}, False),
-        ("qwen3", {"enable_thinking": False}, True),  # qwen3 reads the output itself
+        ("qwen3", {}, True),  # Qwen3 thinks unless told not to
+        ("qwen3", {"enable_thinking": False}, False),
     ],
 )
 def test_template_variables_switch_a_model_s_thinking(parser: str, variables: dict[str, bool], thinks: bool) -> None:
