@@ -12,8 +12,9 @@ each argument as a key and a value between tags of their own,
 the message's content. A value is read as vLLM's ``glm45`` parser reads it: a parameter the tool's
 JSON schema types as a string keeps its text as written; any other value is read as JSON, then as a
 Python literal (``ast.literal_eval``: never run), and stays the text where neither reads (or has no
-JSON form: NaN, the infinities, sets, bytes). As in vLLM, a body that is not a call, or is cut short
-by the end of the output, is dropped and the other calls stand.
+JSON form: NaN, the infinities, sets, bytes). As in vLLM, a body that is not a call, or has no
+``</tool_call>`` (cut short by the end of the output, or a tag the text only mentions), is dropped
+and the other calls stand.
 
 ``parse`` reads a whole output, ``GlmStream`` one as it streams (``sectioned_tool_calls``: each
 call once it closes).

@@ -6,12 +6,13 @@ as DeepSeek's and Kimi K2's templates write them:
 and GLM-4.5's, whose calls have no section tag: the first call's tag opens the section. The text
 before the section is the message's content; what a body holds is the family's
 (``deepseek_tool_calls``, ``kimi_k2_tool_calls``, ``glm_tool_calls``). A body that does not read as
-a call (or is cut short) is dropped, as vLLM's parsers of these families skip what their patterns
-do not match; an output whose section holds no call at all is text.
+a call, or has no end tag (cut short, or a tag the text only mentions), is dropped, as vLLM's
+parsers of these families skip what their patterns do not match; an output whose section holds no
+call at all is text.
 
 ``parse`` reads a whole output. ``SectionedStream`` reads one as it streams: content goes out until
 the section opens (a tail that may be the start of its tag is held back), and each call once its end
-tag arrives, or at the end if what is left reads as one. An output whose section never gives a call
+tag arrives. An output whose section never gives a call
 goes out whole as content at its end, so a stream and a whole answer never disagree.
 """
 
@@ -56,14 +57,16 @@ def parse(text: str, tags: SectionTags, read_call: ReadCall) -> tuple[str | None
 
 
 def _bodies(section: str, tags: SectionTags, at: int) -> list[str]:
-    """Each call's body in the section from ``at`` on; the last may be cut short (no end tag)."""
+    """Each closed call's body in the section from ``at`` on (one without its end tag is none)."""
     bodies = []
     at = section.find(tags.call, at)
     while at >= 0:
         start = at + len(tags.call)
         end = section.find(tags.end, start)
-        bodies.append(section[start:] if end < 0 else section[start:end])
-        at = -1 if end < 0 else section.find(tags.call, end + len(tags.end))
+        if end < 0:
+            break
+        bodies.append(section[start:end])
+        at = section.find(tags.call, end + len(tags.end))
     return bodies
 
 
@@ -108,9 +111,8 @@ class SectionedStream:
         return content, calls
 
     def _complete_calls(self, section: str, final: bool) -> list[ParsedCall]:
-        """The calls whose end tag has arrived since the last read (at the end, a cut-short one too).
-        Each search resumes where the last stopped, so a long call costs its length once, however
-        many pieces it streams in."""
+        """The calls whose end tag has arrived since the last read. Each search resumes where the
+        last stopped, so a long call costs its length once, however many pieces it streams in."""
         calls = []
         call_tag, end_tag = self._tags.call, self._tags.end
         while True:
@@ -120,11 +122,11 @@ class SectionedStream:
                 break
             start = at + len(call_tag)
             end = section.find(end_tag, max(start, self._scanned))
-            if end < 0 and not final:
+            if end < 0:  # not closed yet (at the end: never, and no call)
                 self._read, self._scanned = at, max(start, len(section) - len(end_tag) + 1)
                 break
-            body = section[start:] if end < 0 else section[start:end]
-            self._read, self._scanned = (len(section) if end < 0 else end + len(end_tag)), 0
+            body = section[start:end]
+            self._read, self._scanned = end + len(end_tag), 0
             if (call := self._read_call(body)) is not None:
                 calls.append(call)
         return calls

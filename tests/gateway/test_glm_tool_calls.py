@@ -51,6 +51,10 @@ CASES = [
     ("<tool_call></tool_call> and <tool_call>clock</tool_call>", (None, [ParsedCall("clock", "{}")])),
     (_call("other", ("big", "1e999")), (None, [ParsedCall("other", '{"big": "1e999"}')])),  # inf: no JSON form
     ("<tool_call>clock and more</tool_call>", ("<tool_call>clock and more</tool_call>", [])),
+    # No end tag: a tag the text mentions, or a name cut short by max_tokens, is no call (vLLM's reading).
+    ("I like <tool_call> tags", ("I like <tool_call> tags", [])),
+    ("Sure.<tool_call>get_weath", ("Sure.<tool_call>get_weath", [])),
+    (_call("clock") + "<tool_call>weather", (None, [ParsedCall("clock", "{}")])),
 ]
 
 
