@@ -6,18 +6,19 @@ first call is the message's content. vLLM's ``hermes`` parser reads the same syn
 Qwen3-Coder's syntax puts other bodies between the same tags (``qwen3_coder_tool_calls``): both
 read a body with ``read_call``.
 
-``parse`` reads a whole output. ``HermesStream`` reads one as it streams: text goes out as content
-until the first call opens (a tail that may be the start of the opening tag is held back), and
-each call goes out once it closes, or at the end if what is left parses, since its arguments are
-known to be whole JSON only then; text between and after calls is dropped, as a whole output
-reads. Something between the tags that is not such a call is text, not a call (a whole output
-with one is all text).
+``HermesStream`` reads an output as it streams: text goes out as content until the first call
+opens (a tail that may be the start of the opening tag is held back), and each call goes out once
+it closes, or at the end if what is left parses, since its arguments are known to be whole JSON
+only then; text between and after calls is dropped. Something between the tags that is not such a
+call is text where no call came before it, and dropped after one (a second call cut short by
+``max_tokens``, say): the calls already sent stand, as vLLM's stream sends them. ``parse`` reads a
+whole output as that stream does, in one piece, so the two never disagree (vLLM's whole reading
+makes an output with any such body all text).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,7 +26,6 @@ from gateway.split_tags import tag_prefix_len
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
-_CALLS = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -41,18 +41,9 @@ ReadCall = Callable[[str], "ParsedCall | None"]
 
 def parse(text: str, read_call: ReadCall | None = None) -> tuple[str | None, list[ParsedCall]]:
     """The content before the first call (None if empty) and the calls; ``(text, [])`` where the
-    output makes no call, or something between the tags is not one."""
-    read_call = read_call or _call
-    start = text.find(OPEN)
-    if start < 0:
-        return text, []
-    calls = []
-    for body in _CALLS.findall(text, start):
-        call = read_call(body)
-        if call is None:
-            return text, []
-        calls.append(call)
-    return text[:start] or None, calls
+    output makes no call."""
+    content, calls = HermesStream(read_call).feed(text, final=True)
+    return (content or None, calls) if calls else (text, [])
 
 
 def _call(body: str) -> ParsedCall | None:

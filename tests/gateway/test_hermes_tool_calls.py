@@ -21,6 +21,14 @@ CASES = [
     ("<tool_call>not json</tool_call>", ("<tool_call>not json</tool_call>", [])),
     ('<tool_call>{"arguments": {}}</tool_call>', ('<tool_call>{"arguments": {}}</tool_call>', [])),
     ("a < b and <tool", ("a < b and <tool", [])),
+    # Mixed with a body that is no call: the calls stand, whole as streamed (a stream sent them
+    # before the bad body came); one before any call is content, one after is dropped.
+    (WEATHER + '<tool_call>{"name": "b", "argu', (None, [ParsedCall("weather", '{"city": "Oslo"}')])),
+    (
+        "<tool_call>not json</tool_call>" + WEATHER,
+        ("<tool_call>not json</tool_call>", [ParsedCall("weather", '{"city": "Oslo"}')]),
+    ),
+    (WEATHER + "<tool_call>not json</tool_call>", (None, [ParsedCall("weather", '{"city": "Oslo"}')])),
 ]
 
 
