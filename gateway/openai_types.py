@@ -12,8 +12,8 @@ completions' ``logprobs`` (0-20 alternatives) and ``echo`` (the prompt before th
 ``logprobs`` the prompt tokens' log probabilities first, the first one ``null``; ``max_tokens`` 0
 then scores the prompt without generating); chat's ``logprobs`` and ``top_logprobs`` (0-20); and
 vLLM's ``prompt_logprobs`` (0-20; with a stream only 0, which answers nothing, as in vLLM), in
-vLLM's shape. They are the model's raw
-distribution, before penalties, bias and temperature (vLLM's default).
+vLLM's shape. They are the model's raw distribution, before penalties, bias and temperature
+(vLLM's default).
 
 Several choices (``n``): Baton's ``SamplingParams.n``, so the choices are samples of one prompt
 sharing its KV (with ``seed``, choice i samples with seed + i). ``choices[i].index`` is the
