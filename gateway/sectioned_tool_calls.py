@@ -10,10 +10,11 @@ a call, or has no end tag (cut short, or a tag the text only mentions), is dropp
 parsers of these families skip what their patterns do not match; an output whose section holds no
 call at all is text.
 
-``parse`` reads a whole output. ``SectionedStream`` reads one as it streams: content goes out until
+``SectionedStream`` reads an output as it streams: content goes out until
 the section opens (a tail that may be the start of its tag is held back), and each call once its end
 tag arrives. An output whose section never gives a call
-goes out whole as content at its end, so a stream and a whole answer never disagree.
+goes out whole as content at its end. ``parse`` reads a whole output as that stream does, in one
+piece, so a stream and a whole answer never disagree.
 """
 
 from __future__ import annotations
@@ -48,26 +49,8 @@ class SectionTags:
 def parse(text: str, tags: SectionTags, read_call: ReadCall) -> tuple[str | None, list[ParsedCall]]:
     """The content before the section (None if empty) and its calls; ``(text, [])`` where the output
     has no section or its section no call."""
-    opening = tags.opening(text)
-    if opening is None:
-        return text, []
-    start, tag = opening
-    calls = [call for body in _bodies(text[start:], tags, tags.first_call(tag)) if (call := read_call(body))]
-    return (text[:start] or None, calls) if calls else (text, [])
-
-
-def _bodies(section: str, tags: SectionTags, at: int) -> list[str]:
-    """Each closed call's body in the section from ``at`` on (one without its end tag is none)."""
-    bodies = []
-    at = section.find(tags.call, at)
-    while at >= 0:
-        start = at + len(tags.call)
-        end = section.find(tags.end, start)
-        if end < 0:
-            break
-        bodies.append(section[start:end])
-        at = section.find(tags.call, end + len(tags.end))
-    return bodies
+    content, calls = SectionedStream(tags, read_call).feed(text, final=True)
+    return (content or None, calls) if calls else (text, [])
 
 
 class SectionedStream:
@@ -104,13 +87,13 @@ class SectionedStream:
             self._pending = ""
         else:
             self._section += text
-        calls = self._complete_calls(self._section, final)
+        calls = self._complete_calls(self._section)
         self.calls += len(calls)
         if final and not self.calls:  # no call after all: the section was text
             content += self._section
         return content, calls
 
-    def _complete_calls(self, section: str, final: bool) -> list[ParsedCall]:
+    def _complete_calls(self, section: str) -> list[ParsedCall]:
         """The calls whose end tag has arrived since the last read. Each search resumes where the
         last stopped, so a long call costs its length once, however many pieces it streams in."""
         calls = []
@@ -122,7 +105,7 @@ class SectionedStream:
                 break
             start = at + len(call_tag)
             end = section.find(end_tag, max(start, self._scanned))
-            if end < 0:  # not closed yet (at the end: never, and no call)
+            if end < 0:  # not closed yet (at the output's end: never, and no call)
                 self._read, self._scanned = at, max(start, len(section) - len(end_tag) + 1)
                 break
             body = section[start:end]
