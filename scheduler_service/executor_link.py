@@ -320,7 +320,8 @@ class ExecutorLink:
         only for a request it already drives: one that landed while the request was being claimed
         (or rode in the same plan as its admit, which the executor applies after the abort) was
         lost, and the request ran on to its end. Its executor reports it CANCELLED once aborted."""
-        self._cancel_aborted &= self.requests.keys()  # those that left the link need no memory
+        if self._cancel_aborted:  # those that left the link need no memory (runs every report: mostly empty)
+            self._cancel_aborted = {rid for rid in self._cancel_aborted if rid in self.requests}
         aborting = [rid for rid in request_ids if rid in self.requests and rid not in self._cancel_aborted]
         self._cancel_aborted.update(aborting)
         for request_id in aborting:
