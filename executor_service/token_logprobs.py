@@ -44,10 +44,11 @@ def gather(logits: torch.Tensor, chosen: torch.Tensor, width: int) -> LogprobRow
     its rank, and the ``width`` most likely tokens (at most V), most likely first."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     chosen_lp = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
-    ranks = (logprobs >= chosen_lp.unsqueeze(1)).sum(dim=-1).tolist()
+    ranks = (logprobs >= chosen_lp.unsqueeze(1)).sum(dim=-1)
+    tokens, ranked = torch.stack((chosen.long(), ranks)).tolist()  # one copy to the host for both
     width = min(width, logprobs.shape[-1])
     if width:
         values, ids = torch.topk(logprobs, width, dim=-1)
-        return LogprobRows(width, chosen.tolist(), chosen_lp.tolist(), ids.tolist(), values.tolist(), ranks)
+        return LogprobRows(width, tokens, chosen_lp.tolist(), ids.tolist(), values.tolist(), ranked)
     none: list[list[int]] = [[] for _ in range(logprobs.shape[0])]
-    return LogprobRows(0, chosen.tolist(), chosen_lp.tolist(), none, [[] for _ in none], ranks)
+    return LogprobRows(0, tokens, chosen_lp.tolist(), none, [[] for _ in none], ranked)
