@@ -92,8 +92,8 @@ def _searches(pattern: str, name: str) -> bool:
 # class, which xgrammar writes for nothing else; the repetition stays xgrammar's own, which
 # compiles in milliseconds at any bound (as a regular expression, 9,000 took 31 s). Neither writes
 # escapes inside a bounded string. tests/common/test_structured_output.py pins the class's text.
-_BOUNDED_STRING_CLASS = r'[^\"\\\r\n]'
-_JSON_STRING_CLASS = r'[^\0-\x1f\"\\]'
+_BOUNDED_STRING_CLASS = r"[^\"\\\r\n]"
+_JSON_STRING_CLASS = r"[^\0-\x1f\"\\]"
 
 
 def _json_schema_grammar(schema_text: str) -> xgr.Grammar:

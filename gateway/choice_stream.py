@@ -34,7 +34,7 @@ class ChoiceStream:
         text, logprobs = self._shape.shape(message)
         out = []
         if self._thinking is not None:
-            thought, text = self._thinking.feed(text, final=bool(reason))
+            thought, text = self._thinking.feed(text, final=bool(reason), cut_short=reason == pb.FINISH_REASON_LENGTH)
             if thought and reply.include_reasoning:
                 out.append(reply.chunk(None, index=index, usage=usage, reasoning=thought))
         # A message's tokens go out even where their text is held back: their logprobs and ids.

@@ -17,7 +17,9 @@ chat API drops them.
 visible bodies (each message after the first of its kind on a line of its own), and each call, unless
 the request's tools may not be called, as ``<|start|>functions.NAME<|message|>ARGS<|call|>``,
 which ``harmony_tool_calls`` reads (the reasoning parser ``openai_gptoss`` and the tool-call parser
-``openai``, as vLLM names them). An output whose first header is not complete within its first
+``openai``, as vLLM names them). A call goes out once its body ends; one the token limit cut short
+(the stop token, which the text may not show, is all that tells a finished call's end) is dropped,
+as vLLM's parser reads only finished messages. An output whose first header is not complete within its first
 512 characters is not harmony: it is all answer, as written, and streams as it comes.
 """
 
@@ -49,9 +51,11 @@ class HarmonySplit:
         self._said = {"thought": False, "answer": False}  # whether each has text yet
         self._new_body = False  # the open body has written nothing yet
         self._plain = False  # the output is not harmony: all answer
+        self._call: list[str] = []  # the open call's text, held until its body ends
 
-    def feed(self, text: str, final: bool) -> tuple[str, str]:
-        """The thinking and the answer ``text`` adds (``final``: the output ends with it)."""
+    def feed(self, text: str, final: bool, cut_short: bool = False) -> tuple[str, str]:
+        """The thinking and the answer ``text`` adds (``final``: the output ends with it;
+        ``cut_short``: it ends at its token limit, so a call still open is unfinished)."""
         if self._plain:
             return "", text
         self._text += text
@@ -73,7 +77,7 @@ class HarmonySplit:
                 if self._kind == "call" and not self._keep_calls:
                     self._kind = "drop"
                 if self._kind == "call":
-                    answer.append(f"{START}{recipient}{MESSAGE}")
+                    self._call = [f"{START}{recipient}{MESSAGE}"]
                 self._new_body = True
                 self._text, self._in_header = self._text[at + len(MESSAGE) :], False
                 self._messages += 1
@@ -85,7 +89,7 @@ class HarmonySplit:
                 self._body(self._text[: len(self._text) - keep], thought, answer)
                 self._text = self._text[len(self._text) - keep :]
                 if final:
-                    self._close(answer)
+                    self._close(answer, finished=not cut_short)
                 break
             self._body(self._text[:end], thought, answer)
             self._close(answer)
@@ -97,7 +101,7 @@ class HarmonySplit:
         if not text or self._kind == "drop":
             return
         if self._kind == "call":
-            answer.append(text)
+            self._call.append(text)
             return
         # Messages of the same kind are joined by a line, as vLLM joins them.
         if self._new_body and self._said[self._kind]:
@@ -105,15 +109,16 @@ class HarmonySplit:
         self._new_body, self._said[self._kind] = False, True
         (thought if self._kind == "thought" else answer).append(text)
 
-    def _close(self, answer: list[str]) -> None:
-        if self._kind == "call":
-            answer.append(CALL)
-        self._kind = ""
+    def _close(self, answer: list[str], finished: bool = True) -> None:
+        if self._kind == "call" and finished:
+            answer.extend((*self._call, CALL))
+        self._kind, self._call = "", []
 
 
-def split(text: str, keep_calls: bool = True) -> tuple[str | None, str | None]:
-    """A whole output's thinking and answer (None where there is none)."""
-    thought, answer = HarmonySplit(keep_calls).feed(text, final=True)
+def split(text: str, keep_calls: bool = True, cut_short: bool = False) -> tuple[str | None, str | None]:
+    """A whole output's thinking and answer (None where there is none; ``cut_short``: the output
+    ends at its token limit)."""
+    thought, answer = HarmonySplit(keep_calls).feed(text, final=True, cut_short=cut_short)
     return thought or None, answer or None
 
 

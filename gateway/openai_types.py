@@ -746,7 +746,11 @@ class Reply:
             return choice
         thought = answer = None
         if self.reasoning is not None:
-            thought, answer = self.reasoning.split(text, keep_calls=self.tools is not None and self.tools.mode == AUTO)
+            thought, answer = self.reasoning.split(
+                text,
+                keep_calls=self.tools is not None and self.tools.mode == AUTO,
+                cut_short=sample.finish_reason == pb.FINISH_REASON_LENGTH,
+            )
             text = answer or ""
         if self.tools is not None:
             choice["message"], choice["finish_reason"] = self.tools.whole_message(text, finish)

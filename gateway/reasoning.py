@@ -128,12 +128,13 @@ class Reasoning:
         if self.tags.special and not params.HasField("skip_special_tokens"):
             params.skip_special_tokens = False
 
-    def split(self, text: str, keep_calls: bool = True) -> tuple[str | None, str | None]:
+    def split(self, text: str, keep_calls: bool = True, cut_short: bool = False) -> tuple[str | None, str | None]:
         """A whole output's reasoning and answer (None where there is none); ``keep_calls`` False
-        drops the calls a harmony output makes (its request's tools may not be called)."""
+        drops the calls a harmony output makes (its request's tools may not be called), and
+        ``cut_short`` (the output ends at its token limit) the one it was still writing."""
         tags = self.tags
         if tags.harmony:
-            return harmony.split(text, keep_calls)
+            return harmony.split(text, keep_calls, cut_short)
         if not self.thinking or (not tags.opened_in_prompt and not text.startswith(tags.start)):
             return None, text or None  # it did not think (a stream reads such an output so too)
         implicit = text.find(tags.implicit_end) if tags.implicit_end else -1
@@ -158,10 +159,11 @@ class ReasoningStream:
         self._state = "start"  # "start" (before the output shows whether it thinks), "thinking", "answer"
         self._harmony = harmony.HarmonySplit(keep_calls) if reasoning.tags.harmony else None
 
-    def feed(self, text: str, final: bool) -> tuple[str, str]:
-        """The reasoning and the answer that ``text`` adds (``final``: the output ends with it)."""
+    def feed(self, text: str, final: bool, cut_short: bool = False) -> tuple[str, str]:
+        """The reasoning and the answer that ``text`` adds (``final``: the output ends with it;
+        ``cut_short``: at its token limit)."""
         if self._harmony is not None:
-            return self._harmony.feed(text, final)
+            return self._harmony.feed(text, final, cut_short)
         if not self.reasoning.thinking:
             return "", text
         self._pending += text

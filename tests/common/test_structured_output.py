@@ -179,7 +179,7 @@ def test_bounded_strings_never_hold_raw_control_characters(most: int) -> None:
     schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 1, "maxLength": most}}}
     spec = StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps({**schema, "required": ["s"]}))
     grammar = str(structured_grammar.parse(spec))
-    assert "[^\\0-\\x1f\\\"\\\\]" in grammar and "[^\\\"\\\\\\r\\n]" not in grammar
+    assert '[^\\0-\\x1f\\"\\\\]' in grammar and '[^\\"\\\\\\r\\n]' not in grammar
     compiled = structured_grammar.compile_grammar(compiler, spec)
     cases = [("\t", False), ("\x01", False), ("é", True), ("", False), ("a" * (most + 1), False)]
     cases += [("a\tb", False), ("abc", True), ("éa", True)] if most >= 3 else []

@@ -133,3 +133,28 @@ def test_gpt_oss_harmony_thinks_answers_and_calls_streamed_and_whole() -> None:
     assert choice["message"]["reasoning_content"] == "Need the time." and choice["message"]["content"] == "Checking."
     assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["clock"]
     assert choice["finish_reason"] == "tool_calls"
+
+
+def test_gpt_oss_call_cut_short_by_max_tokens_is_no_call() -> None:
+    """A harmony call the token limit cut short ends with finish reason length and no call,
+    streamed and whole alike (its arguments are unfinished)."""
+    reply = Reply(
+        chat=True,
+        request_id="r",
+        model="m",
+        created=0,
+        tools=ToolCalling(AUTO, parser="openai"),
+        reasoning=Reasoning("openai_gptoss"),
+    )
+    cut = GPT_OSS_OUTPUT[:-1] + '{"zone": "Europe/Os'
+    stream = _stream(reply)
+    chunks = stream.chunks(pb.GenerateResponse(text=cut), None)
+    chunks += stream.chunks(pb.GenerateResponse(finish_reason=pb.FINISH_REASON_LENGTH), None)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas) == "Checking."
+    assert not any(d.get("tool_calls") for d in deltas)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    whole = reply.whole(pb.CompleteResponse(text=cut, finish_reason=pb.FINISH_REASON_LENGTH))
+    (choice,) = whole["choices"]
+    assert choice["message"]["content"] == "Checking." and "tool_calls" not in choice["message"]
+    assert choice["finish_reason"] == "length"

@@ -75,3 +75,18 @@ def test_an_output_that_is_not_harmony_streams_as_it_comes() -> None:
     assert stream.feed("Plain", final=False) == ("", "")  # it may yet be a header
     assert stream.feed(" text " * 100, final=False) == ("", "Plain" + " text " * 100)
     assert stream.feed("more", final=False) == ("", "more")
+
+
+def test_a_call_cut_short_by_the_token_limit_is_dropped_whole_and_streamed() -> None:
+    """A finished call's stop token may not show in the text: only the finish reason tells a call
+    the token limit cut short, which is no call (vLLM reads finished messages only)."""
+    text = THINK + NEXT + "<|channel|>commentary<|message|>On it.<|end|>" + NEXT + CALL_AFTER
+    assert split(text, cut_short=True) == ("Let me check the weather.", "On it.")
+    assert split(text) == ("Let me check the weather.", "On it." + WEATHER)  # stopped at its <|call|>
+    for pieces in random_pieces(text):
+        stream = HarmonySplit()
+        parts = [
+            stream.feed(piece, final=i == len(pieces) - 1, cut_short=i == len(pieces) - 1)
+            for i, piece in enumerate(pieces)
+        ]
+        assert "".join(p[1] for p in parts) == "On it.", pieces
