@@ -22,6 +22,7 @@ from scheduler_service.executor_link import ExecutorLink
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.scoring import RequestScorer
 from scheduler_service.store import Store
+from scheduler_service.store.request_records import HANDOVER, MIGRATE
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +75,17 @@ class Dispatcher:
         self._stopping = True
         for task in self._tasks:
             task.cancel()
-        # Closing the channels ends the Run streams, so each link task unwinds on its own
-        # (re-queueing its requests) instead of waiting on a read that a cancel may not reach.
-        await asyncio.gather(*(link.close() for link in list(self.links.values())), return_exceptions=True)
-        for task in self._link_tasks.values():
-            task.cancel()
+        # Closing the channels ends the Run streams, so each link task unwinds on its own,
+        # handing its requests back, instead of waiting on a read that a cancel may not reach; a
+        # cancel now would cut those hand-backs short, leaving the requests for whichever replica
+        # drives the executor next to re-queue as lost. Taken before the close: a link task that
+        # ends leaves the map at once, and must still be waited for while it hands back.
         pending = [*self._tasks, *self._link_tasks.values()]
+        await asyncio.gather(*(link.close() for link in list(self.links.values())), return_exceptions=True)
         if pending:
             _, stuck = await asyncio.wait(pending, timeout=timeout)
+            for task in stuck:
+                task.cancel()
             if stuck:
                 log.warning("%d dispatcher tasks did not stop within %.1f s", len(stuck), timeout)
 
@@ -204,8 +208,9 @@ class Dispatcher:
                 continue
             if not await fleet.take_lease(executor_id, self.replica_id, self.config.distributed.lease_ttl_ms):
                 continue
+            kind = HANDOVER if await fleet.retired(executor_id) else MIGRATE
             for request_id in await self.store.requests.running_ids(executor_id):
-                await self.store.requests.hand_back(request_id, executor_id, "migrate", owner="")
+                await self.store.requests.hand_back(request_id, executor_id, kind, owner="")
                 self.metrics.migrations.inc()
             await self.store.prefixes.drop(executor_id, self.replica_id)  # its cache died with it
             await fleet.forget(executor_id)
@@ -240,7 +245,7 @@ class Dispatcher:
             stale = await self.store.requests.running_ids(executor_id)
             link.fence(stale)
             for request_id in stale:
-                await self.store.requests.hand_back(request_id, executor_id, "migrate", owner="")
+                await self.store.requests.hand_back(request_id, executor_id, MIGRATE, owner="")
                 self.metrics.migrations.inc()
             log.info("driving executor %s at %s", executor_id, link.address)
             self._wake_for(requeued=bool(stale))
@@ -260,8 +265,11 @@ class Dispatcher:
                     await link.close()
                 orphans = list(link.requests)
                 with contextlib.suppress(RedisError):
+                    # A planned stop, this replica's or the executor's, moves its requests without
+                    # spending their migration budget, which is there for failures.
+                    planned = self._stopping or await self.store.fleet.retired(executor_id)
                     for request_id in orphans:
-                        await link.hand_back(request_id, "migrate")
+                        await link.hand_back(request_id, HANDOVER if planned else MIGRATE)
                         self.metrics.migrations.inc()
                     # Its events stop here: forget its index (unless another replica drives it now),
                     # so nothing is placed on blocks it may evict; the next link rebuilds it.

@@ -33,6 +33,7 @@ from scheduler_service.report_writes import ReportWrites, coalesce
 from scheduler_service.requests import ClaimedRequest
 from scheduler_service.store import Store
 from scheduler_service.store.prefix_index import CacheEvents
+from scheduler_service.store.request_records import MIGRATE
 from scheduler_service.store.step_publisher import StepWrite
 
 log = logging.getLogger(__name__)
@@ -367,7 +368,7 @@ class ExecutorLink:
         self._outbox.put_nowait(pb.Plan(seq=self._fence_seq, abort=refused))
         for request_id in refused:
             log.warning("request %s: Redis refused its tokens from %s; re-queued", request_id, self.executor_id)
-            hand_back = partial(self._store.requests.hand_back, request_id, self.executor_id, "migrate", self.owner)
+            hand_back = partial(self._store.requests.hand_back, request_id, self.executor_id, MIGRATE, self.owner)
             await with_redis_retry(hand_back, self._redis_retry_s, "a hand-back of refused tokens")
         return True
 

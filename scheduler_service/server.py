@@ -47,6 +47,7 @@ class RunningScheduler:
     dispatcher: Dispatcher
     frontend: Frontend
     health: health.aio.HealthServicer
+    servicer: GenerationServicer
     metrics_port: int = 0
     readiness: Periodic | None = None
     signals: Periodic | None = None  # the fleet-wide autoscaling gauges
@@ -57,6 +58,9 @@ class RunningScheduler:
             if loop is not None:
                 await loop.stop()
         await set_serving(self.health, [SERVICE_NAME], serving=False)
+        # The streams still open when the grace ends are cut, their requests left running (not
+        # taken for clients that left): each client follows its request on another replica.
+        self.servicer.stop_serving()
         await self.server.stop(grace)
         await self.dispatcher.stop()
         await self.store.close()
@@ -78,7 +82,8 @@ async def start_scheduler(
     tokens = load_tokens(config.security.auth_tokens_file)
     fleet_secret(config.security)  # an unreadable secret file fails start-up, not every executor link
     server = service.make_server(config.scheduler.max_message_bytes, tokens, tracing, CHECKED_STREAMS)
-    generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(frontend, metrics), server)
+    servicer = GenerationServicer(frontend, metrics)
+    generate_pb2_grpc.add_GenerationServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, [SERVICE_NAME])
     await set_serving(health_servicer, [SERVICE_NAME], serving=False)
     port = service.add_port(server, f"{config.scheduler.host}:{config.scheduler.port}", config.security)
@@ -97,7 +102,17 @@ async def start_scheduler(
         forgetting.start()
     log.info("scheduler %s listening on port %d", dispatcher.replica_id, port)
     return RunningScheduler(
-        port, server, store, dispatcher, frontend, health_servicer, metrics_port, readiness, signals, forgetting
+        port,
+        server,
+        store,
+        dispatcher,
+        frontend,
+        health_servicer,
+        servicer,
+        metrics_port,
+        readiness,
+        signals,
+        forgetting,
     )
 
 

@@ -132,6 +132,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         self._frontend = frontend
         self._metrics = metrics
         self._background: set[asyncio.Task[object]] = set()  # cancels outliving their handler
+        self._stopping = False  # this replica is shutting down: a cut stream is not a client leaving
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -166,8 +167,16 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         texts = await self._frontend.token_texts() if has_logprobs else None
         return response_pb(request_id, event, sample_index, texts)
 
+    def stop_serving(self) -> None:
+        """This replica is stopping: the streams its shutdown cuts leave their requests running, for
+        their clients to follow with ``Resume`` on another replica, as after a crash."""
+        self._stopping = True
+
     def _abandon(self, request_id: str) -> None:
         """Cancel a request its client left unfinished, without holding up the handler's exit."""
+        if self._stopping:
+            log.info("request %s left running as this replica stops; its client can resume it elsewhere", request_id)
+            return
         log.info("request %s abandoned by its client; cancelling", request_id)
         self._metrics.aborted.labels("client_gone").inc()
         task = asyncio.ensure_future(self._frontend.cancel(request_id))

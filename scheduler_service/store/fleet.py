@@ -41,6 +41,11 @@ class FleetRegistry:
         """The executors whose last heartbeat came before ``cutoff_ms``."""
         return cast(list[str], await self._redis.zrangebyscore(self._keys.executors, "-inf", f"({cutoff_ms}"))
 
+    async def retired(self, executor_id: str) -> bool:
+        """Whether the executor stopped cleanly: a retired executor stays registered, silent since
+        forever (its last heartbeat 0), until a scheduler drops it."""
+        return await self._redis.zscore(self._keys.executors, executor_id) == 0
+
     async def forget(self, executor_id: str) -> None:
         """Drop a dead executor from the registry."""
         await self._redis.zrem(self._keys.executors, executor_id)

@@ -33,6 +33,12 @@ log = logging.getLogger(__name__)
 # broken JSON, a params object with unknown keys.
 MALFORMED_FIELDS = (KeyError, ValueError, TypeError, IndexError, json.JSONDecodeError)
 
+# Hand-back kinds for a request that leaves its executor other than by preemption: lost to a failure
+# (counted against ``max_migrations``), or moved by a planned stop of its executor or of the replica
+# driving it (counted as neither: a rolling update must not use up the budget meant for failures).
+MIGRATE = "migrate"
+HANDOVER = "handover"
+
 
 @dataclass(frozen=True)
 class CancelOutcome:
@@ -293,9 +299,9 @@ class RequestRecords:
     async def hand_back(
         self, request_id: str, executor_id: str, kind: str = "preempt", owner: str | None = None
     ) -> None:
-        """Re-queue a request its executor gave up (``preempt``) or lost (``migrate``), or whose
-        claim no executor was told of (``unclaim``), or whose end Redis lost (``orphan``); the
-        last two count as neither.
+        """Re-queue a request its executor gave up (``preempt``) or lost (``migrate``), or one a
+        planned stop moves (``handover``), or whose claim no executor was told of (``unclaim``), or
+        whose end Redis lost (``orphan``); the last three count as neither.
 
         A pending cancel ends it as CANCELLED instead, and a request past the migration limit
         ends as FAILED (a request that keeps killing executors must not take the fleet down), in

@@ -323,8 +323,9 @@ return out
 
 # ASSIGNED/RUNNING -> QUEUED, keeping the tokens. KEYS: req, running, pending, waiting, counters,
 # vclock, tenant_running, tokens, estimator. ARGV: id, owner ('' = any), now_ms, kind ('preempt',
-# 'migrate', 'unclaim' for a claim that no executor was ever told of, or 'orphan' for a request its
-# driver had done with when Redis lost its end; the last two count as neither), max_migrations,
+# 'migrate', 'handover' for one a planned stop moves, 'unclaim' for a claim that no executor was ever
+# told of, or 'orphan' for a request its driver had done with when Redis lost its end; the last three
+# count as neither), max_migrations,
 # tenant_queue_prefix, executor, ttl_s, estimator_alpha, error (for one past the migration limit).
 # A request recorded on another executor than the one whose running set named it (re-queued and
 # claimed elsewhere since) is not touched there: the stale entry goes. A pending cancel ends the

@@ -7,7 +7,7 @@ import asyncio
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -132,9 +132,34 @@ async def test_requests_a_cleanly_stopped_executor_could_not_hand_back_finish_el
         await victim.stop(grace=0.5)
         stack.executors.remove(victim)
         await streams.finish_exactly(tiny_model_dir)
-        assert any(store.hget(keys.request(rid), "migrations") for rid in streams.ids)
+        # Re-queued by the reaper, as a planned stop's requests are: none spent a migration.
+        assert any(store.hget(keys.request(rid), "requeued_ms") for rid in streams.ids)
+        assert not any(store.hget(keys.request(rid), "migrations") for rid in streams.ids)
         await eventually(lambda: store.zscore(keys.executors, victim.executor_id) is None, "the reaper")
         assert store.scard(keys.running(victim.executor_id)) == 0
+    finally:
+        await stack.stop()
+        store.close()
+
+
+async def test_a_clean_stop_moves_its_requests_without_spending_their_migrations(
+    redis_url: str, tiny_model_dir: Path
+) -> None:
+    """A scale-down or a rolling update is no failure: the requests its executor ran finish on the
+    other, exactly, and none counts against ``max_migrations`` (0 here: one migration would fail it)."""
+    store, keys = redis.Redis.from_url(redis_url, decode_responses=True), KeySchema("baton")
+    config = stack_config(redis_url, tiny_model_dir)
+    config = replace(config, distributed=replace(config.distributed, max_migrations=0))
+    stack = await start_stack(config, executors=2)
+    try:
+        streams = await _Streaming.start(stack, 4, seed=12, prefix="cm")
+        victim = _busiest(stack, store)
+        moved: set[str] = store.smembers(keys.running(victim.executor_id))  # type: ignore[assignment]
+        await victim.stop(grace=0.5)
+        stack.executors.remove(victim)
+        await streams.finish_exactly(tiny_model_dir)
+        assert all(store.hget(keys.request(rid), "requeued_ms") for rid in moved)
+        assert not any(store.hget(keys.request(rid), "migrations") for rid in streams.ids)
     finally:
         await stack.stop()
         store.close()

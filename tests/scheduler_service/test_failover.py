@@ -195,6 +195,42 @@ async def test_scheduler_sigkill_then_resume_on_another_replica(processes: Proce
     )
 
 
+async def test_scheduler_sigterm_leaves_its_streams_to_resume_on_another_replica(
+    processes: ProcessStack, tiny_model_dir: Path
+) -> None:
+    """A rolling update stops a replica with streams open: they are cut, not taken for clients that
+    left, so every request runs on and its client follows it on the other replica; a planned stop
+    spends no migration."""
+    processes.start_executor("exec-a")
+    first = processes.start_scheduler("sched-1")
+    victim = processes.replica_id("sched-1")
+    client = redis.Redis.from_url(processes.redis_url, decode_responses=True)
+    await eventually(lambda: client.get(LEASE % "exec-a") == victim, "the first replica to lease the executor", 20.0)
+    second = processes.start_scheduler("sched-2")
+    clients = Clients(random_prompts(4, seed=23), "st", max_tokens=800)  # outlasting the 2 s grace
+    resumed: set[str] = set()
+    async with grpc.aio.insecure_channel(first) as channel_1, grpc.aio.insecure_channel(second) as channel_2:
+        stub_1, stub_2 = generate_pb2_grpc.GenerationStub(channel_1), generate_pb2_grpc.GenerationStub(channel_2)
+
+        async def stream_then_resume(i: int) -> None:
+            try:
+                await clients.stream(stub_1, i)
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() in _SERVER_GONE, f"{exc.code()}: {exc.details()}"
+                resumed.add(clients.ids[i])
+                await clients.resume(stub_2, clients.ids[i])
+
+        tasks = [asyncio.create_task(stream_then_resume(i)) for i in range(len(clients.ids))]
+        await clients.wait_all_started()
+        assert await asyncio.to_thread(processes.stop, "sched-1") == 0
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    assert resumed, "no stream was open when the replica stopped"
+    for rid in clients.ids:
+        assert client.hget(REQUEST % rid, "state") == "FINISHED", rid
+        assert not client.hget(REQUEST % rid, "migrations"), rid
+    clients.check_exact(tiny_model_dir)
+
+
 async def test_redis_restart_mid_run_finishes_everything(processes: ProcessStack, tiny_model_dir: Path) -> None:
     processes.start_executor("exec-a")
     target = processes.start_scheduler("sched-1")
