@@ -89,6 +89,14 @@ class Engine:
         # are released, checked per chunk only then.
         self.window = runner.window
         self.releasing = self.window if self.window is not None and self.window.every_layer else None
+        # Where every layer is windowed, a chunk's blocks come on top of its window's: a plan's budget
+        # past what the pool holds beside a whole window would leave a request of max_model_len
+        # tokens (which ``servable_length`` let through for the configured budget) without room.
+        self._most_chunk = (
+            self.releasing.most_chunk(allocator.num_blocks, allocator.block_size, limits.max_model_len)
+            if self.releasing is not None
+            else None
+        )
         self.step_scheduler: StepScheduler[Sequence] = StepScheduler(allocator, self._drop)
         self.running: dict[str, Sequence] = {}
         # Step bookkeeping kept between steps, so a step costs no pass over the running set it can skip:
@@ -153,6 +161,8 @@ class Engine:
             elif self._compiling.pop(request_id, None) is not None:
                 self._preempted.append(request_id)
         self._finished.extend(plan.refused)
+        if plan.token_budget > 0:  # before the admits, which are judged by the chunks it allows
+            self.token_budget = min(plan.token_budget, self._most_chunk or plan.token_budget)
         for spec in plan.admit:
             self._admit(spec)
         self._grants.update(plan.grants)  # plans applied at one boundary: each keeps its grants
@@ -161,8 +171,6 @@ class Engine:
             if seq is not None and request_id in self._grants and seq.num_cached < expected:
                 # Blocks the scheduler's index still named were evicted: the grant covers them too.
                 self._grants[request_id] += expected - seq.num_cached
-        if plan.token_budget > 0:
-            self.token_budget = plan.token_budget
         self.plan_seq = plan.seq  # the newest applied; each stream numbers its own plans
 
     def _admit(self, spec: AdmitSpec) -> None:

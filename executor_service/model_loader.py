@@ -76,13 +76,23 @@ def eos_ids(model: torch.nn.Module, tokenizer: object) -> frozenset[int]:
     return frozenset(ids)
 
 
-def servable_length(model_config: Any, kv_tokens: int, window: SlidingWindow | None) -> int:
+def servable_length(
+    model_config: Any, num_blocks: int, block_size: int, window: SlidingWindow | None, token_budget: int
+) -> int:
     """The longest prompt plus output served: the model's, within what the KV cache holds (as vLLM
     will not start a model whose length its KV cache cannot hold), so a request that passes the
     scheduler's length check can always run, alone if need be, instead of failing part way. A
-    model whose every layer is windowed holds only its window's blocks, at any length."""
+    model whose every layer is windowed holds only its window's blocks and one chunk's, at any
+    length, where the cache holds that many."""
     model_len = int(getattr(model_config, "max_position_embeddings", 2048))
-    if (window is not None and window.every_layer) or kv_tokens >= model_len:
+    kv_tokens = num_blocks * block_size
+    if kv_tokens >= model_len:
+        return model_len
+    if (
+        window is not None
+        and window.every_layer
+        and window.most_blocks_held(model_len, token_budget, block_size) <= num_blocks
+    ):
         return model_len
     log.warning(
         "the KV cache holds %d tokens, fewer than the model's %d: requests are limited to %d tokens "
@@ -134,7 +144,7 @@ def load_engine(
     log.info("backend %s: %s", backend.name, backend.describe())
     tokenizer_eos = getattr(tokenizer, "eos_token_id", None)
     limits = EngineLimits(
-        max_model_len=servable_length(model.config, num_blocks * config.block_size, window),
+        max_model_len=servable_length(model.config, num_blocks, config.block_size, window, config.token_budget),
         max_batch_size=config.max_batch_size,
         token_budget=config.token_budget,
         eos_token_ids=eos_ids(model, tokenizer),

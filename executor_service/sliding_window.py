@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from common.kv_blocks import most_blocks_held
+from common.kv_blocks import blocks_for, most_blocks_held
 
 if TYPE_CHECKING:
     from executor_service.block_allocator import BlockAllocator
@@ -74,6 +74,13 @@ class SlidingWindow:
         ``size - 1`` tokens before it, from anywhere inside a block (the scheduler service counts a
         request's blocks by the same rule, ``common/kv_blocks.py``)."""
         return most_blocks_held(num_tokens, block_size, window=self.releasing_size, chunk=chunk)
+
+    def most_chunk(self, num_blocks: int, block_size: int, num_tokens: int) -> int | None:
+        """The largest chunk with which a sequence of ``num_tokens`` fits ``num_blocks`` (at least 1);
+        None where its blocks fit whole, so any chunk does."""
+        if blocks_for(num_tokens, block_size) <= num_blocks:
+            return None
+        return max(1, (num_blocks - 1) * block_size - self.releasing_size + 1)
 
     def release_passed(self, seq: Sequence, allocator: BlockAllocator) -> None:
         """Release the blocks of ``seq`` no later query reads (none unless every layer is windowed)."""

@@ -20,6 +20,7 @@ from executor_service.backends.cuda import CudaBackend
 from executor_service.batch_admission import Admission, judge_admission
 from executor_service.engine import Engine
 from executor_service.engine_io import AdmitSpec, PlanUpdate
+from executor_service.model_loader import servable_length
 from executor_service.model_support import ModelTraits
 from executor_service.sliding_window import SlidingWindow
 from tests.executor_service.reference import (
@@ -181,6 +182,32 @@ def test_a_long_generation_fits_a_pool_smaller_than_it(models: dict[str, Path]) 
     assert allocator.num_used == 0
 
 
+def test_a_plan_s_budget_is_held_to_what_the_pool_holds_beside_a_window(models: dict[str, Path]) -> None:
+    """The scheduler's budget may outgrow the executor's: a chunk that large beside a whole window
+    would not fit 16 blocks, and a request the executor serves would be refused as too long once
+    it had grown. The budget is held to the pool's room, set before the plan's admits are judged."""
+    model_dir = models["mistral"]
+    engine = make_engine(model_dir, kv_cache_memory_mb=1, block_size=16)
+    assert engine.limits.max_model_len == 4096  # a window and a chunk of 96 fit the pool
+    prompt, new = _prompts(seed=4, count=1)["w0"][:40], 300
+    engine.apply(PlanUpdate(seq=1, token_budget=2048, admit=(admit("long", prompt, new),)))
+    assert engine.token_budget == 15 * 16 - WINDOW + 1  # a window and a chunk in 16 blocks
+    got: list[int] = []
+    while engine.has_work:
+        got += [t for delta in engine.step().tokens for t in delta.token_ids]
+    assert_matches_reference(got, _reference(model_dir, tuple(prompt), new), "long")
+
+
+def test_servable_length_of_a_windowed_model_counts_its_window_and_a_chunk() -> None:
+    config = SimpleNamespace(max_position_embeddings=4096)
+    window = SlidingWindow(size=40, every_layer=True)
+    # 16 blocks of 16 hold a window of 40 and a chunk of 96 (8 blocks), not a chunk of 2048.
+    assert servable_length(config, 16, 16, window, token_budget=96) == 4096
+    assert servable_length(config, 16, 16, window, token_budget=2048) == 256
+    assert servable_length(config, 16, 16, SlidingWindow(size=40, every_layer=False), token_budget=96) == 256
+    assert servable_length(config, 256, 16, None, token_budget=2048) == 4096
+
+
 def _assert_every_block_back(engine: Engine) -> None:
     """No reference left and none dropped twice: the whole pool is free, and can be taken in one table."""
     allocator = engine.allocator
@@ -258,6 +285,9 @@ def test_the_window_rules() -> None:
     assert mixed.passed_blocks(400, 8) == 0 and mixed.most_blocks_held(1000, 1, 8) == 125
     # What Info reports: the window blocks are released behind, none where some layer reads them all.
     assert window.releasing_size == 16 and mixed.releasing_size == 0
+    # The largest chunk with which 1000 tokens fit 6 blocks of 8 (a window and 25 tokens reach 6).
+    assert window.most_chunk(6, 8, 1000) == 25 and window.most_blocks_held(1000, 25, 8) == 6
+    assert window.most_blocks_held(1000, 26, 8) == 7 and window.most_chunk(200, 8, 1000) is None
     with pytest.raises(ValueError):
         SlidingWindow(size=0, every_layer=True)
     assert SlidingWindow.of(ModelTraits.from_config(SimpleNamespace(model_type="llama"))) is None
