@@ -147,6 +147,16 @@ def collect_inspection(
 
 
 def inspect(args: argparse.Namespace) -> int:
+    from redis.exceptions import RedisError
+
+    try:
+        return _inspect(args)
+    except RedisError as exc:  # an operator's typo or an outage: say which, not a traceback
+        print(f"baton inspect: cannot read Redis at {args.redis_url}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _inspect(args: argparse.Namespace) -> int:
     if getattr(args, "watch", False):
         from baton.inspect_view import watch
 

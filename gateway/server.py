@@ -78,8 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["", "deepseek_r1", "qwen3", "glm45", "mistral", "deepseek_v3", "kimi_k2", "openai_gptoss"],
         help="return a reasoning model's thinking (<think>...</think>) in chat answers' reasoning_content "
         "instead of their content: deepseek_r1 (R1, QwQ: an answer without </think> is all thinking), qwen3 "
-        "(an answer without </think> is all answer), glm45 (GLM-4.5 to 4.7, as qwen3), "
-        "mistral (Magistral's [THINK]...[/THINK], as qwen3), "
+        "(Qwen3 and Qwen3.5: as deepseek_r1 unless enable_thinking is false; a Qwen3-Coder call ends the "
+        "thinking too), glm45 (GLM-4.5 to 4.7: an output that opens with <think> thinks until </think>, any "
+        "other is all answer), mistral (as glm45, with Magistral's [THINK]...[/THINK]), "
         "deepseek_v3 (V3.1 and later: as deepseek_r1 where chat_template_kwargs switch thinking on, else all "
         "answer), kimi_k2 (as deepseek_r1 unless thinking is false; a tool-call section ends the thinking too) or "
         "openai_gptoss (gpt-oss's harmony messages: the analysis channel is the thinking); default: none",
