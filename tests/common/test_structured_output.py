@@ -212,6 +212,23 @@ def test_keywords_the_grammar_would_not_enforce_are_refused(schema: dict[str, An
         structured_grammar.parse(StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(schema)))
 
 
+def test_a_schema_nested_past_the_limit_is_refused_and_one_at_it_served() -> None:
+    """Parsing costs about the cube of a schema's inline nesting: past the limit it is refused at
+    once (it took seconds to minutes), and the same depth through $ref is served."""
+
+    def arrays(depth: int) -> str:
+        return '{"type":"array","items":' * depth + '{"type":"integer"}' + "}" * depth
+
+    assert structured_grammar.nesting_depth(json.loads(arrays(3))) == 4 and structured_grammar.nesting_depth(5) == 0
+    at_limit = StructuredOutput(StructuredKind.JSON_SCHEMA, arrays(structured_grammar.MAX_SCHEMA_DEPTH - 1))
+    assert structured_grammar.parse(at_limit)
+    with pytest.raises(InvalidRequest, match=r"nests 461 levels deep, more than 128: .*\$defs"):
+        structured_grammar.parse(StructuredOutput(StructuredKind.JSON_SCHEMA, arrays(460)))
+    defs = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(460)}
+    chained = {"$defs": {**defs, "d460": {"type": "integer"}}, "$ref": "#/$defs/d0"}
+    assert structured_grammar.parse(StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(chained)))
+
+
 def test_what_the_grammar_enforces_or_may_ignore_is_served() -> None:
     for schema in (
         {"allOf": [{"type": "integer", "maximum": 5}]},  # one schema: Pydantic's way of describing a $ref
