@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from common.pb import executor_pb2 as pb
-from scheduler_service.placement import ExecutorCapacity, request_kv_blocks
+from scheduler_service.placement import IDLE, ExecutorCapacity, request_kv_blocks
 from scheduler_service.preemption import RunningRequest
 from scheduler_service.requests import ClaimedRequest
 
@@ -89,6 +89,7 @@ def capacity_of(
         total_blocks=total,
         block_size=info.block_size,
         outstanding_tokens=sum(r.outstanding_tokens for r in requests),
+        soonest_free_tokens=min((r.outstanding_tokens for r in requests), default=IDLE),
         kv_window_tokens=window,
         prefix_caching=info.prefix_caching,
         chunk_tokens=chunk_tokens,

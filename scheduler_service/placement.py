@@ -5,8 +5,16 @@ slot and the KV room to hold it (``request_kv_blocks``: its whole length, or on 
 releases the blocks its sliding window has passed, only what the window and one chunk reach), to
 the one with the least work ahead of it per KV block (the tokens its requests still expect to
 process: prefill not yet done and output still expected), then to the one with the most free KV
-room. The first request that fits nowhere stops admission for this round, so a large important
-request is not starved by smaller, less important ones behind it.
+room.
+
+A request that fits nowhere keeps its claim on the next room: no request behind it may take room
+it waits for. One behind it is placed only on an executor where it expects to be done before any
+request running there (its tokens, prompt and expected output, at most the fewest any of them
+still expects, ``ExecutorCapacity.soonest_free_tokens``; anything on an idle one, where nothing
+the blocked request waits for will free), so it frees what it took before the
+blocked request could have had it: backfilling, by the length estimates. Without it one tenant's
+requests too large for the room left stalled every other tenant's short ones for minutes, while
+with every later request placed the blocked one would wait on each in turn.
 
 Why work first: most free KV room counts only the tokens already in the cache, so it balances
 prompts and ignores the outputs still to come. For 64 requests arriving together over two
@@ -42,10 +50,14 @@ further: a deterministic order would send every miss to one executor (sglang#329
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.kv_blocks import most_blocks_held
+
+# An idle executor's ``soonest_free_tokens``: nothing there frees what a blocked request waits for.
+IDLE = sys.maxsize
 
 # Below this fraction of its KV blocks free, an executor's cached prefix earns less than its full
 # saving, falling linearly to nothing when it is full.
@@ -68,6 +80,10 @@ class ExecutorCapacity:
     # under): with a window, a request holds the blocks its window and one such chunk reach.
     chunk_tokens: int = 0
     prefix_caching: bool = True  # it keeps prompts' blocks for later requests (InfoResponse.prefix_caching)
+    # The fewest tokens any of its requests still expects to process (``IDLE`` where it runs none):
+    # a request expecting fewer is done before any of them frees its blocks (backfilling; see the
+    # module). 0: none may backfill.
+    soonest_free_tokens: int = 0
 
     def request_kv_blocks(self, num_tokens: int) -> int:
         """KV blocks a request of ``num_tokens`` (prompt + output so far) needs here."""
@@ -147,19 +163,22 @@ def place(
     by_id = {c.executor_id: c for c in capacities}
     placements: list[Placement] = []
     n = len(capacities)
+    blocked = False  # a request ahead fits nowhere: later ones may only backfill
     for cand in candidates:
         fits = []
         for i, cap in enumerate(capacities):
             need = cap.request_kv_blocks(cand.num_tokens)
             eid, size = cap.executor_id, max(1, cap.total_blocks)
-            if slots[eid] > 0 and blocks[eid] >= need:
+            backfills = not blocked or cand.expected_tokens < cap.soonest_free_tokens
+            if slots[eid] > 0 and blocks[eid] >= need and backfills:
                 hit = cand.hit_on(cap, cand.placed_tokens(marks[eid], cap))
                 credit = hit * min(1.0, blocks[eid] / size / FULL_CREDIT_FREE_KV)
                 turn = -((i - rotation) % n)  # the tie-break: the next executor in the rotation
                 pinned = eid == cand.affinity
                 fits.append((pinned, -(work[eid] - credit) / size, blocks[eid] / size, slots[eid], turn, eid, need))
         if not fits:
-            break
+            blocked = True
+            continue
         *_, executor_id, need = max(fits)
         chosen = by_id[executor_id]
         hit = cand.hit_on(chosen, cand.placed_tokens(marks[executor_id], chosen))

@@ -235,6 +235,41 @@ async def test_under_load_the_room_a_preemption_makes_goes_to_the_request_it_was
         await stack.stop()
 
 
+async def test_a_short_request_backfills_past_one_waiting_for_room_without_delaying_it(
+    redis_url: str, tiny_model_dir: Path
+) -> None:
+    """One tenant's second long request waits for the first's KV blocks, ahead of another tenant's
+    short one in the queue. The short one is done long before the first frees anything, so it goes
+    at once, beside them, instead of waiting behind both (a stall of minutes at production sizes)."""
+    config = stack_config(redis_url, tiny_model_dir, executor={"kv_cache_memory_mb": 8})
+    stack = await start_stack(config)  # 128 blocks of 16 tokens: two prompts of 69 do not fit together
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    rng = random.Random(53)
+    long_prompts = [[1] + [rng.randrange(5, 8000) for _ in range(1099)] for _ in range(2)]
+    try:
+        first = asyncio.create_task(stack.generate(greedy(long_prompts[0], 400, priority=7, request_id="first")))
+
+        async def first_running() -> bool:
+            return int(await client.llen(KEYS.tokens("first"))) >= 2
+
+        await eventually(first_running, "the first long request to run")
+        second = asyncio.create_task(stack.generate(greedy(long_prompts[1], 400, priority=7, request_id="second")))
+
+        async def second_waiting() -> bool:
+            return await client.hget(KEYS.request("second"), "state") == "QUEUED"
+
+        await eventually(second_waiting, "the second long request to queue")
+        short = await stack.stub.Complete(greedy([1, 5, 6, 7], 8, priority=5, request_id="short"))
+        assert short.finish_reason == pb.FINISH_REASON_LENGTH
+        first_finished = await client.hget(KEYS.request("first"), "finished_ms")
+        assert not first_finished, "the short request waited for the first long one to finish"
+        await asyncio.gather(first, second)
+        assert int(await client.hget(KEYS.request("second"), "preemptions") or 0) == 0
+    finally:
+        await client.aclose()
+        await stack.stop()
+
+
 async def test_a_request_cancelled_while_queued_ends_with_its_prompts_usage(
     redis_url: str, tiny_model_dir: Path
 ) -> None:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.kv_blocks import blocks_for
-from scheduler_service.placement import Candidate, ExecutorCapacity, Placement, place, unplaceable
+from scheduler_service.placement import IDLE, Candidate, ExecutorCapacity, Placement, place, unplaceable
 
 
 def cap(executor_id: str, free_blocks: int, free_slots: int = 8, total_blocks: int = 100) -> ExecutorCapacity:
@@ -110,6 +110,17 @@ def test_head_of_line_request_that_fits_nowhere_places_nothing() -> None:
     assert place([Candidate("huge", 10_000), Candidate("small", 1)], [cap("a", 50)]) == []
 
 
+def test_behind_a_request_that_fits_nowhere_only_what_ends_first_backfills() -> None:
+    """The running requests there still expect at least 300 tokens: a request expecting fewer is done
+    before they free anything the blocked one waits for; one expecting more would hold room it needs."""
+    busy = ExecutorCapacity("a", 8, 50, 100, block_size=16, outstanding_tokens=2_000, soonest_free_tokens=300)
+    candidates = [Candidate("huge", 1_000, 1_500), Candidate("short", 10, 26), Candidate("long", 10, 600)]
+    assert [p.request_id for p in place(candidates, [busy])] == ["short"]
+    # On an idle executor nothing the blocked request waits for will free: anything may backfill.
+    idle = ExecutorCapacity("b", 8, 20, 20, block_size=16, soonest_free_tokens=IDLE)
+    assert [(p.request_id, p.executor_id) for p in place(candidates, [busy, idle])] == [("short", "b"), ("long", "b")]
+
+
 def test_block_size_of_each_executor_is_used() -> None:
     caps = [
         ExecutorCapacity("a", 4, 3, 100, block_size=16),
@@ -138,6 +149,7 @@ capacities = st.lists(
         outstanding_tokens=st.sampled_from([0, 0, 100, 500]),
         kv_window_tokens=st.sampled_from([0, 0, 16, 64]),
         chunk_tokens=st.sampled_from([8, 32]),
+        soonest_free_tokens=st.sampled_from([0, 0, 50, 400]),
     ),
     max_size=4,
 ).map(
@@ -151,6 +163,7 @@ capacities = st.lists(
             outstanding_tokens=c.outstanding_tokens,
             kv_window_tokens=c.kv_window_tokens,
             chunk_tokens=c.chunk_tokens,
+            soonest_free_tokens=c.soonest_free_tokens,
         )
         for i, c in enumerate(cs)
     ]
@@ -165,14 +178,25 @@ candidates = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 300)), max_s
 def test_placement_invariants(cands: list[Candidate], caps: list[ExecutorCapacity]) -> None:
     placements = place(cands, caps)
     by_id = {c.executor_id: c for c in caps}
-    # A prefix of the queue, in order.
-    assert [p.request_id for p in placements] == [c.request_id for c in cands[: len(placements)]]
+    order = [c.request_id for c in cands]
+    # In queue order.
+    assert [p.request_id for p in placements] == sorted((p.request_id for p in placements), key=order.index)
+    placed = {p.request_id: p for p in placements}
     slots = {c.executor_id: c.free_slots for c in caps}
     blocks = {c.executor_id: c.free_blocks for c in caps}
     work = {c.executor_id: c.outstanding_tokens for c in caps}
-    for cand, p in zip(cands, placements, strict=False):
+    blocked = False
+    for cand in cands:
         need = {e: c.request_kv_blocks(cand.num_tokens) for e, c in by_id.items()}
-        fitting = [e for e in by_id if slots[e] > 0 and blocks[e] >= need[e]]
+        # Behind a request placed nowhere, only backfills: requests done before any running on
+        # their executor is.
+        eligible = [e for e in by_id if not blocked or cand.expected_tokens < by_id[e].soonest_free_tokens]
+        fitting = [e for e in eligible if slots[e] > 0 and blocks[e] >= need[e]]
+        p = placed.get(cand.request_id)
+        if p is None:  # left because it fit nowhere it may go
+            assert not fitting
+            blocked = True
+            continue
         assert p.executor_id in fitting
         assert p.blocks == need[p.executor_id]
         # No fitting executor had less work ahead per KV block; among those with as little, none had
@@ -186,10 +210,6 @@ def test_placement_invariants(cands: list[Candidate], caps: list[ExecutorCapacit
         blocks[p.executor_id] -= p.blocks
         work[p.executor_id] += cand.expected_tokens
     assert all(v >= 0 for v in slots.values()) and all(v >= 0 for v in blocks.values())
-    # Admission stopped only because the next request fits nowhere.
-    if len(placements) < len(cands):
-        nxt = cands[len(placements)]
-        assert not any(slots[e] > 0 and blocks[e] >= c.request_kv_blocks(nxt.num_tokens) for e, c in by_id.items())
 
 
 def test_unplaceable_names_requests_larger_than_every_executor() -> None:
