@@ -38,6 +38,7 @@ from gateway.auth import Caller, ClientAuth
 from gateway.choice_stream import ChoiceStream
 from gateway.cors import OPEN_TO_ANY_ORIGIN, CorsPolicy
 from gateway.errors import BadRequest, GatewayError, ModelNotFound, from_rpc_error
+from gateway.followed_call import FollowedCall, StreamCall
 from gateway.metrics import GatewayMetrics, HttpMetrics
 from gateway.openai_logprobs import ChoiceLogprobs
 from gateway.openai_responses import ResponseEvents, chat_body, response_of, responses_error
@@ -149,7 +150,7 @@ def _is_unicode(body: dict[str, Any]) -> bool:
     return True
 
 
-async def _cancel_on_disconnect(request: Request, calls: Sequence[grpc.aio.Call]) -> None:
+async def _cancel_on_disconnect(request: Request, calls: Sequence[grpc.aio.Call | StreamCall]) -> None:
     # The body has been read, so the next ASGI message is the disconnect (or the end of the response).
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -157,9 +158,7 @@ async def _cancel_on_disconnect(request: Request, calls: Sequence[grpc.aio.Call]
         call.cancel()
 
 
-async def _messages(
-    calls: Sequence[grpc.aio.UnaryStreamCall], firsts: Sequence[Any]
-) -> AsyncGenerator[tuple[int, Any], None]:
+async def _messages(calls: Sequence[StreamCall], firsts: Sequence[Any]) -> AsyncGenerator[tuple[int, Any], None]:
     """Each call's messages as (the call's index, the message), the ``firsts`` already read; a
     call's end is ``grpc.aio.EOF``. One call is read in place; several are read side by side, each
     message passed on as it arrives, and a call's error is raised here."""
@@ -172,7 +171,7 @@ async def _messages(
             message = await calls[0].read()
     arrived: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 
-    async def pump(i: int, call: grpc.aio.UnaryStreamCall) -> None:
+    async def pump(i: int, call: StreamCall) -> None:
         try:
             while (message := await call.read()) is not grpc.aio.EOF:
                 arrived.put_nowait((i, message))
@@ -390,7 +389,13 @@ class Gateway:
         """The stream's chunks (``_chunks``) once Baton has accepted its requests; a refusal is
         raised as its HTTP error, and a Response is returned where the client left before that."""
         reply, requests = generation.reply, generation.requests
-        calls = [self.stub.Generate(r, metadata=caller.metadata) for r in requests]
+        # Each followed to another scheduler replica should its own go away mid-stream.
+        calls: list[StreamCall] = [
+            FollowedCall(self.stub, r, caller.metadata)
+            if r.params.n <= 1
+            else self.stub.Generate(r, metadata=caller.metadata)
+            for r in requests
+        ]
         watcher = asyncio.create_task(_cancel_on_disconnect(request, calls))
         try:
             # Baton's headers come once it has accepted a request, before its first token: the
@@ -418,7 +423,7 @@ class Gateway:
 
     async def _chunks(
         self,
-        calls: list[grpc.aio.UnaryStreamCall],
+        calls: list[StreamCall],
         firsts: list[Any] | None,
         watcher: asyncio.Task[None],
         caller: Caller,

@@ -19,7 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target",
         default="127.0.0.1:50051",
-        help="Baton scheduler gRPC HOST:PORT to forward to (default 127.0.0.1:50051)",
+        help="Baton scheduler gRPC HOST:PORT to forward to (default 127.0.0.1:50051), or several replicas "
+        "(ipv4:HOST:PORT,HOST:PORT, or a name that resolves to them), across which a stream follows its "
+        "request when its replica goes away",
     )
     parser.add_argument(
         "--auth-tokens-file",

@@ -1,0 +1,126 @@
+"""A request's ``Generate`` stream that outlives the scheduler replica serving it.
+
+A replica that stops (a rolling update: its shutdown cuts the streams it has not finished) or dies
+leaves its requests running, driven by another replica; a client follows one there with
+``Resume`` from the output index it has reached (``docs/deployment.md``). ``FollowedCall`` does
+that for the gateway, whose own clients could not: when a stream Baton accepted ends with the
+status of a server that went away, it opens ``Resume`` on the same channel (which reconnects to
+a live replica, through the address's other endpoints or a balancer in front of them) and goes on
+reading, so the HTTP stream sees no gap and no repeat. It tries for ``FOLLOW_WINDOW_S``, then
+passes on the error as before.
+
+A call of several samples is not followed: ``Resume`` follows sample 0 only together with every
+other sample, from one index, while each sample has reached its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Protocol
+
+import grpc
+
+from common.grpc_metadata import REQUEST_ID_METADATA
+from common.pb import generate_pb2 as pb
+from common.pb import generate_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# How long a stream may go without a live replica before its error reaches the client: a replica
+# taking over a dead one's executors waits for the lease to lapse (seconds), a restart longer.
+FOLLOW_WINDOW_S = 30.0
+# What a stream cut by a replica going away ends with: UNAVAILABLE (a shutdown, a lost
+# connection), CANCELLED, INTERNAL or UNKNOWN where the connection dropped mid-frame.
+_SERVER_GONE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+)
+_FIRST_RETRY_S, _LONGEST_RETRY_S = 0.1, 2.0
+
+
+class StreamCall(Protocol):
+    """What the gateway reads a stream through: a ``grpc.aio`` stream call, or a ``FollowedCall``."""
+
+    async def initial_metadata(self) -> Any: ...
+
+    async def read(self) -> Any: ...
+
+    def cancel(self) -> bool: ...
+
+
+class FollowedCall:
+    """``stub.Generate(request)``, read as a ``grpc.aio`` stream call is (``initial_metadata``,
+    ``read``, ``cancel``), followed with ``Resume`` once accepted."""
+
+    def __init__(
+        self,
+        stub: generate_pb2_grpc.GenerationStub,
+        request: pb.GenerateRequest,
+        metadata: tuple[tuple[str, str], ...],
+        window_s: float = FOLLOW_WINDOW_S,
+    ) -> None:
+        self._stub, self._metadata, self._window_s = stub, metadata, window_s
+        self._call: Any = stub.Generate(request, metadata=metadata)
+        self._request_id = ""  # Baton's id for it, once accepted: what Resume follows
+        self._next_index = 0  # the output index of the next token the reader has not had
+        self._ended = False  # its final message was read
+        self._following = False  # the current call is a Resume, whose cancel cancels nothing
+        self._cancels: set[asyncio.Task[Any]] = set()
+
+    async def initial_metadata(self) -> Any:
+        headers = await self._call.initial_metadata()
+        self._request_id = next((str(v) for k, v in headers or () if k == REQUEST_ID_METADATA), "")
+        return headers
+
+    async def read(self) -> Any:
+        lost_since: float | None = None  # when the last replica went away, while none answers
+        delay = _FIRST_RETRY_S
+        while True:
+            try:
+                message = await self._call.read()
+            except grpc.aio.AioRpcError as exc:
+                if not self._request_id or exc.code() not in _SERVER_GONE:
+                    raise
+                now = time.monotonic()
+                lost_since = now if lost_since is None else lost_since
+                if now - lost_since > self._window_s:
+                    raise
+                if self._following:  # no replica answered the last try: wait before the next
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, _LONGEST_RETRY_S)
+                log.info(
+                    "request %s: its replica went away (%s); following it from token %d",
+                    self._request_id,
+                    exc.code().name,
+                    self._next_index,
+                )
+                resume = pb.ResumeRequest(request_id=self._request_id, from_index=self._next_index)
+                self._call = self._stub.Resume(resume, metadata=self._metadata, wait_for_ready=True)
+                self._following = True
+                continue
+            if message is grpc.aio.EOF:
+                return message
+            if message.index + len(message.token_ids) <= self._next_index and message.token_ids:
+                continue  # already read (never expected: Resume starts where asked)
+            self._next_index = message.index + len(message.token_ids)
+            self._ended = self._ended or bool(message.finish_reason)
+            lost_since, delay = None, _FIRST_RETRY_S
+            return message
+
+    def cancel(self) -> bool:
+        """Stop reading; an unfinished request is cancelled, as a ``Generate`` call's cancel does."""
+        cancelled = bool(self._call.cancel())
+        if self._following and not self._ended and self._request_id:
+            # A Resume call only reads: its cancel leaves the request running for nobody.
+            task = asyncio.ensure_future(self._cancel_request())
+            self._cancels.add(task)
+            task.add_done_callback(self._cancels.discard)
+            self._ended = True
+        return cancelled
+
+    async def _cancel_request(self) -> None:
+        try:
+            await self._stub.Cancel(pb.CancelRequest(request_id=self._request_id), metadata=self._metadata, timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("request %s: its cancel failed (%s); it runs on unread", self._request_id, exc.code().name)
