@@ -38,7 +38,7 @@ from gateway.auth import Caller, ClientAuth
 from gateway.choice_stream import ChoiceStream
 from gateway.cors import OPEN_TO_ANY_ORIGIN, CorsPolicy
 from gateway.errors import BadRequest, GatewayError, ModelNotFound, from_rpc_error
-from gateway.followed_call import FollowedCall, StreamCall
+from gateway.followed_call import FollowedCall, FollowedComplete, StreamCall
 from gateway.metrics import GatewayMetrics, HttpMetrics
 from gateway.openai_logprobs import ChoiceLogprobs
 from gateway.openai_responses import ResponseEvents, chat_body, response_of, responses_error
@@ -150,7 +150,7 @@ def _is_unicode(body: dict[str, Any]) -> bool:
     return True
 
 
-async def _cancel_on_disconnect(request: Request, calls: Sequence[grpc.aio.Call | StreamCall]) -> None:
+async def _cancel_on_disconnect(request: Request, calls: Sequence[FollowedComplete | StreamCall]) -> None:
     # The body has been read, so the next ASGI message is the disconnect (or the end of the response).
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -363,7 +363,7 @@ class Gateway:
     async def _whole(self, request: Request, caller: Caller, generation: _Generation) -> dict[str, Any] | Response:
         """The whole answer's body; a Response where the client left before it."""
         parsed, requests, reply = generation.parsed, generation.requests, generation.reply
-        calls = [self.stub.Complete(r, metadata=caller.metadata) for r in requests]
+        calls = [FollowedComplete(self.stub, r, caller.metadata) for r in requests]
         watcher = asyncio.create_task(_cancel_on_disconnect(request, calls))
         try:
             outs = list(await asyncio.gather(*calls))

@@ -7,7 +7,9 @@ that for the gateway, whose own clients could not: when a stream Baton accepted 
 status of a server that went away, it opens ``Resume`` on the same channel (which reconnects to
 a live replica, through the address's other endpoints or a balancer in front of them) and goes on
 reading, so the HTTP stream sees no gap and no repeat. It tries for ``FOLLOW_WINDOW_S``, then
-passes on the error as before.
+passes on the error as before. ``FollowedComplete`` does the same for a whole answer: a
+``Complete`` call cut so is followed from the start, once a live replica says Baton holds the
+request, and its answer assembled from the stream as ``Complete`` assembles it.
 
 A call of several samples is not followed: ``Resume`` follows sample 0 only together with every
 other sample, from one index, while each sample has reached its own.
@@ -18,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Protocol
+from collections.abc import Generator
+from typing import Any, Protocol, cast
 
 import grpc
 
+from common.complete_response import complete_response
 from common.grpc_metadata import REQUEST_ID_METADATA
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
@@ -37,6 +41,7 @@ _SERVER_GONE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 )
 _FIRST_RETRY_S, _LONGEST_RETRY_S = 0.1, 2.0
+_HELD_TIMEOUT_S = 10.0  # for a replica to connect and say whether it holds a cut Complete's request
 
 
 class StreamCall(Protocol):
@@ -59,14 +64,23 @@ class FollowedCall:
         request: pb.GenerateRequest,
         metadata: tuple[tuple[str, str], ...],
         window_s: float = FOLLOW_WINDOW_S,
+        accepted: bool = False,
     ) -> None:
+        """``accepted``: Baton holds the request, whose own call went away before it answered:
+        it is followed from its start at once (a ``Complete``'s)."""
         self._stub, self._metadata, self._window_s = stub, metadata, window_s
-        self._call: Any = stub.Generate(request, metadata=metadata)
+        self._asks_prompt_ids = request.return_prompt_token_ids
         self._request_id = ""  # Baton's id for it, once accepted: what Resume follows
         self._next_index = 0  # the output index of the next token the reader has not had
+        self._first_read = False  # a first message, with what only a first carries, was read
         self._ended = False  # its final message was read
         self._following = False  # the current call is a Resume, whose cancel cancels nothing
         self._cancels: set[asyncio.Task[Any]] = set()
+        if accepted:
+            self._request_id = request.request_id
+            self._call: Any = self._resume()
+        else:
+            self._call = stub.Generate(request, metadata=metadata)
 
     async def initial_metadata(self) -> Any:
         headers = await self._call.initial_metadata()
@@ -95,18 +109,27 @@ class FollowedCall:
                     exc.code().name,
                     self._next_index,
                 )
-                resume = pb.ResumeRequest(request_id=self._request_id, from_index=self._next_index)
-                self._call = self._stub.Resume(resume, metadata=self._metadata, wait_for_ready=True)
-                self._following = True
+                self._call = self._resume()
                 continue
             if message is grpc.aio.EOF:
                 return message
             if message.index + len(message.token_ids) <= self._next_index and message.token_ids:
                 continue  # already read (never expected: Resume starts where asked)
             self._next_index = message.index + len(message.token_ids)
+            self._first_read = True
             self._ended = self._ended or bool(message.finish_reason)
             lost_since, delay = None, _FIRST_RETRY_S
             return message
+
+    def _resume(self) -> Any:
+        """A Resume call from where the reader is; from the start, its first message whole."""
+        resume = pb.ResumeRequest(
+            request_id=self._request_id,
+            from_index=self._next_index,
+            return_prompt_token_ids=self._asks_prompt_ids and not self._first_read,
+        )
+        self._following = True
+        return self._stub.Resume(resume, metadata=self._metadata, wait_for_ready=True)
 
     def cancel(self) -> bool:
         """Stop reading; an unfinished request is cancelled, as a ``Generate`` call's cancel does."""
@@ -124,3 +147,45 @@ class FollowedCall:
             await self._stub.Cancel(pb.CancelRequest(request_id=self._request_id), metadata=self._metadata, timeout=10)
         except grpc.aio.AioRpcError as exc:
             log.warning("request %s: its cancel failed (%s); it runs on unread", self._request_id, exc.code().name)
+
+
+class FollowedComplete:
+    """``stub.Complete(request)``, awaited and cancelled as that call is, followed from its start
+    where its replica went away before answering and a live one holds the request."""
+
+    def __init__(
+        self, stub: generate_pb2_grpc.GenerationStub, request: pb.GenerateRequest, metadata: tuple[tuple[str, str], ...]
+    ) -> None:
+        self._stub, self._request, self._metadata = stub, request, metadata
+        self._call: Any = stub.Complete(request, metadata=metadata)
+        self._followed: FollowedCall | None = None
+
+    def __await__(self) -> Generator[Any, None, pb.CompleteResponse]:
+        return self._answer().__await__()
+
+    async def _answer(self) -> pb.CompleteResponse:
+        try:
+            return cast(pb.CompleteResponse, await self._call)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in _SERVER_GONE or self._request.params.n > 1 or not await self._held():
+                raise
+            log.info("request %s: its replica went away (%s); following it", self._request.request_id, exc.code().name)
+            followed = self._followed = FollowedCall(self._stub, self._request, self._metadata, accepted=True)
+            chunks = []
+            while (message := await followed.read()) is not grpc.aio.EOF:
+                chunks.append(message)
+            return complete_response(self._request.request_id, chunks)
+
+    async def _held(self) -> bool:
+        """Whether a live replica knows the request (a Complete call cut before its request was
+        queued leaves none): asked of the channel's next replica, which may take a moment to connect."""
+        ask = pb.GetRequestRequest(request_id=self._request.request_id)
+        try:
+            await self._stub.GetRequest(ask, metadata=self._metadata, timeout=_HELD_TIMEOUT_S, wait_for_ready=True)
+        except grpc.aio.AioRpcError:
+            return False
+        return True
+
+    def cancel(self) -> bool:
+        """Cancel the request, as a ``Complete`` call's cancel does."""
+        return self._followed.cancel() if self._followed is not None else bool(self._call.cancel())

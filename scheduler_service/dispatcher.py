@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 
+import grpc
 from redis.exceptions import RedisError
 
 from common.config import BatonConfig
@@ -178,7 +179,11 @@ class Dispatcher:
             if executor_id not in self._link_tasks:
                 continue  # its link ended while the renewals were in flight
             if not renewed or (judging and executor_id not in alive):
-                log.warning("dropping executor %s (lease lost or heartbeat stale)", executor_id)
+                if await fleet.retired(executor_id):  # a clean stop: expected, no warning
+                    log.info("executor %s stopped; dropping its link", executor_id)
+                else:
+                    why = "its heartbeat is stale" if renewed else "its lease was lost"
+                    log.warning("dropping executor %s: %s", executor_id, why)
                 self._link_tasks[executor_id].cancel()
         for executor_id in alive - set(self.links) - self._closing:
             if await fleet.take_lease(executor_id, self.replica_id, dist.lease_ttl_ms):
@@ -253,6 +258,8 @@ class Dispatcher:
             log.warning("executor %s closed its stream", executor_id)
         except asyncio.CancelledError:
             pass
+        except grpc.aio.AioRpcError as exc:  # its status, not grpc's many-line debug text
+            log.warning("link to executor %s failed: %s %s", executor_id, exc.code().name, exc.details())
         except Exception as exc:
             log.warning("link to executor %s failed: %s", executor_id, exc)
         finally:

@@ -9,19 +9,21 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from common.complete_response import complete_response
 from common.grpc_metadata import REQUEST_ID_METADATA
-from common.keys import sample_id, split_sample_id
+from common.keys import split_sample_id
 from common.lifecycle import FinishReason
 from common.logprobs import Logprobs
 from common.pb import generate_pb2 as pb
 from common.pb import generate_pb2_grpc
-from common.stop_reason import read_stop_reason, write_stop_reason
+from common.stop_reason import write_stop_reason
 from scheduler_service.batch_stream import BatchStream
 from scheduler_service.chat import Chat
 from scheduler_service.first_messages import FirstMessages
 from scheduler_service.frontend import Frontend, RequestStatus
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.requests import TokenEvent
+from scheduler_service.requests import TokenEvent, parse_ids
+from scheduler_service.samples import samples_of
 from scheduler_service.token_texts import TokenTexts
 
 log = logging.getLogger(__name__)
@@ -98,35 +100,6 @@ def status_pb(status: RequestStatus) -> pb.GetRequestResponse:
     return msg
 
 
-def complete_pb(request_id: str, chunks: list[pb.GenerateResponse]) -> pb.CompleteResponse:
-    """A request's whole output from its stream's messages: sample 0's at the top level, and with
-    several samples every sample's in ``samples``."""
-    by_sample: dict[int, pb.CompleteResponse] = {}
-    text: dict[int, list[str]] = {}
-    for chunk in chunks:
-        k = chunk.sample_index
-        out = by_sample.setdefault(k, pb.CompleteResponse(request_id=sample_id(request_id, k), sample_index=k))
-        out.token_ids.extend(chunk.token_ids)
-        out.logprobs.extend(chunk.logprobs)
-        out.prompt_logprobs.extend(chunk.prompt_logprobs)
-        out.prompt_text = out.prompt_text or chunk.prompt_text
-        if chunk.prompt_token_ids and not out.prompt_token_ids:
-            out.prompt_token_ids.extend(chunk.prompt_token_ids)
-        text.setdefault(k, []).append(chunk.text)
-        if chunk.finish_reason:
-            out.finish_reason = chunk.finish_reason
-            out.usage.CopyFrom(chunk.usage)
-            write_stop_reason(out, read_stop_reason(chunk))
-    for k, out in by_sample.items():
-        out.text = "".join(text[k])
-    whole = pb.CompleteResponse()
-    if 0 in by_sample:
-        whole.CopyFrom(by_sample[0])
-    if len(by_sample) > 1:
-        whole.samples.extend(by_sample[k] for k in sorted(by_sample))
-    return whole
-
-
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     def __init__(self, frontend: Frontend, metrics: SchedulerMetrics) -> None:
         self._frontend = frontend
@@ -186,18 +159,26 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     async def Resume(
         self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
-        n = await self._frontend.samples(request.request_id)  # NOT_FOUND before the stream starts
+        record = await self._frontend.authorize(request.request_id)  # NOT_FOUND before the stream starts
+        n = samples_of(record)
         # A later sample's own id follows that sample alone; its index is in the id.
         offset = split_sample_id(request.request_id)[1]
+        # Replayed from the start, each sample's first message is whole, as a Generate call's is.
+        first = (
+            FirstMessages(parse_ids(record.get("prompt_ids")), request.return_prompt_token_ids)
+            if request.from_index == 0
+            else None
+        )
         async with contextlib.aclosing(
             self._frontend.sample_events(request.request_id, n, request.from_index)
         ) as events:
             async for k, event in events:
-                yield await self._response(request.request_id, event, offset + k)
+                response = await self._response(request.request_id, event, offset + k)
+                yield first.complete(response, offset + k) if first is not None else response
 
     async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
         chunks = [chunk async for chunk in self.Generate(request, context)]
-        return complete_pb(chunks[0].request_id if chunks else request.request_id, chunks)
+        return complete_response(chunks[0].request_id if chunks else request.request_id, chunks)
 
     async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
         state = await self._frontend.cancel(request.request_id)

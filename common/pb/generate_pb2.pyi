@@ -349,12 +349,14 @@ class GetRequestResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[RequestState, str]] = ..., executor_id: _Optional[str] = ..., tokens_generated: _Optional[int] = ..., queue_position: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., error: _Optional[str] = ..., sample_index: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[GetRequestResponse, _Mapping]]] = ...) -> None: ...
 
 class ResumeRequest(_message.Message):
-    __slots__ = ("request_id", "from_index")
+    __slots__ = ("request_id", "from_index", "return_prompt_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_INDEX_FIELD_NUMBER: _ClassVar[int]
+    RETURN_PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     from_index: int
-    def __init__(self, request_id: _Optional[str] = ..., from_index: _Optional[int] = ...) -> None: ...
+    return_prompt_token_ids: bool
+    def __init__(self, request_id: _Optional[str] = ..., from_index: _Optional[int] = ..., return_prompt_token_ids: _Optional[bool] = ...) -> None: ...
 
 class ModelInfoRequest(_message.Message):
     __slots__ = ()

@@ -63,6 +63,43 @@ async def test_a_stream_goes_on_when_its_replica_goes_away(processes: ProcessSta
     assert whole.usage is not None and whole.usage.completion_tokens == 600
 
 
+@pytest.mark.parametrize("how", ["stop", "kill"])
+async def test_a_whole_answer_outlives_its_replica(processes: ProcessStack, how: str) -> None:
+    """A Complete call cut mid-request is followed from the start on the other replica, and its
+    answer assembled from that stream is the answer."""
+    processes.start_executor("exec-a")
+    first = processes.start_scheduler("sched-1")
+    second = processes.start_scheduler("sched-2")
+    client = redis.Redis.from_url(processes.redis_url, decode_responses=True)
+    async with (
+        serve_gateway(f"ipv4:{first},{second}") as base_url,
+        openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0) as api,
+    ):
+        model = (await api.models.list()).data[0].id
+
+        async def complete(request_id: str) -> openai.types.Completion:
+            return await api.completions.create(
+                model=model,
+                prompt="Hello",
+                max_tokens=600,
+                temperature=0,
+                extra_body=NO_EOS,
+                extra_headers={"x-baton-request-id": request_id},
+            )
+
+        cut = asyncio.create_task(complete(f"whole-{how}"))
+        await eventually(lambda: client.llen(f"{{baton}}:req:whole-{how}:tokens") >= 5, "the request to run")
+        if how == "stop":
+            assert await asyncio.to_thread(processes.stop, "sched-1") == 0
+        else:
+            processes.kill("sched-1")
+        answer = await cut
+        again = await complete(f"again-{how}")
+    assert answer.choices[0].finish_reason == "length" and answer.usage is not None and again.usage is not None
+    assert answer.usage.completion_tokens == 600 and answer.usage.prompt_tokens == again.usage.prompt_tokens
+    assert answer.choices[0].text == again.choices[0].text
+
+
 async def test_a_client_that_leaves_a_followed_stream_cancels_its_request(processes: ProcessStack) -> None:
     """Followed, the stream reads through Resume, whose cancel cancels nothing: the gateway cancels
     the request itself, as a Generate call's cancel would."""

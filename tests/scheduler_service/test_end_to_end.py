@@ -283,6 +283,23 @@ async def test_resume_replays_a_finished_request_from_an_index(stack: Stack) -> 
     assert [(c.index, list(c.token_ids), c.finish_reason) for c in past] == [(10, [], pb.FINISH_REASON_LENGTH)]
 
 
+async def test_resume_from_the_start_sends_each_first_message_whole(stack: Stack) -> None:
+    """Replayed from index 0, a stream's first message carries what a Generate call's does: the
+    prompt's size in its usage, and its ids where asked; from a later index, no ids."""
+    asked = greedy([1, 6, 7, 9], 3, request_id="replay-first")
+    asked.return_prompt_token_ids = True
+    streamed = [c async for c in stack.stub.Generate(asked)]
+    request = pb.ResumeRequest(request_id="replay-first", return_prompt_token_ids=True)
+    resumed = [c async for c in stack.stub.Resume(request)]
+    for messages in (streamed, resumed):
+        assert list(messages[0].prompt_token_ids) == [1, 6, 7, 9] and messages[0].usage.prompt_tokens == 4
+        assert not any(m.prompt_token_ids for m in messages[1:])
+    plain = [c async for c in stack.stub.Resume(pb.ResumeRequest(request_id="replay-first"))]
+    assert not plain[0].prompt_token_ids and plain[0].usage.prompt_tokens == 4
+    later = [c async for c in stack.stub.Resume(pb.ResumeRequest(request_id="replay-first", from_index=1))]
+    assert later[0].index == 1 and not any(m.prompt_token_ids for m in later)
+
+
 async def test_resume_inside_a_chunk_of_tokens_sends_the_text_of_the_rest(stack: Stack, tiny_model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
