@@ -1,4 +1,5 @@
-"""Shared fixtures: a real redis-server on a free port, the generated tiny model, and a stack serving it."""
+"""Shared fixtures: a real redis-server on a free port, the generated tiny model, a stack serving it
+in process, and one run as separate processes."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from executor_service.cpu_threads import prefer_brief_openmp_spin
 
 if TYPE_CHECKING:
+    from tests.process_stack import ProcessStack
     from tests.stack import Stack
 
 # Engines run in this process too, and their thread governor may give light steps both cores; as in
@@ -120,6 +122,17 @@ async def stack(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[Stack]:
     running = await start_stack(stack_config(redis_url, tiny_model_dir))
     yield running
     await running.stop()
+
+
+@pytest.fixture
+def processes(tmp_path: Path, tiny_model_dir: Path) -> Iterator[ProcessStack]:
+    """A redis-server with AOF, in a process of its own; the test starts the services it kills."""
+    from tests.process_stack import ProcessStack
+
+    stack = ProcessStack(tmp_path, tiny_model_dir)
+    stack.start_redis()
+    yield stack
+    stack.stop_all()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -103,10 +103,9 @@ GPT_OSS_OUTPUT = (
 )
 
 
-def test_gpt_oss_harmony_thinks_answers_and_calls_streamed_and_whole() -> None:
-    """gpt-oss's analysis channel is the thinking, its preamble the content, its message to
-    functions.clock the call, streamed in pieces and read whole alike."""
-    reply = Reply(
+def _gpt_oss_reply() -> Reply:
+    """A chat reply of gpt-oss, its harmony messages read by its reasoning and tool-call parsers."""
+    return Reply(
         chat=True,
         request_id="r",
         model="m",
@@ -114,6 +113,12 @@ def test_gpt_oss_harmony_thinks_answers_and_calls_streamed_and_whole() -> None:
         tools=ToolCalling(AUTO, parser="openai"),
         reasoning=Reasoning("openai_gptoss"),
     )
+
+
+def test_gpt_oss_harmony_thinks_answers_and_calls_streamed_and_whole() -> None:
+    """gpt-oss's analysis channel is the thinking, its preamble the content, its message to
+    functions.clock the call, streamed in pieces and read whole alike."""
+    reply = _gpt_oss_reply()
     stream = _stream(reply)
     deltas = []
     for at in range(0, len(GPT_OSS_OUTPUT), 7):
@@ -138,14 +143,7 @@ def test_gpt_oss_harmony_thinks_answers_and_calls_streamed_and_whole() -> None:
 def test_gpt_oss_call_cut_short_by_max_tokens_is_no_call() -> None:
     """A harmony call the token limit cut short ends with finish reason length and no call,
     streamed and whole alike (its arguments are unfinished)."""
-    reply = Reply(
-        chat=True,
-        request_id="r",
-        model="m",
-        created=0,
-        tools=ToolCalling(AUTO, parser="openai"),
-        reasoning=Reasoning("openai_gptoss"),
-    )
+    reply = _gpt_oss_reply()
     cut = GPT_OSS_OUTPUT[:-1] + '{"zone": "Europe/Os'
     stream = _stream(reply)
     chunks = stream.chunks(pb.GenerateResponse(text=cut), None)

@@ -13,7 +13,6 @@ import functools
 import itertools
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -44,14 +43,6 @@ _SERVER_GONE = (
 )
 
 
-@pytest.fixture
-def processes(tmp_path: Path, tiny_model_dir: Path) -> Iterator[ProcessStack]:
-    stack = ProcessStack(tmp_path, tiny_model_dir)
-    stack.start_redis()
-    yield stack
-    stack.stop_all()
-
-
 class Clients:
     """Streams many requests at once and keeps what each received, with arrival times."""
 
@@ -78,6 +69,21 @@ class Clients:
         request = pb.ResumeRequest(request_id=request_id, from_index=len(self.tokens[request_id]))
         async for chunk in stub.Resume(request):
             self.take(request_id, chunk)
+
+    async def stream_then_resume(
+        self, first: generate_pb2_grpc.GenerationStub, second: generate_pb2_grpc.GenerationStub, i: int
+    ) -> bool:
+        """Stream request ``i`` from ``first``; where its server goes away, resume on ``second``.
+        Whether it had to."""
+        try:
+            await self.stream(first, i)
+        except grpc.aio.AioRpcError as exc:
+            # A server gone mid-stream shows up as whatever its dropped connection looked like:
+            # UNAVAILABLE or CANCELLED mostly, INTERNAL or UNKNOWN when a frame was cut.
+            assert exc.code() in _SERVER_GONE, f"{exc.code()}: {exc.details()}"
+            await self.resume(second, self.ids[i])
+            return True
+        return False
 
     async def wait_all_started(self, minimum: int = 3, timeout: float = 120) -> None:
         await eventually(lambda: min(len(t) for t in self.tokens.values()) >= minimum, "requests to start", timeout)
@@ -152,21 +158,9 @@ async def test_scheduler_sigkill_then_resume_on_another_replica(processes: Proce
     survivor = processes.replica_id("sched-2")
     assert survivor != victim
     clients = Clients(random_prompts(10, seed=22), "sk", max_tokens=64)
-    resumed: set[str] = set()
     async with grpc.aio.insecure_channel(first) as channel_1, grpc.aio.insecure_channel(second) as channel_2:
         stub_1, stub_2 = generate_pb2_grpc.GenerationStub(channel_1), generate_pb2_grpc.GenerationStub(channel_2)
-
-        async def stream_then_resume(i: int) -> None:
-            try:
-                await clients.stream(stub_1, i)
-            except grpc.aio.AioRpcError as exc:
-                # A server killed mid-stream shows up as whatever its dropped connection looked
-                # like: UNAVAILABLE or CANCELLED mostly, INTERNAL or UNKNOWN when a frame was cut.
-                assert exc.code() in _SERVER_GONE, f"{exc.code()}: {exc.details()}"
-                resumed.add(clients.ids[i])
-                await clients.resume(stub_2, clients.ids[i])
-
-        tasks = [asyncio.create_task(stream_then_resume(i)) for i in range(10)]
+        tasks = [asyncio.create_task(clients.stream_then_resume(stub_1, stub_2, i)) for i in range(10)]
         await clients.wait_all_started()
         assert client.get(lease) == victim, "the executor changed hands before the kill"
         processes.kill("sched-1")
@@ -177,7 +171,8 @@ async def test_scheduler_sigkill_then_resume_on_another_replica(processes: Proce
         mid_stream = [rid for rid in clients.ids if recorded[rid] < clients.max_tokens]
         assert len(mid_stream) >= len(clients.ids) // 2, f"too few requests were mid-stream at the kill: {recorded}"
         await eventually(lambda: client.get(lease) == survivor, "the survivor to lease the executor", 20.0)
-        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        had_to = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        resumed = {rid for rid, resuming in zip(clients.ids, had_to, strict=True) if resuming}
         # A request submitted after the takeover is served by the survivor's link to the executor.
         late = Clients(random_prompts(1, seed=122), "sk-late", max_tokens=16)
         await asyncio.wait_for(late.stream(stub_2, 0), 60)
@@ -208,23 +203,13 @@ async def test_scheduler_sigterm_leaves_its_streams_to_resume_on_another_replica
     await eventually(lambda: client.get(LEASE % "exec-a") == victim, "the first replica to lease the executor", 20.0)
     second = processes.start_scheduler("sched-2")
     clients = Clients(random_prompts(4, seed=23), "st", max_tokens=800)  # outlasting the 2 s grace
-    resumed: set[str] = set()
     async with grpc.aio.insecure_channel(first) as channel_1, grpc.aio.insecure_channel(second) as channel_2:
         stub_1, stub_2 = generate_pb2_grpc.GenerationStub(channel_1), generate_pb2_grpc.GenerationStub(channel_2)
-
-        async def stream_then_resume(i: int) -> None:
-            try:
-                await clients.stream(stub_1, i)
-            except grpc.aio.AioRpcError as exc:
-                assert exc.code() in _SERVER_GONE, f"{exc.code()}: {exc.details()}"
-                resumed.add(clients.ids[i])
-                await clients.resume(stub_2, clients.ids[i])
-
-        tasks = [asyncio.create_task(stream_then_resume(i)) for i in range(len(clients.ids))]
+        tasks = [asyncio.create_task(clients.stream_then_resume(stub_1, stub_2, i)) for i in range(len(clients.ids))]
         await clients.wait_all_started()
         assert await asyncio.to_thread(processes.stop, "sched-1") == 0
-        await asyncio.wait_for(asyncio.gather(*tasks), 120)
-    assert resumed, "no stream was open when the replica stopped"
+        resumed = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    assert any(resumed), "no stream was open when the replica stopped"
     for rid in clients.ids:
         assert client.hget(REQUEST % rid, "state") == "FINISHED", rid
         assert not client.hget(REQUEST % rid, "migrations"), rid
