@@ -44,6 +44,20 @@ _FIRST_RETRY_S, _LONGEST_RETRY_S = 0.1, 2.0
 _HELD_TIMEOUT_S = 10.0  # for a replica to connect and say whether it holds a cut Complete's request
 
 
+async def held(
+    stub: generate_pb2_grpc.GenerationStub, request_id: str, metadata: tuple[tuple[str, str], ...], timeout_s: float
+) -> bool:
+    """Whether a live replica holds ``request_id`` (a call cut before its request was queued leaves
+    none), asked within ``timeout_s`` of whichever replica the channel reaches next, which may take a
+    moment to connect; False where none answers in time."""
+    ask = pb.GetRequestRequest(request_id=request_id)
+    try:
+        await stub.GetRequest(ask, metadata=metadata, timeout=timeout_s, wait_for_ready=True)
+    except grpc.aio.AioRpcError:
+        return False
+    return True
+
+
 class StreamCall(Protocol):
     """What the gateway reads a stream through: a ``grpc.aio`` stream call, or a ``FollowedCall``."""
 
@@ -98,11 +112,12 @@ class FollowedCall:
                     raise
                 now = time.monotonic()
                 lost_since = now if lost_since is None else lost_since
-                if now - lost_since > self._window_s:
-                    raise
-                if self._following:  # no replica answered the last try: wait before the next
+                if self._following:  # the last try failed too: wait before the next
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, _LONGEST_RETRY_S)
+                left = self._window_s - (time.monotonic() - lost_since)
+                if left <= 0 or not await held(self._stub, self._request_id, self._metadata, left):
+                    raise
                 log.info(
                     "request %s: its replica went away (%s); following it from token %d",
                     self._request_id,
@@ -129,7 +144,7 @@ class FollowedCall:
             return_prompt_token_ids=self._asks_prompt_ids and not self._first_read,
         )
         self._following = True
-        return self._stub.Resume(resume, metadata=self._metadata, wait_for_ready=True)
+        return self._stub.Resume(resume, metadata=self._metadata)
 
     def cancel(self) -> bool:
         """Stop reading; an unfinished request is cancelled, as a ``Generate`` call's cancel does."""
@@ -159,6 +174,7 @@ class FollowedComplete:
         self._stub, self._request, self._metadata = stub, request, metadata
         self._call: Any = stub.Complete(request, metadata=metadata)
         self._followed: FollowedCall | None = None
+        self._cancelled = False
 
     def __await__(self) -> Generator[Any, None, pb.CompleteResponse]:
         return self._answer().__await__()
@@ -167,25 +183,22 @@ class FollowedComplete:
         try:
             return cast(pb.CompleteResponse, await self._call)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() not in _SERVER_GONE or self._request.params.n > 1 or not await self._held():
+            request_id = self._request.request_id
+            if exc.code() not in _SERVER_GONE or self._request.params.n > 1:
                 raise
-            log.info("request %s: its replica went away (%s); following it", self._request.request_id, exc.code().name)
+            if not await held(self._stub, request_id, self._metadata, _HELD_TIMEOUT_S):
+                raise
+            log.info("request %s: its replica went away (%s); following it", request_id, exc.code().name)
             followed = self._followed = FollowedCall(self._stub, self._request, self._metadata, accepted=True)
+            if self._cancelled:  # the client left while a replica was sought
+                followed.cancel()
+                raise asyncio.CancelledError from None
             chunks = []
             while (message := await followed.read()) is not grpc.aio.EOF:
                 chunks.append(message)
             return complete_response(self._request.request_id, chunks)
 
-    async def _held(self) -> bool:
-        """Whether a live replica knows the request (a Complete call cut before its request was
-        queued leaves none): asked of the channel's next replica, which may take a moment to connect."""
-        ask = pb.GetRequestRequest(request_id=self._request.request_id)
-        try:
-            await self._stub.GetRequest(ask, metadata=self._metadata, timeout=_HELD_TIMEOUT_S, wait_for_ready=True)
-        except grpc.aio.AioRpcError:
-            return False
-        return True
-
     def cancel(self) -> bool:
         """Cancel the request, as a ``Complete`` call's cancel does."""
+        self._cancelled = True
         return self._followed.cancel() if self._followed is not None else bool(self._call.cancel())
