@@ -4,12 +4,13 @@ A replica that stops (a rolling update: its shutdown cuts the streams it has not
 leaves its requests running, driven by another replica; a client follows one there with
 ``Resume`` from the output index it has reached (``docs/deployment.md``). ``FollowedCall`` does
 that for the gateway, whose own clients could not: when a stream Baton accepted ends with the
-status of a server that went away, it opens ``Resume`` on the same channel (which reconnects to
-a live replica, through the address's other endpoints or a balancer in front of them) and goes on
-reading, so the HTTP stream sees no gap and no repeat. It tries for ``FOLLOW_WINDOW_S``, then
-passes on the error as before. ``FollowedComplete`` does the same for a whole answer: a
-``Complete`` call cut so is followed from the start, once a live replica says Baton holds the
-request, and its answer assembled from the stream as ``Complete`` assembles it.
+status of a server that went away, it asks the same channel (which reconnects to a live replica,
+through the address's other endpoints or a balancer in front of them) whether Baton holds the
+request, then opens ``Resume`` there and goes on reading, so the HTTP stream sees no gap and no
+repeat. It tries for ``FOLLOW_WINDOW_S``, then passes on the error as before.
+``FollowedComplete`` does the same for a whole answer: a ``Complete`` call cut so is followed
+from the start, once a live replica says Baton holds the request, and its answer assembled from
+the stream as ``Complete`` assembles it.
 
 A call of several samples is not followed: ``Resume`` follows sample 0 only together with every
 other sample, from one index, while each sample has reached its own.

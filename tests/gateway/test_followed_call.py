@@ -60,9 +60,16 @@ async def two_replicas(processes: ProcessStack) -> AsyncIterator[TwoReplicas]:
 
 
 @pytest.mark.parametrize("how", ["stop", "kill"])
-async def test_a_stream_goes_on_when_its_replica_goes_away(processes: ProcessStack, how: str) -> None:
+async def test_a_stream_and_a_whole_answer_outlive_their_replica(processes: ProcessStack, how: str) -> None:
+    """Both under way when their replica goes: the stream goes on from where it was, the Complete
+    call is followed from its start and its answer assembled from that stream; each equals the
+    answer of a run nothing interrupted."""
     async with two_replicas(processes) as replicas:
         ask = replicas.completion(600, extra_body=NO_EOS)
+        cut_whole = asyncio.create_task(
+            replicas.api.completions.create(**ask, extra_headers={"x-baton-request-id": f"whole-{how}"})  # type: ignore[call-overload]
+        )
+        tokens = f"{{baton}}:req:whole-{how}:tokens"
         stream = await replicas.api.completions.create(stream=True, **ask)  # type: ignore[call-overload]
         pieces: list[str] = []
         finish = None
@@ -71,35 +78,17 @@ async def test_a_stream_goes_on_when_its_replica_goes_away(processes: ProcessSta
                 continue
             pieces.append(chunk.choices[0].text)
             finish = chunk.choices[0].finish_reason or finish
-            if len(pieces) == 5:  # mid-stream
+            if len(pieces) == 5:  # both mid-request
+                await eventually(lambda: replicas.redis.llen(tokens) >= 5, "the whole answer to run")  # type: ignore[operator]
                 await replicas.lose_first(how)
         assert finish == "length"
         request_id = stream.response.headers["x-baton-request-id"]
         await eventually(lambda: replicas.state(request_id) == "FINISHED", "the request to finish")
-        whole = await replicas.api.completions.create(**ask)  # type: ignore[call-overload]
-    assert "".join(pieces) == whole.choices[0].text
-    assert whole.usage is not None and whole.usage.completion_tokens == 600
-
-
-@pytest.mark.parametrize("how", ["stop", "kill"])
-async def test_a_whole_answer_outlives_its_replica(processes: ProcessStack, how: str) -> None:
-    """A Complete call cut mid-request is followed from the start on the other replica, and its
-    answer assembled from that stream is the answer."""
-    async with two_replicas(processes) as replicas:
-
-        async def complete(request_id: str) -> openai.types.Completion:
-            ask = replicas.completion(600, extra_body=NO_EOS, extra_headers={"x-baton-request-id": request_id})
-            return await replicas.api.completions.create(**ask)  # type: ignore[call-overload, no-any-return]
-
-        cut = asyncio.create_task(complete(f"whole-{how}"))
-        tokens = f"{{baton}}:req:whole-{how}:tokens"
-        await eventually(lambda: replicas.redis.llen(tokens) >= 5, "the request to run")  # type: ignore[operator]
-        await replicas.lose_first(how)
-        answer = await cut
-        again = await complete(f"again-{how}")
-    assert answer.choices[0].finish_reason == "length" and answer.usage is not None and again.usage is not None
-    assert answer.usage.completion_tokens == 600 and answer.usage.prompt_tokens == again.usage.prompt_tokens
-    assert answer.choices[0].text == again.choices[0].text
+        whole = await cut_whole
+        again = await replicas.api.completions.create(**ask)  # type: ignore[call-overload]
+    assert "".join(pieces) == whole.choices[0].text == again.choices[0].text
+    assert whole.choices[0].finish_reason == "length" and whole.usage is not None and again.usage is not None
+    assert whole.usage.completion_tokens == 600 and whole.usage.prompt_tokens == again.usage.prompt_tokens
 
 
 async def test_a_client_that_leaves_a_followed_stream_cancels_its_request(processes: ProcessStack) -> None:
