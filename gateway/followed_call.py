@@ -78,12 +78,11 @@ class FollowedCall:
         stub: generate_pb2_grpc.GenerationStub,
         request: pb.GenerateRequest,
         metadata: tuple[tuple[str, str], ...],
-        window_s: float = FOLLOW_WINDOW_S,
         accepted: bool = False,
     ) -> None:
         """``accepted``: Baton holds the request, whose own call went away before it answered:
         it is followed from its start at once (a ``Complete``'s)."""
-        self._stub, self._metadata, self._window_s = stub, metadata, window_s
+        self._stub, self._metadata = stub, metadata
         self._asks_prompt_ids = request.return_prompt_token_ids
         self._request_id = ""  # Baton's id for it, once accepted: what Resume follows
         self._next_index = 0  # the output index of the next token the reader has not had
@@ -116,7 +115,7 @@ class FollowedCall:
                 if self._following:  # the last try failed too: wait before the next
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, _LONGEST_RETRY_S)
-                left = self._window_s - (time.monotonic() - lost_since)
+                left = FOLLOW_WINDOW_S - (time.monotonic() - lost_since)
                 if left <= 0 or not await held(self._stub, self._request_id, self._metadata, left):
                     raise
                 log.info(
@@ -127,14 +126,10 @@ class FollowedCall:
                 )
                 self._call = self._resume()
                 continue
-            if message is grpc.aio.EOF:
-                return message
-            if message.index + len(message.token_ids) <= self._next_index and message.token_ids:
-                continue  # already read (never expected: Resume starts where asked)
-            self._next_index = message.index + len(message.token_ids)
-            self._first_read = True
-            self._ended = self._ended or bool(message.finish_reason)
-            lost_since, delay = None, _FIRST_RETRY_S
+            if message is not grpc.aio.EOF:
+                self._next_index = message.index + len(message.token_ids)
+                self._first_read = True
+                self._ended = self._ended or bool(message.finish_reason)
             return message
 
     def _resume(self) -> Any:

@@ -274,7 +274,7 @@ class Dispatcher:
                 with contextlib.suppress(RedisError):
                     # A planned stop, this replica's or the executor's, moves its requests without
                     # spending their migration budget, which is there for failures.
-                    planned = self._stopping or await self.store.fleet.retired(executor_id)
+                    planned = bool(orphans) and (self._stopping or await self.store.fleet.retired(executor_id))
                     for request_id in orphans:
                         await link.hand_back(request_id, HANDOVER if planned else MIGRATE)
                         self.metrics.migrations.inc()
